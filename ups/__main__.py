@@ -1,0 +1,3 @@
+from ups.cli.app import main
+
+main()

@@ -1,0 +1,63 @@
+"""The ``ups`` command line: one Typer app per command group, combined here.
+
+Each group lives in its own module and is thin: parse options, call the core library,
+render. Heavy modules (torch, textual, wandb, h5py, pynvml) are imported inside the
+commands that need them, never at module level, so ``ups --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from typer.core import TyperGroup
+
+from ups.errors import UpsError
+
+
+class UpsGroup(TyperGroup):
+    """Turns an UpsError raised by any command into ``ups: <message>`` and its exit code."""
+
+    def invoke(self, ctx):  # type: ignore[override]
+        try:
+            return super().invoke(ctx)
+        except UpsError as exc:
+            typer.echo(f"ups: {exc}", err=True)
+            raise typer.Exit(exc.exit_code) from None
+
+
+app = typer.Typer(
+    cls=UpsGroup,
+    name="ups",
+    help=(
+        "Operations console for PyTorch physics-simulation jobs.\n\n"
+        "Launch latent-cache precompute and torchrun training as detached jobs, watch every "
+        "rank and DataLoader worker from the run's status folder, see where a hung process "
+        "is stuck, and kill it or fall back to num_workers=0."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _register() -> None:
+    # Command groups register themselves on `app`; importing them is cheap (Typer only).
+    from ups.cli import runs as _runs  # noqa: F401
+
+
+_register()
+
+
+def main() -> None:
+    """Console-script entry point: UpsError becomes one line on stderr and its exit code."""
+    try:
+        app()
+    except UpsError as exc:  # raised outside a command's own handling
+        typer.echo(f"ups: {exc}", err=True)
+        sys.exit(exc.exit_code)
+
+
+if __name__ == "__main__":
+    main()

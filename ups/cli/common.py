@@ -1,0 +1,52 @@
+"""Options and helpers shared by every command group.
+
+Only light imports here: this module is on the path of ``ups --help``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+DEFAULT_RUNS_DIR = "runs"
+
+RunsDirOption = Annotated[
+    Path,
+    typer.Option(
+        "--runs-dir",
+        envvar="UPS_RUNS_DIR",
+        help="Root folder that holds one folder per run.",
+        show_default=True,
+    ),
+]
+JsonOption = Annotated[
+    bool, typer.Option("--json", help="Print machine-readable JSON on stdout instead of a table.")
+]
+RunArgument = Annotated[
+    str | None,
+    typer.Argument(
+        help="Run id, unique id prefix, or path to a run folder. Defaults to the newest run.",
+        show_default=False,
+    ),
+]
+
+
+def default_runs_dir() -> Path:
+    return Path(os.environ.get("UPS_RUNS_DIR", DEFAULT_RUNS_DIR))
+
+
+def print_json(obj: Any) -> None:
+    """Write one JSON document to stdout (data goes to stdout, diagnostics to stderr)."""
+    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    """Print ``ups: <message>`` on stderr and return an Exit to raise."""
+    typer.echo(f"ups: {message}", err=True)
+    return typer.Exit(code)

@@ -1,0 +1,217 @@
+"""Health of a process, as a pure function of (record, now, process table, thresholds).
+
+Two clocks (DESIGN.md): a fresh heartbeat with stale progress means the main loop is stuck
+while the interpreter still runs (``stalled``); a stale heartbeat with a live pid means the
+process cannot run Python at all (``unresponsive``: a C call holding the GIL, SIGSTOP, D
+state). A pid that is gone, or alive with another start time, is ``dead``.
+"""
+
+from __future__ import annotations
+
+import enum
+import socket
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from ups.status.procs import ProcessTable, same_start
+from ups.status.record import StatusRecord
+
+
+class Health(str, enum.Enum):
+    STARTING = "starting"
+    OK = "ok"
+    SLOW = "slow"
+    STALLED = "stalled"
+    UNRESPONSIVE = "unresponsive"
+    DEAD = "dead"
+    DONE = "done"
+    FAILED = "failed"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def severity(self) -> int:
+        """Order for 'worst health' and for the monotonicity of running states."""
+        return _SEVERITY[self]
+
+    @property
+    def is_problem(self) -> bool:
+        return self in (Health.SLOW, Health.STALLED, Health.UNRESPONSIVE, Health.DEAD, Health.FAILED)
+
+
+_SEVERITY = {
+    Health.DONE: 0,
+    Health.OK: 1,
+    Health.STARTING: 1,
+    Health.SLOW: 2,
+    Health.STALLED: 3,
+    Health.UNRESPONSIVE: 4,
+    Health.DEAD: 5,
+    Health.FAILED: 6,
+}
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When a process counts as stalled, unresponsive or slow. Seconds unless noted.
+
+    Per-run overrides live in run.json under ``thresholds``; per-phase stall limits let a
+    phase that legitimately waits (``idle``, ``supervise``) never count as stalled (None).
+    """
+
+    heartbeat_interval: float = 1.0
+    """How often a Reporter writes its record."""
+    unresponsive_after: float = 10.0
+    """No heartbeat for this long while the pid lives: the process cannot run Python."""
+    stalled_after: float = 60.0
+    """No progress for this long while heartbeats continue: the main loop is stuck."""
+    phase_stalled_after: Mapping[str, float | None] = field(
+        default_factory=lambda: {"idle": None, "supervise": None, "done": None}
+    )
+    """Per-phase stall limits; None means the phase never counts as stalled."""
+    startup_grace: float = 30.0
+    """A process with no progress yet is 'starting' (not stalled) for this long."""
+    slow_ratio: float = 0.5
+    """Slower than this fraction of the peers' median rate is 'slow'."""
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> Thresholds:
+        """Defaults overridden by the known keys of ``data`` (unknown keys ignored)."""
+        if not data:
+            return cls()
+        known = {f.name for f in fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for key, value in data.items():
+            if key not in known:
+                continue
+            if key == "phase_stalled_after":
+                merged = dict(cls().phase_stalled_after)
+                merged.update(value or {})
+                kwargs[key] = merged
+            else:
+                kwargs[key] = float(value)
+        return cls(**kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: (dict(getattr(self, f.name)) if f.name == "phase_stalled_after" else getattr(self, f.name)) for f in fields(self)}
+
+    def stall_limit(self, phase: str) -> float | None:
+        if phase in self.phase_stalled_after:
+            return self.phase_stalled_after[phase]
+        return self.stalled_after
+
+
+@dataclass(frozen=True)
+class HealthVerdict:
+    health: Health
+    reason: str
+
+
+def _age(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def classify_health(
+    record: StatusRecord,
+    now: float,
+    process_table: ProcessTable | None,
+    thresholds: Thresholds = Thresholds(),
+    peer_median_rate: float | None = None,
+) -> HealthVerdict:
+    """Health of one process. ``process_table`` None skips the pid check (remote host)."""
+    if record.state == "done":
+        return HealthVerdict(Health.DONE, "finished")
+    if record.state == "failed":
+        return HealthVerdict(Health.FAILED, record.error or "failed without a message")
+    if process_table is not None:
+        live_start = process_table.start_time(record.pid)
+        if live_start is None:
+            return HealthVerdict(
+                Health.DEAD, f"pid {record.pid} is gone; last phase {record.phase}, record says running"
+            )
+        if not same_start(live_start, record.pid_start):
+            return HealthVerdict(
+                Health.DEAD, f"pid {record.pid} now belongs to another process (pid reused)"
+            )
+    heartbeat_age = now - record.heartbeat_at
+    if heartbeat_age > thresholds.unresponsive_after:
+        return HealthVerdict(
+            Health.UNRESPONSIVE,
+            f"no heartbeat for {_age(heartbeat_age)} in phase {record.phase}"
+            " (blocked in a C call, stopped, or in D state)",
+        )
+    since_progress = now - max(record.progress_at, record.phase_at)
+    if record.step == 0 and now - record.started_at < thresholds.startup_grace:
+        return HealthVerdict(Health.STARTING, f"started {_age(now - record.started_at)} ago, phase {record.phase}")
+    limit = thresholds.stall_limit(record.phase)
+    if limit is not None and since_progress > limit:
+        return HealthVerdict(
+            Health.STALLED, f"no progress for {_age(since_progress)} in phase {record.phase}"
+        )
+    if (
+        peer_median_rate is not None
+        and peer_median_rate > 0
+        and record.rate is not None
+        and record.rate < thresholds.slow_ratio * peer_median_rate
+    ):
+        return HealthVerdict(
+            Health.SLOW,
+            f"{record.rate:.3g} {record.unit}/s, peers' median {peer_median_rate:.3g} {record.unit}/s",
+        )
+    return HealthVerdict(Health.OK, f"phase {record.phase}")
+
+
+def peer_median_rates(records: Iterable[StatusRecord]) -> dict[str, float | None]:
+    """Median rate of running peers per record name (peers: same role, at least 2 of them)."""
+    by_role: dict[str, list[float]] = {}
+    running = [r for r in records if r.state == "running"]
+    for r in running:
+        if r.rate is not None and r.step > 0:
+            by_role.setdefault(r.role, []).append(r.rate)
+    out: dict[str, float | None] = {}
+    for r in running:
+        rates = by_role.get(r.role, [])
+        out[r.name] = statistics.median(rates) if len(rates) >= 2 else None
+    return out
+
+
+def classify_run(
+    records: Iterable[StatusRecord],
+    now: float,
+    process_table: ProcessTable | None,
+    thresholds: Thresholds = Thresholds(),
+    local_host: str | None = None,
+) -> dict[str, HealthVerdict]:
+    """Health of every record of a run, keyed by record name.
+
+    The pid check applies only to records written on this host (``local_host``, default the
+    machine's hostname): a pid on another node says nothing about this one's process table.
+    """
+    records = list(records)
+    host = local_host if local_host is not None else socket.gethostname()
+    medians = peer_median_rates(records)
+    return {
+        r.name: classify_health(
+            r, now, process_table if r.host == host else None, thresholds, medians.get(r.name)
+        )
+        for r in records
+    }
+
+
+def worst(verdicts: Iterable[HealthVerdict]) -> HealthVerdict | None:
+    """The most severe verdict (ties: the first)."""
+    best: HealthVerdict | None = None
+    for v in verdicts:
+        if best is None or v.health.severity > best.health.severity:
+            best = v
+    return best

@@ -1,0 +1,106 @@
+"""Reading a run's status folder into an immutable snapshot.
+
+The reader never raises on bad files: empty, torn, garbage and future-schema files become
+:class:`ReadProblem` entries next to the records that could be read. The source of records
+is an interface (:class:`StatusSource`) so that a multi-node run can later read records
+relayed through another channel than a shared folder.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from ups.status.record import RecordError, StatusRecord
+
+MAX_RECORD_BYTES = 1 << 20  # a record is ~1 KB; anything huge is not ours
+
+
+@dataclass(frozen=True)
+class ReadProblem:
+    """A status file that could not be turned into a record, and why."""
+
+    file: str
+    problem: str
+
+
+@dataclass(frozen=True)
+class StatusSnapshot:
+    """All records of a run at one moment, plus the files that could not be read."""
+
+    records: tuple[StatusRecord, ...]
+    problems: tuple[ReadProblem, ...]
+    read_at: float
+
+    def by_name(self) -> dict[str, StatusRecord]:
+        return {r.name: r for r in self.records}
+
+
+class StatusSource(Protocol):
+    """Anything that can produce a snapshot of a run's records."""
+
+    def read(self) -> StatusSnapshot: ...
+
+
+def read_record_file(path: Path) -> StatusRecord:
+    """Read one record; raises RecordError with a short reason on any problem."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_RECORD_BYTES + 1)
+    except OSError as exc:
+        raise RecordError(f"unreadable ({exc.strerror or exc})") from None
+    if not data:
+        raise RecordError("empty file")
+    if len(data) > MAX_RECORD_BYTES:
+        raise RecordError("file too large to be a status record")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise RecordError("not UTF-8 text") from None
+    return StatusRecord.from_json(text)
+
+
+def read_status_dir(status_dir: str | os.PathLike[str]) -> StatusSnapshot:
+    """Snapshot every ``*.json`` record in ``status_dir`` (temp files are skipped)."""
+    status_dir = Path(status_dir)
+    records: list[StatusRecord] = []
+    problems: list[ReadProblem] = []
+    try:
+        entries = sorted(os.scandir(status_dir), key=lambda e: e.name)
+    except FileNotFoundError:
+        entries = []
+    except OSError as exc:
+        return StatusSnapshot((), (ReadProblem(str(status_dir), f"cannot list: {exc}"),), time.time())
+    for entry in entries:
+        name = entry.name
+        if name.startswith(".") or not name.endswith(".json"):
+            continue
+        try:
+            records.append(read_record_file(Path(entry.path)))
+        except RecordError as exc:
+            problems.append(ReadProblem(name, str(exc)))
+    records.sort(key=_record_order)
+    return StatusSnapshot(tuple(records), tuple(problems), time.time())
+
+
+def _record_order(r: StatusRecord) -> tuple[int, int, int, str]:
+    role_order = {"launcher": 0, "rank": 1, "worker": 2}.get(r.role, 3)
+    return (
+        0 if role_order == 0 else 1,
+        r.rank if r.rank is not None else -1,
+        -1 if r.worker is None else r.worker,
+        r.name,
+    )
+
+
+class DirectoryStatusSource:
+    """Records from ``<run>/status/`` on a local or shared file system."""
+
+    def __init__(self, status_dir: str | os.PathLike[str]) -> None:
+        self.status_dir = Path(status_dir)
+
+    def read(self) -> StatusSnapshot:
+        return read_status_dir(self.status_dir)
