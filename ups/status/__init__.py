@@ -3,7 +3,14 @@
 Knows nothing of the UI and imports nothing heavy.
 """
 
-from ups.status.health import Health, HealthVerdict, Thresholds, classify_health, classify_run, worst
+from ups.status.health import (
+    Health,
+    HealthVerdict,
+    Thresholds,
+    classify_health,
+    classify_run,
+    worst,
+)
 from ups.status.reader import ReadProblem, StatusSnapshot, read_status_dir
 from ups.status.record import SCHEMA_VERSION, GpuMemory, StatusRecord
 from ups.status.reporter import NullReporter, Reporter

@@ -1,0 +1,423 @@
+"""Commands that read and act on runs: ``runs``, ``status``, ``kill``, ``stacks``, ``logs``.
+
+Thin: resolve the run, build a :class:`~ups.runs.view.RunView`, render or act through
+:mod:`ups.runs.signals`. Never imports torch, textual, wandb or h5py.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from typing import TYPE_CHECKING
+
+from ups.cli.app import app
+from ups.cli.common import JsonOption, RunArgument, RunsDirOption, default_runs_dir, print_json
+from ups.errors import UpsError
+from ups.format import (
+    HEALTH_STYLES,
+    STATE_STYLES,
+    fmt_age,
+    fmt_bytes,
+    fmt_duration,
+    fmt_progress,
+    fmt_rate,
+)
+
+if TYPE_CHECKING:  # the run/status modules load only when a command runs (fast --help)
+    from ups.runs.rundir import RunDir
+    from ups.runs.view import ProcessView, RunView
+    from ups.status.record import StatusRecord
+
+RankOption = Annotated[int | None, typer.Option("--rank", "-r", help="Rank to target (default: see command).")]
+WorkerOption = Annotated[
+    int | None, typer.Option("--worker", "-w", help="DataLoader worker id of that rank (rank 0 if no --rank).")
+]
+
+
+def _actor() -> str:
+    return f"cli:{os.environ.get('USER') or os.environ.get('LOGNAME') or os.getuid()}"
+
+
+def _console(stderr: bool = False):  # rich is imported lazily: ~30 ms we only pay when drawing
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False)
+
+
+# ---------------------------------------------------------------------------------- runs
+def run_row(view: RunView, now: float) -> dict:
+    m = view.manifest or {}
+    step, total = view.progress
+    worst = view.worst
+    created = m.get("created_at")
+    return {
+        "id": view.run_id,
+        "path": str(view.run.path),
+        "kind": m.get("kind"),
+        "state": m.get("state"),
+        "created_at": created,
+        "ended_at": m.get("ended_at"),
+        "age": None if created is None else round(now - created, 1),
+        "step": step,
+        "total": total,
+        "unit": view.unit,
+        "rate": view.rate,
+        "health": None if worst is None else worst.health.value,
+        "reason": None if worst is None else worst.reason,
+        "summary": m.get("summary"),
+        "problem": view.manifest_problem,
+        "unreadable_records": [f"{p.file}: {p.problem}" for p in view.problems],
+    }
+
+
+@app.command("runs")
+def runs_cmd(runs_dir: RunsDirOption = default_runs_dir(), json: JsonOption = False) -> None:
+    """List runs, newest first: kind, state, age, progress, throughput, worst health.
+
+    A run folder whose run.json is missing or corrupt is listed with its problem.
+    """
+    from ups.runs.rundir import list_runs
+    from ups.runs.view import load_run_view
+
+    now = time.time()
+    views = [load_run_view(s.run, now=now) for s in list_runs(runs_dir)]
+    rows = [run_row(v, now) for v in views]
+    if json:
+        print_json({"runs_dir": str(runs_dir), "runs": rows})
+        return
+    if not rows:
+        typer.echo(f"no runs under {runs_dir} (start one with `ups demo` or `ups launch`)", err=True)
+        return
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for col in ("RUN", "KIND", "STATE", "AGE", "PROGRESS", "RATE", "HEALTH"):
+        table.add_column(col, no_wrap=col != "HEALTH")
+    for r in rows:
+        if r["problem"]:
+            table.add_row(r["id"], "?", "[red]unreadable[/]", fmt_age(r["age"]), "-", "-", f"[red]{r['problem']}[/]")
+            continue
+        health = r["health"] or "-"
+        style = HEALTH_STYLES.get(health, "")
+        reason = f" [dim]{r['reason']}[/]" if r["reason"] and health not in ("ok", "done") else ""
+        state = r["state"] or "?"
+        table.add_row(
+            r["id"],
+            r["kind"] or "?",
+            f"[{STATE_STYLES.get(state, '')}]{state}[/]",
+            fmt_age(r["age"]),
+            fmt_progress(r["step"], r["total"]),
+            fmt_rate(r["rate"], r["unit"]),
+            f"[{style}]{health}[/]{reason}",
+        )
+    _console().print(table)
+
+
+# -------------------------------------------------------------------------------- status
+def status_payload(view: RunView, gpu_by_pid: dict[int, int] | None = None) -> dict:
+    processes = []
+    for p in view.processes:
+        row = p.to_dict()
+        used = (gpu_by_pid or {}).get(p.record.pid)
+        if used is not None:
+            row["gpu"] = dict(row["gpu"] or {"device": None, "allocated": None, "reserved": None, "peak": None})
+            row["gpu"]["nvml_used"] = used
+        processes.append(row)
+    step, total = view.progress
+    return {
+        "run": view.manifest,
+        "run_dir": str(view.run.path),
+        "manifest_problem": view.manifest_problem,
+        "progress": {"step": step, "total": total, "rate": view.rate, "unit": view.unit, "eta_s": view.eta_s},
+        "processes": processes,
+        "unreadable": [{"file": p.file, "problem": p.problem} for p in view.problems],
+        "read_at": view.read_at,
+    }
+
+
+def _gpu_by_pid() -> dict[int, int]:
+    """NVML's used memory per pid when the GPU layer is available; empty otherwise."""
+    try:
+        from ups.gpu import gpu_memory_by_pid, get_provider  # type: ignore[attr-defined]
+    except ImportError:
+        return {}
+    try:
+        return gpu_memory_by_pid(get_provider().snapshot())
+    except Exception:  # noqa: BLE001 - GPU info is a bonus here, never a reason to fail
+        return {}
+
+
+def _gpu_cell(p: ProcessView, nvml: dict[int, int]) -> str:
+    g = p.record.gpu
+    used = nvml.get(p.record.pid)
+    parts = []
+    if g is not None and g.allocated is not None:
+        parts.append(f"{fmt_bytes(g.allocated)} alloc")
+        if g.peak is not None:
+            parts.append(f"{fmt_bytes(g.peak)} peak")
+    if used is not None:
+        parts.append(f"{fmt_bytes(used)} nvml")
+    return ", ".join(parts) or "-"
+
+
+def render_status(view: RunView, nvml: dict[int, int]):
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    m = view.manifest or {}
+    now = view.read_at
+    state = view.state or "unreadable"
+    head = Text.from_markup(
+        f"[bold]{view.run_id}[/]  {m.get('kind', '?')}  [{STATE_STYLES.get(state, '')}]{state}[/]"
+        f"  elapsed {fmt_duration((m.get('ended_at') or now) - m['created_at']) if m.get('created_at') else '-'}"
+        f"  progress {fmt_progress(*view.progress)}  {fmt_rate(view.rate, view.unit)}"
+        f"  eta {fmt_duration(view.eta_s)}"
+    )
+    parts: list = [head]
+    if view.manifest_problem:
+        parts.append(Text(view.manifest_problem, style="red"))
+    if m.get("summary"):
+        parts.append(Text(f"summary: {m['summary']}"))
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for col in ("PROCESS", "PID", "PHASE", "PROGRESS", "RATE", "HEARTBEAT", "PROGRESSED", "GPU", "HEALTH"):
+        table.add_column(col, no_wrap=col not in ("HEALTH",))
+    for p in view.processes:
+        r = p.record
+        h = p.verdict.health.value
+        table.add_row(
+            r.label,
+            str(r.pid),
+            r.phase,
+            fmt_progress(r.step, r.total),
+            fmt_rate(r.rate, r.unit),
+            fmt_age(p.heartbeat_age) if r.state == "running" else "-",
+            fmt_age(p.progress_age) if r.state == "running" else "-",
+            _gpu_cell(p, nvml),
+            f"[{HEALTH_STYLES.get(h, '')}]{h}[/] [dim]{p.verdict.reason}[/]",
+        )
+    parts.append(table)
+    for prob in view.problems:
+        parts.append(Text(f"unreadable status file {prob.file}: {prob.problem}", style="yellow"))
+    if not view.processes and not view.problems:
+        parts.append(Text("no process has written a status record yet", style="dim"))
+    return Group(*parts)
+
+
+@app.command("status")
+def status_cmd(
+    run: RunArgument = None,
+    runs_dir: RunsDirOption = default_runs_dir(),
+    json: JsonOption = False,
+    watch: Annotated[bool, typer.Option("--watch", help="Redraw every second until Ctrl-C.")] = False,
+    interval: Annotated[float, typer.Option(help="Seconds between redraws with --watch.")] = 1.0,
+) -> None:
+    """One row per process of a run (launcher, ranks, DataLoader workers) with its health.
+
+    Health is a word and a reason: starting, ok, slow (below half the peers' median rate),
+    stalled (heartbeat alive, no progress), unresponsive (no heartbeat, pid alive: blocked
+    in a C call or stopped), dead (pid gone or reused), done, failed.
+
+    --json prints {"run": manifest, "processes": [...]} (schema in docs/status-json.md).
+    """
+    from ups.runs.rundir import resolve_run
+    from ups.runs.view import load_run_view
+
+    rd = resolve_run(runs_dir, run)
+    if json:
+        print_json(status_payload(load_run_view(rd), _gpu_by_pid()))
+        return
+    if not watch:
+        _console().print(render_status(load_run_view(rd), _gpu_by_pid()))
+        return
+    from rich.live import Live
+
+    with Live(render_status(load_run_view(rd), {}), auto_refresh=False, screen=False) as live:
+        try:
+            while True:
+                live.update(render_status(load_run_view(rd), _gpu_by_pid()), refresh=True)
+                time.sleep(interval)
+        except KeyboardInterrupt:
+            pass
+
+
+# ---------------------------------------------------------------------------------- kill
+def select_records(view: RunView, rank: int | None, worker: int | None) -> list[StatusRecord]:
+    """The records a --rank/--worker pair names; UpsError listing what exists otherwise."""
+    if worker is not None:
+        r = 0 if rank is None else rank
+        found = [p.record for p in view.workers(r) if p.record.worker == worker]
+        if not found:
+            have = ", ".join(str(p.record.worker) for p in view.workers(r)) or "none"
+            raise UpsError(f"run {view.run_id} has no worker {worker} of rank {r} (workers: {have})")
+        return found
+    if rank is not None:
+        found = [p.record for p in view.ranks() if p.record.rank == rank]
+        if not found:
+            have = ", ".join(str(p.record.rank) for p in view.ranks()) or "none"
+            raise UpsError(f"run {view.run_id} has no rank {rank} (ranks: {have})")
+        return found
+    return [p.record for p in view.processes]
+
+
+def kill_run(rd: RunDir, view: RunView, *, actor: str, reason: str, grace: float, force: bool):
+    """Stop a whole run: ask the launcher first (it stops the job group), then make sure."""
+    from ups.runs.signals import KillResult, is_alive, terminate
+    from ups.runs.view import load_run_view
+
+    rd.append_event("kill", actor=actor, target="run", reason=reason, force=force)
+    launcher = [p.record for p in view.processes if p.record.role == "launcher"]
+    results: list[KillResult] = []
+    if launcher and is_alive(launcher[0]) and not force:
+        results += terminate(rd, launcher, actor=actor, reason=reason, grace=grace + 5.0)
+    rest = [r for r in load_run_view(rd).processes if r.record.role != "launcher" and is_alive(r.record)]
+    results += terminate(rd, [p.record for p in rest], actor=actor, reason=reason, grace=grace, force=force)
+    if force and launcher:
+        results += terminate(rd, launcher, actor=actor, reason=reason, grace=grace, force=True)
+    manifest = rd.read_manifest()
+    if manifest.get("state") not in ("succeeded", "partial", "failed", "killed"):
+        rd.set_state("killed", summary=f"killed by {actor}: {reason}")
+    return results
+
+
+@app.command("kill")
+def kill_cmd(
+    run: Annotated[str, typer.Argument(help="Run id, unique prefix, or path.")],
+    rank: RankOption = None,
+    worker: WorkerOption = None,
+    force: Annotated[bool, typer.Option("--force", help="SIGKILL at once instead of SIGTERM first.")] = False,
+    grace: Annotated[float, typer.Option(help="Seconds between SIGTERM and SIGKILL.")] = 5.0,
+    reason: Annotated[str, typer.Option(help="Why: recorded in the run's event log.")] = "operator request",
+    runs_dir: RunsDirOption = default_runs_dir(),
+    json: JsonOption = False,
+) -> None:
+    """Stop a run, or one rank or DataLoader worker of it.
+
+    Only processes named by the run's records are signalled, and only when the live
+    process's start time matches the record (a reused pid is refused). SIGTERM, then
+    SIGKILL after --grace seconds. Without --rank/--worker the whole run is stopped and
+    marked killed. Every signal is written to the run's events.jsonl.
+    """
+    from ups.runs.rundir import resolve_run
+    from ups.runs.signals import check_identity, terminate
+    from ups.runs.view import load_run_view
+
+    rd = resolve_run(runs_dir, run)
+    view = load_run_view(rd)
+    actor = _actor()
+    if rank is None and worker is None:
+        results = kill_run(rd, view, actor=actor, reason=reason, grace=grace, force=force)
+    else:
+        targets = select_records(view, rank, worker)
+        for rec in targets:
+            check_identity(rec)  # refuse (exit 2 / 1) before anything is sent
+        results = terminate(rd, targets, actor=actor, reason=reason, grace=grace, force=force)
+    if json:
+        print_json({"run_id": rd.run_id, "results": [r.__dict__ for r in results]})
+    else:
+        for r in results:
+            typer.echo(f"{r.name} (pid {r.pid}): {r.outcome}")
+        if not results:
+            typer.echo("no live process in this run", err=True)
+    if any(r.outcome.startswith(("refused", "survived")) for r in results):
+        raise typer.Exit(1)
+
+
+# -------------------------------------------------------------------------------- stacks
+@app.command("stacks")
+def stacks_cmd(
+    run: RunArgument = None,
+    rank: RankOption = None,
+    worker: WorkerOption = None,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for each dump.")] = 5.0,
+    runs_dir: RunsDirOption = default_runs_dir(),
+) -> None:
+    """Print where processes are stuck: every thread's Python stack.
+
+    Live processes get the stack-dump signal their record registered (faulthandler dumps
+    even while a C call holds the GIL); finished or dead ones show the last thing their
+    stack file holds (a crash traceback, an earlier dump). Default: every rank and worker.
+    """
+    from ups.errors import RefusedSignal
+    from ups.runs.rundir import resolve_run
+    from ups.runs.signals import dump_stacks, is_alive, last_stack_dump
+    from ups.runs.view import load_run_view
+
+    rd = resolve_run(runs_dir, run)
+    view = load_run_view(rd)
+    targets = [r for r in select_records(view, rank, worker) if rank is not None or worker is not None or r.role != "launcher"]
+    if not targets:
+        raise UpsError(f"run {rd.run_id} has no process records yet")
+    failures = 0
+    for rec in targets:
+        typer.echo(f"--- {rec.label} (pid {rec.pid}, phase {rec.phase}) ---")
+        if rec.state == "running" and is_alive(rec):
+            try:
+                typer.echo(dump_stacks(rd, rec, actor=_actor(), timeout=timeout).rstrip())
+                continue
+            except RefusedSignal as exc:
+                typer.echo(f"ups: {exc}", err=True)
+                failures += 1
+        text = last_stack_dump(rd, rec)
+        typer.echo(text.rstrip() if text else "(no stack dump recorded)")
+    if failures:
+        raise typer.Exit(1)
+
+
+# ---------------------------------------------------------------------------------- logs
+def find_log(rd: RunDir, rank: int | None) -> Path:
+    """The job log, or one rank's log (``logs/rank-R.log`` or torchrun's per-rank files)."""
+    if rank is None:
+        return rd.log_path("job")
+    direct = rd.log_path(f"rank-{rank}")
+    if direct.exists():
+        return direct
+    # torchrun --log-dir layout: logs/<run>/attempt_N/<rank>/{stdout,stderr}.log
+    candidates = sorted(rd.logs_dir.glob(f"**/attempt_*/{rank}/stderr.log"), key=lambda p: p.stat().st_mtime)
+    if candidates:
+        return candidates[-1]
+    raise UpsError(f"run {rd.run_id} has no log for rank {rank} under {rd.logs_dir}")
+
+
+@app.command("logs")
+def logs_cmd(
+    run: RunArgument = None,
+    rank: RankOption = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines until the run ends or Ctrl-C.")] = False,
+    lines: Annotated[int, typer.Option("--lines", "-n", help="Lines from the end to start with.")] = 50,
+    runs_dir: RunsDirOption = default_runs_dir(),
+) -> None:
+    """Print the job's log (or one rank's with --rank)."""
+    from ups.runs.rundir import resolve_run
+
+    rd = resolve_run(runs_dir, run)
+    path = find_log(rd, rank)
+    if not path.exists():
+        raise UpsError(f"no log yet at {path}")
+    with open(path, "rb") as fh:
+        tail = fh.read().decode(errors="replace").splitlines()[-lines:]
+        for line in tail:
+            typer.echo(line)
+        if not follow:
+            return
+        try:
+            while True:
+                chunk = fh.read()
+                if chunk:
+                    sys.stdout.write(chunk.decode(errors="replace"))
+                    sys.stdout.flush()
+                    continue
+                try:
+                    if rd.read_manifest().get("state") in ("succeeded", "partial", "failed", "killed"):
+                        break
+                except UpsError:
+                    pass
+                time.sleep(0.3)
+        except KeyboardInterrupt:
+            pass

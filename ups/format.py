@@ -1,0 +1,77 @@
+"""Small pure formatters shared by the CLI tables and the console (no heavy imports)."""
+
+from __future__ import annotations
+
+
+def fmt_age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = max(0.0, seconds)
+    if s < 10:
+        return f"{s:.1f}s"
+    if s < 120:
+        return f"{s:.0f}s"
+    if s < 7200:
+        return f"{s / 60:.0f}m"
+    if s < 172800:
+        return f"{s / 3600:.1f}h"
+    return f"{s / 86400:.1f}d"
+
+
+def fmt_bytes(n: int | float | None) -> str:
+    if n is None:
+        return "-"
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover
+
+
+def fmt_rate(rate: float | None, unit: str = "") -> str:
+    if rate is None:
+        return "-"
+    suffix = f" {unit}/s" if unit else "/s"
+    if rate >= 100:
+        return f"{rate:.0f}{suffix}"
+    if rate >= 1:
+        return f"{rate:.1f}{suffix}"
+    return f"{rate:.2f}{suffix}"
+
+
+def fmt_progress(step: int, total: int | None) -> str:
+    if not total:
+        return str(step)
+    pct = 100.0 * step / total
+    return f"{step}/{total} ({pct:.0f}%)"
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(max(0, seconds))
+    h, rem = divmod(s, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+HEALTH_STYLES = {
+    "starting": "cyan",
+    "ok": "green",
+    "slow": "yellow",
+    "stalled": "bold yellow",
+    "unresponsive": "bold red",
+    "dead": "bold red",
+    "done": "dim green",
+    "failed": "bold red",
+}
+
+STATE_STYLES = {
+    "launching": "cyan",
+    "running": "green",
+    "succeeded": "dim green",
+    "partial": "yellow",
+    "failed": "bold red",
+    "killed": "magenta",
+}

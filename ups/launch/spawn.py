@@ -1,0 +1,54 @@
+"""Create a run and start its supervisor detached from this terminal."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from ups.runs.rundir import RunDir
+from ups.status.health import Thresholds
+
+
+def launch_run(
+    runs_root: str | os.PathLike[str],
+    kind: str,
+    command: list[str],
+    *,
+    argv: list[str] | None = None,
+    config: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
+    thresholds: Thresholds | dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> RunDir:
+    """Write ``runs_root/<id>/`` with the job command, and start the supervisor.
+
+    The supervisor runs in a new session: no controlling terminal, its own process group,
+    so Ctrl-C in the launching shell, closing the console or losing SSH never stops the job.
+    """
+    if isinstance(thresholds, Thresholds):
+        thresholds = thresholds.to_dict()
+    fields: dict[str, Any] = {
+        "command": [str(c) for c in command],
+        "env": env or {},
+        "cwd": os.getcwd(),
+        "thresholds": thresholds or {},
+    }
+    fields.update(extra or {})
+    run = RunDir.create(runs_root, kind, argv=argv if argv is not None else sys.argv, config=config, extra=fields)
+    launcher_log = open(run.log_path("launcher"), "ab")  # noqa: SIM115 - handed to the child
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ups.launch.supervise", str(Path(run.path).resolve())],
+            stdin=subprocess.DEVNULL,
+            stdout=launcher_log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+    finally:
+        launcher_log.close()
+    run.append_event("launch", actor=os.environ.get("UPS_ACTOR", "cli"), kind=kind, supervisor_pid=proc.pid)
+    return run

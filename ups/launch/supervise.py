@@ -1,0 +1,150 @@
+"""The launcher process: owns one job, reports on it, and records how it ended.
+
+``ups launch`` creates the run directory and starts ``python -m ups.launch.supervise RUN``
+in a new session (``start_new_session``): closing the terminal or losing SSH never stops it.
+The supervisor starts the job command stored in run.json, forwards SIGTERM/SIGINT to it,
+waits, and writes the final state, exit code and signal into run.json and the event log.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+from ups.launch.finalize import describe_returncode, finalize
+from ups.runs.rundir import RunDir
+from ups.runs.signals import signal_name
+from ups.runs.view import load_run_view
+from ups.status.procs import this_process_start
+from ups.status.reporter import ENV_RUN_DIR, ENV_RUN_ID, Reporter
+
+ACTOR = "launcher"
+TERM_GRACE_S = 10.0
+
+
+def _own_process_group() -> dict[str, Any]:
+    if sys.version_info >= (3, 11):
+        return {"process_group": 0}
+    return {"preexec_fn": os.setpgrp}  # pragma: no cover - Python 3.10
+
+
+class Supervisor:
+    def __init__(self, run: RunDir) -> None:
+        self.run = run
+        self.manifest = run.read_manifest()
+        self.child: subprocess.Popen[bytes] | None = None
+        self.terminate_requested: str | None = None
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        name = signal_name(signum) or str(signum)
+        if self.terminate_requested is None:
+            self.terminate_requested = name
+        if self.child is not None and self.child.poll() is None:
+            try:
+                # The job runs in its own process group (see start): signal all of it, so
+                # torchrun's ranks and DataLoader workers hear it even if a parent is stuck.
+                os.killpg(self.child.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    def job_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update({k: str(v) for k, v in (self.manifest.get("env") or {}).items()})
+        env[ENV_RUN_DIR] = str(self.run.path.resolve())
+        env[ENV_RUN_ID] = self.run.run_id
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
+
+    def start(self) -> None:
+        command = [str(c) for c in self.manifest["command"]]
+        log = open(self.run.log_path("job"), "ab")  # noqa: SIM115 - owned by the child
+        self.child = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self.job_env(),
+            cwd=self.manifest.get("cwd") or None,
+            **_own_process_group(),
+        )
+        log.close()
+        self.run.update_manifest(
+            state="running",
+            job={"pid": self.child.pid, "pgid": self.child.pid, "command": command},
+        )
+        self.run.append_event("start", actor=ACTOR, pid=self.child.pid, command=command)
+
+    def wait(self, reporter: Reporter | Any) -> int:
+        assert self.child is not None
+        deadline: float | None = None
+        while True:
+            try:
+                return self.child.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                pass
+            if self.terminate_requested and deadline is None:
+                deadline = time.monotonic() + TERM_GRACE_S
+                reporter.item(f"stopping job ({self.terminate_requested})")
+            if deadline is not None and time.monotonic() > deadline:
+                try:
+                    os.killpg(self.child.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+    def finish(self, returncode: int) -> int:
+        # Give the job's processes a moment to write their final records.
+        time.sleep(0.2)
+        view = load_run_view(self.run)
+        outcome = finalize(view, returncode, self.terminate_requested is not None)
+        self.run.set_state(
+            outcome.state,
+            exit_code=returncode if returncode >= 0 else None,
+            signal=signal_name(-returncode) if returncode < 0 else None,
+            summary=outcome.summary,
+            failure=outcome.failure,
+            **outcome.extra,
+        )
+        self.run.append_event(
+            "exit",
+            actor=ACTOR,
+            state=outcome.state,
+            returncode=returncode,
+            detail=describe_returncode(returncode),
+            summary=outcome.summary,
+        )
+        return {"succeeded": 0, "partial": 3}.get(outcome.state, 1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m ups.launch.supervise RUN_DIR", file=sys.stderr)
+        return 2
+    run = RunDir(args[0])
+    sup = Supervisor(run)
+    run.update_manifest(
+        launcher={"pid": os.getpid(), "pid_start": this_process_start(), "pgid": os.getpgid(0)}
+    )
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, sup._on_signal)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    with Reporter(run.path, role="launcher", phase="supervise", run_id=run.run_id) as reporter:
+        try:
+            sup.start()
+        except OSError as exc:
+            run.set_state("failed", summary=f"could not start the job: {exc}")
+            run.append_event("exit", actor=ACTOR, state="failed", summary=str(exc))
+            reporter.fail(f"could not start the job: {exc}")
+            return 1
+        reporter.item(f"job pid {sup.child.pid if sup.child else '?'}")
+        rc = sup.wait(reporter)
+        code = sup.finish(rc)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""A run as a watcher sees it: manifest + records + health, read once per tick.
+
+``ups status``, ``ups runs`` and the console all build their screens from :class:`RunView`;
+none of them reads status files or the process table on its own.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ups.errors import CorruptRun
+from ups.runs.rundir import FINAL_RUN_STATES, RunDir
+from ups.status.health import HealthVerdict, Thresholds, classify_run, worst
+from ups.status.procs import ProcessTable, StaticProcessTable
+from ups.status.reader import DirectoryStatusSource, ReadProblem, StatusSource
+from ups.status.record import StatusRecord
+
+
+@dataclass(frozen=True)
+class ProcessView:
+    record: StatusRecord
+    verdict: HealthVerdict
+    heartbeat_age: float
+    progress_age: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row documented for ``ups status --json`` (see docs/status-json.md)."""
+        r = self.record
+        return {
+            "name": r.name,
+            "role": r.role,
+            "rank": r.rank,
+            "local_rank": r.local_rank,
+            "world_size": r.world_size,
+            "worker": r.worker,
+            "host": r.host,
+            "pid": r.pid,
+            "phase": r.phase,
+            "state": r.state,
+            "step": r.step,
+            "total": r.total,
+            "unit": r.unit,
+            "rate": r.rate,
+            "item": r.item,
+            "heartbeat_age": round(self.heartbeat_age, 3),
+            "progress_age": round(self.progress_age, 3),
+            "gpu": None if r.gpu is None else {
+                "device": r.gpu.device,
+                "allocated": r.gpu.allocated,
+                "reserved": r.gpu.reserved,
+                "peak": r.gpu.peak,
+                "nvml_used": None,
+            },
+            "metrics": r.metrics,
+            "error": r.error,
+            "health": self.verdict.health.value,
+            "reason": self.verdict.reason,
+            "stack_file": r.stack_file,
+        }
+
+
+@dataclass(frozen=True)
+class RunView:
+    run: RunDir
+    manifest: dict[str, Any] | None
+    manifest_problem: str | None
+    processes: tuple[ProcessView, ...]
+    problems: tuple[ReadProblem, ...]
+    thresholds: Thresholds
+    read_at: float
+
+    @property
+    def run_id(self) -> str:
+        return self.run.run_id
+
+    @property
+    def state(self) -> str | None:
+        return None if self.manifest is None else self.manifest.get("state")
+
+    @property
+    def kind(self) -> str | None:
+        return None if self.manifest is None else self.manifest.get("kind")
+
+    @property
+    def is_final(self) -> bool:
+        return self.state in FINAL_RUN_STATES
+
+    @property
+    def worst(self) -> HealthVerdict | None:
+        return worst(p.verdict for p in self.processes)
+
+    def ranks(self) -> list[ProcessView]:
+        return [p for p in self.processes if p.record.role == "rank"]
+
+    def workers(self, rank: int | None = None) -> list[ProcessView]:
+        return [
+            p for p in self.processes
+            if p.record.role == "worker" and (rank is None or p.record.rank == rank)
+        ]
+
+    def process(self, name: str) -> ProcessView | None:
+        return next((p for p in self.processes if p.record.name == name), None)
+
+    @property
+    def progress(self) -> tuple[int, int | None]:
+        """Work done / total across ranks (the slowest rank's step for training)."""
+        ranks = [p.record for p in self.ranks()]
+        if not ranks:
+            return (0, None)
+        totals = [r.total for r in ranks if r.total]
+        return (min(r.step for r in ranks), max(totals) if totals else None)
+
+    @property
+    def rate(self) -> float | None:
+        rates = [p.record.rate for p in self.ranks() if p.record.rate is not None]
+        return statistics.median(rates) if rates else None
+
+    @property
+    def unit(self) -> str:
+        ranks = self.ranks()
+        return ranks[0].record.unit if ranks else "items"
+
+    @property
+    def eta_s(self) -> float | None:
+        step, total = self.progress
+        rate = self.rate
+        if not total or not rate or rate <= 0 or self.is_final:
+            return None
+        return max(0.0, (total - step) / rate)
+
+
+def load_run_view(
+    run: RunDir,
+    *,
+    now: float | None = None,
+    process_table: ProcessTable | None = None,
+    source: StatusSource | None = None,
+) -> RunView:
+    """Read the manifest and every record once, classify every process."""
+    manifest: dict[str, Any] | None
+    problem: str | None = None
+    try:
+        manifest = run.read_manifest()
+    except CorruptRun as exc:
+        manifest, problem = None, str(exc)
+    thresholds = Thresholds.from_dict((manifest or {}).get("thresholds"))
+    snap = (source or DirectoryStatusSource(run.status_dir)).read()
+    now = time.time() if now is None else now
+    table = process_table or StaticProcessTable.snapshot(r.pid for r in snap.records)
+    verdicts = classify_run(snap.records, now, table, thresholds)
+    processes = tuple(
+        ProcessView(
+            record=r,
+            verdict=verdicts[r.name],
+            heartbeat_age=max(0.0, now - r.heartbeat_at),
+            progress_age=max(0.0, now - max(r.progress_at, r.phase_at)),
+        )
+        for r in snap.records
+    )
+    return RunView(run, manifest, problem, processes, snap.problems, thresholds, now)
