@@ -10,11 +10,9 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-
-from typing import TYPE_CHECKING
 
 from ups.cli.app import app
 from ups.cli.common import JsonOption, RunArgument, RunsDirOption, default_runs_dir, print_json
@@ -95,26 +93,28 @@ def runs_cmd(runs_dir: RunsDirOption = default_runs_dir(), json: JsonOption = Fa
         typer.echo(f"no runs under {runs_dir} (start one with `ups demo` or `ups launch`)", err=True)
         return
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(box=None, header_style="bold", pad_edge=False)
     for col in ("RUN", "KIND", "STATE", "AGE", "PROGRESS", "RATE", "HEALTH"):
         table.add_column(col, no_wrap=col != "HEALTH")
     for r in rows:
         if r["problem"]:
-            table.add_row(r["id"], "?", "[red]unreadable[/]", fmt_age(r["age"]), "-", "-", f"[red]{r['problem']}[/]")
+            table.add_row(r["id"], "?", Text("unreadable", "red"), fmt_age(r["age"]), "-", "-", Text(r["problem"], "red"))
             continue
         health = r["health"] or "-"
-        style = HEALTH_STYLES.get(health, "")
-        reason = f" [dim]{r['reason']}[/]" if r["reason"] and health not in ("ok", "done") else ""
+        cell = Text(health, HEALTH_STYLES.get(health, ""))
+        if r["reason"] and health not in ("ok", "done"):
+            cell.append(f" {r['reason']}", "dim")
         state = r["state"] or "?"
         table.add_row(
             r["id"],
             r["kind"] or "?",
-            f"[{STATE_STYLES.get(state, '')}]{state}[/]",
+            Text(state, STATE_STYLES.get(state, "")),
             fmt_age(r["age"]),
             fmt_progress(r["step"], r["total"]),
             fmt_rate(r["rate"], r["unit"]),
-            f"[{style}]{health}[/]{reason}",
+            cell,
         )
     _console().print(table)
 
@@ -144,7 +144,7 @@ def status_payload(view: RunView, gpu_by_pid: dict[int, int] | None = None) -> d
 def _gpu_by_pid() -> dict[int, int]:
     """NVML's used memory per pid when the GPU layer is available; empty otherwise."""
     try:
-        from ups.gpu import gpu_memory_by_pid, get_provider  # type: ignore[attr-defined]
+        from ups.gpu import get_provider, gpu_memory_by_pid  # type: ignore[attr-defined]
     except ImportError:
         return {}
     try:
@@ -174,11 +174,13 @@ def render_status(view: RunView, nvml: dict[int, int]):
     m = view.manifest or {}
     now = view.read_at
     state = view.state or "unreadable"
-    head = Text.from_markup(
-        f"[bold]{view.run_id}[/]  {m.get('kind', '?')}  [{STATE_STYLES.get(state, '')}]{state}[/]"
-        f"  elapsed {fmt_duration((m.get('ended_at') or now) - m['created_at']) if m.get('created_at') else '-'}"
-        f"  progress {fmt_progress(*view.progress)}  {fmt_rate(view.rate, view.unit)}"
-        f"  eta {fmt_duration(view.eta_s)}"
+    elapsed = fmt_duration((m.get("ended_at") or now) - m["created_at"]) if m.get("created_at") else "-"
+    head = Text.assemble(
+        (view.run_id, "bold"),
+        f"  {m.get('kind', '?')}  ",
+        (state, STATE_STYLES.get(state, "")),
+        f"  elapsed {elapsed}  progress {fmt_progress(*view.progress)}"
+        f"  {fmt_rate(view.rate, view.unit)}  eta {fmt_duration(view.eta_s)}",
     )
     parts: list = [head]
     if view.manifest_problem:
@@ -200,7 +202,7 @@ def render_status(view: RunView, nvml: dict[int, int]):
             fmt_age(p.heartbeat_age) if r.state == "running" else "-",
             fmt_age(p.progress_age) if r.state == "running" else "-",
             _gpu_cell(p, nvml),
-            f"[{HEALTH_STYLES.get(h, '')}]{h}[/] [dim]{p.verdict.reason}[/]",
+            Text.assemble((h, HEALTH_STYLES.get(h, "")), (f" {p.verdict.reason}", "dim")),
         )
     parts.append(table)
     for prob in view.problems:
@@ -230,6 +232,7 @@ def status_cmd(
     from ups.runs.view import load_run_view
 
     rd = resolve_run(runs_dir, run)
+    rd.read_manifest()  # a corrupt run.json is bad input here: one line, exit 2
     if json:
         print_json(status_payload(load_run_view(rd), _gpu_by_pid()))
         return

@@ -178,11 +178,8 @@ def peer_median_rates(records: Iterable[StatusRecord]) -> dict[str, float | None
     for r in running:
         if r.rate is not None and r.step > 0:
             by_role.setdefault(r.role, []).append(r.rate)
-    out: dict[str, float | None] = {}
-    for r in running:
-        rates = by_role.get(r.role, [])
-        out[r.name] = statistics.median(rates) if len(rates) >= 2 else None
-    return out
+    medians = {role: statistics.median(rates) for role, rates in by_role.items() if len(rates) >= 2}
+    return {r.name: medians.get(r.role) for r in running}
 
 
 def classify_run(

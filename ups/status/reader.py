@@ -45,11 +45,14 @@ class StatusSource(Protocol):
     def read(self) -> StatusSnapshot: ...
 
 
-def read_record_file(path: Path) -> StatusRecord:
+def read_record_file(path: str | os.PathLike[str]) -> StatusRecord:
     """Read one record; raises RecordError with a short reason on any problem."""
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_RECORD_BYTES + 1)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            data = os.read(fd, MAX_RECORD_BYTES + 1)
+        finally:
+            os.close(fd)
     except OSError as exc:
         raise RecordError(f"unreadable ({exc.strerror or exc})") from None
     if not data:
@@ -79,7 +82,7 @@ def read_status_dir(status_dir: str | os.PathLike[str]) -> StatusSnapshot:
         if name.startswith(".") or not name.endswith(".json"):
             continue
         try:
-            records.append(read_record_file(Path(entry.path)))
+            records.append(read_record_file(entry.path))
         except RecordError as exc:
             problems.append(ReadProblem(name, str(exc)))
     records.sort(key=_record_order)

@@ -29,7 +29,7 @@ class RecordError(ValueError):
     """A status file's content is not a valid record (reported by readers, never raised to UIs)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class GpuMemory:
     """torch's view of one process's CUDA memory, in bytes."""
 
@@ -39,7 +39,7 @@ class GpuMemory:
     peak: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StatusRecord:
     """Everything a watcher needs to know about one process of a run.
 
@@ -94,8 +94,7 @@ class StatusRecord:
             raise RecordError("missing or non-integer 'schema'")
         if schema > SCHEMA_VERSION:
             raise RecordError(f"future schema {schema} (this ups reads up to {SCHEMA_VERSION})")
-        known = {f.name for f in fields(cls)}
-        kwargs = {k: v for k, v in data.items() if k in known}
+        kwargs = {k: v for k, v in data.items() if k in _FIELD_NAMES}
         for required in ("run_id", "role", "name", "pid", "pid_start", "host"):
             if required not in kwargs:
                 raise RecordError(f"missing required key {required!r}")
@@ -139,6 +138,9 @@ class StatusRecord:
         if self.role == "worker":
             return f"rank {self.rank if self.rank is not None else 0} / worker {self.worker}"
         return f"rank {self.rank}"
+
+
+_FIELD_NAMES = frozenset(f.name for f in fields(StatusRecord))
 
 
 def process_name(role: str, rank: int | None = None, worker: int | None = None) -> str:

@@ -256,6 +256,9 @@ class Reporter:
         if self._state != "failed":
             self._state = "done"
             self._exit_code = exit_code
+            elapsed = time.time() - self._static["started_at"]
+            if self._step and elapsed > 0:
+                self._rate = self._step / elapsed  # the whole run's average, for the summary
             if self._phase != "done":
                 self._phase = "done"
                 self._phase_at = time.time()

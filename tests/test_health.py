@@ -1,0 +1,134 @@
+"""classify_health: examples with their reasons, and invariants checked by hypothesis."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ups.status.health import Health, Thresholds, classify_health, classify_run, peer_median_rates
+from ups.status.procs import StaticProcessTable
+from ups.status.record import StatusRecord
+
+T0 = 1_800_000_000.0
+PID, START = 4242, 1_799_999_000.0
+ALIVE = StaticProcessTable({PID: START})
+GONE = StaticProcessTable({})
+REUSED = StaticProcessTable({PID: START + 50})
+
+
+def rec(**kw) -> StatusRecord:
+    base = dict(
+        run_id="r", role="rank", name="rank-0", pid=PID, pid_start=START, host="h", rank=0,
+        started_at=T0, heartbeat_at=T0, progress_at=T0, phase_at=T0, phase="train", step=5,
+    )
+    base.update(kw)
+    return StatusRecord(**base)
+
+
+def test_fresh_heartbeat_and_progress_is_ok():
+    assert classify_health(rec(), T0 + 1, ALIVE).health is Health.OK
+
+
+def test_stale_progress_with_live_heartbeat_is_stalled_with_reason():
+    v = classify_health(rec(phase="data.open", heartbeat_at=T0 + 73.5), T0 + 74, ALIVE)
+    assert v.health is Health.STALLED
+    assert v.reason == "no progress for 74 s in phase data.open"
+
+
+def test_stale_heartbeat_with_live_pid_is_unresponsive():
+    v = classify_health(rec(phase="data.open"), T0 + 12, ALIVE)
+    assert v.health is Health.UNRESPONSIVE
+    assert "no heartbeat for 12 s in phase data.open" in v.reason
+
+
+def test_gone_or_reused_pid_is_dead():
+    assert classify_health(rec(), T0 + 1, GONE).health is Health.DEAD
+    v = classify_health(rec(), T0 + 1, REUSED)
+    assert v.health is Health.DEAD and "reused" in v.reason
+
+
+def test_startup_grace_and_per_phase_limits():
+    starting = rec(step=0, phase="dist.init", heartbeat_at=T0 + 20)
+    assert classify_health(starting, T0 + 20, ALIVE).health is Health.STARTING
+    assert classify_health(starting.with_changes(heartbeat_at=T0 + 90), T0 + 90, ALIVE).health is Health.STALLED
+    t = Thresholds.from_dict({"phase_stalled_after": {"dist.init": 300}})
+    assert classify_health(starting.with_changes(heartbeat_at=T0 + 90), T0 + 90, ALIVE, t).health is Health.OK
+    idle = rec(phase="idle", heartbeat_at=T0 + 999)
+    assert classify_health(idle, T0 + 1000, ALIVE).health is Health.OK
+
+
+def test_slow_against_peers_median():
+    records = [
+        rec(name="rank-0", rank=0, rate=10.0),
+        rec(name="rank-1", rank=1, rate=9.0),
+        rec(name="rank-2", rank=2, rate=3.0),
+    ]
+    verdicts = classify_run(records, T0 + 1, ALIVE, local_host="h")
+    assert verdicts["rank-2"].health is Health.SLOW
+    assert "peers' median 9" in verdicts["rank-2"].reason
+    assert verdicts["rank-0"].health is Health.OK
+    assert peer_median_rates(records[:1]) == {"rank-0": None}  # one process has no peers
+
+
+def test_remote_records_skip_the_pid_check():
+    verdicts = classify_run([rec(host="other-node")], T0 + 1, GONE, local_host="h")
+    assert verdicts["rank-0"].health is Health.OK
+
+
+# ----------------------------------------------------------------------- invariants
+states = st.sampled_from(["running", "done", "failed"])
+tables = st.sampled_from([ALIVE, GONE, REUSED])
+offsets = st.floats(min_value=0, max_value=500, allow_nan=False)
+
+
+@st.composite
+def records(draw):
+    hb = draw(offsets)
+    prog = draw(st.floats(min_value=0, max_value=hb, allow_nan=False))
+    return rec(
+        state=draw(states),
+        heartbeat_at=T0 + hb,
+        progress_at=T0 + prog,
+        phase_at=T0 + draw(st.floats(min_value=0, max_value=prog, allow_nan=False)),
+        step=draw(st.integers(min_value=0, max_value=100)),
+        phase=draw(st.sampled_from(["train", "idle", "data.open", "dist.init"])),
+        rate=draw(st.none() | st.floats(min_value=0, max_value=100, allow_nan=False)),
+        error=draw(st.none() | st.just("boom")),
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(r=records(), table=tables, later=offsets, median=st.none() | st.floats(0, 100, allow_nan=False))
+def test_final_state_wins(r, table, later, median):
+    v = classify_health(r, r.heartbeat_at + later, table, peer_median_rate=median)
+    if r.state == "done":
+        assert v.health is Health.DONE
+    elif r.state == "failed":
+        assert v.health is Health.FAILED
+    else:
+        assert v.health not in (Health.DONE, Health.FAILED)
+
+
+@settings(max_examples=300, deadline=None)
+@given(r=records(), later=offsets)
+def test_dead_pid_is_never_ok(r, later):
+    for table in (GONE, REUSED):
+        v = classify_health(r.with_changes(state="running"), r.heartbeat_at + later, table)
+        assert v.health is Health.DEAD
+
+
+@settings(max_examples=500, deadline=None)
+@given(r=records(), table=tables, a=offsets, b=offsets, median=st.none() | st.floats(0, 100, allow_nan=False))
+def test_time_passing_never_makes_a_record_healthier(r, table, a, b, median):
+    t1, t2 = sorted((a, b))
+    now1, now2 = r.heartbeat_at + t1, r.heartbeat_at + t2
+    v1 = classify_health(r, now1, table, peer_median_rate=median)
+    v2 = classify_health(r, now2, table, peer_median_rate=median)
+    assert v2.health.severity >= v1.health.severity, (v1, v2)
+
+
+@settings(max_examples=200, deadline=None)
+@given(r=records(), later=offsets)
+def test_every_verdict_has_a_reason(r, later):
+    v = classify_health(r, r.heartbeat_at + later, ALIVE)
+    assert v.reason
