@@ -192,3 +192,9 @@ def test_logs_prints_the_job_log(runs_root):
     res = run_ups("logs", run.run_id)
     assert res.returncode == 0 and "Training pipeline completed" in res.stdout
     assert os.path.exists(run.log_path("launcher"))
+
+
+def test_default_runs_folder_may_not_exist_yet(tmp_path, monkeypatch):
+    monkeypatch.delenv("UPS_RUNS_DIR", raising=False)
+    res = run_ups("runs", cwd=tmp_path)
+    assert res.returncode == 0 and "no runs under runs" in res.stderr

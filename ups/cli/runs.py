@@ -75,16 +75,20 @@ def run_row(view: RunView, now: float) -> dict:
 
 
 @app.command("runs")
-def runs_cmd(runs_dir: RunsDirOption = default_runs_dir(), json: JsonOption = False) -> None:
+def runs_cmd(ctx: typer.Context, runs_dir: RunsDirOption = default_runs_dir(), json: JsonOption = False) -> None:
     """List runs, newest first: kind, state, age, progress, throughput, worst health.
 
-    A run folder whose run.json is missing or corrupt is listed with its problem.
+    A run folder whose run.json is missing or corrupt is listed with its problem. A runs
+    folder named with --runs-dir or UPS_RUNS_DIR must exist; the default ./runs may not yet.
     """
     from ups.runs.rundir import list_runs
     from ups.runs.view import load_run_view
 
+    # By name: typer vendors its own click, whose ParameterSource is not click's.
+    source = ctx.get_parameter_source("runs_dir")
+    implicit = getattr(source, "name", None) == "DEFAULT"
     now = time.time()
-    views = [load_run_view(s.run, now=now) for s in list_runs(runs_dir)]
+    views = [load_run_view(s.run, now=now) for s in list_runs(runs_dir, missing_ok=implicit)]
     rows = [run_row(v, now) for v in views]
     if json:
         print_json({"runs_dir": str(runs_dir), "runs": rows})
