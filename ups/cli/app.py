@@ -44,7 +44,16 @@ app = typer.Typer(
 
 def _register() -> None:
     # Command groups register themselves on `app`; importing them is cheap (Typer only).
+    from ups.cli import control as _control  # noqa: F401
+    from ups.cli import demo as _demo  # noqa: F401
     from ups.cli import runs as _runs  # noqa: F401
+    from ups.cli.cache import cache_app
+    from ups.cli.data import data_app
+    from ups.cli.launch import launch_app
+
+    app.add_typer(launch_app, name="launch")
+    app.add_typer(data_app, name="data")
+    app.add_typer(cache_app, name="cache")
 
 
 _register()

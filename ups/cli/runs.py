@@ -39,7 +39,13 @@ WorkerOption = Annotated[
 
 
 def _actor() -> str:
-    return f"cli:{os.environ.get('USER') or os.environ.get('LOGNAME') or os.getuid()}"
+    import getpass
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    return f"cli:{user}"
 
 
 def _console(stderr: bool = False):  # rich is imported lazily: ~30 ms we only pay when drawing
@@ -100,26 +106,21 @@ def runs_cmd(ctx: typer.Context, runs_dir: RunsDirOption = default_runs_dir(), j
     from rich.text import Text
 
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for col in ("RUN", "KIND", "STATE", "AGE", "PROGRESS", "RATE", "HEALTH"):
+    for col in ("RUN", "STATE", "AGE", "PROGRESS", "HEALTH"):
         table.add_column(col, no_wrap=col != "HEALTH")
     for r in rows:
         if r["problem"]:
-            table.add_row(r["id"], "?", Text("unreadable", "red"), fmt_age(r["age"]), "-", "-", Text(r["problem"], "red"))
+            table.add_row(r["id"], Text("unreadable", "red"), fmt_age(r["age"]), "-", Text(r["problem"], "red"))
             continue
         health = r["health"] or "-"
         cell = Text(health, HEALTH_STYLES.get(health, ""))
         if r["reason"] and health not in ("ok", "done"):
             cell.append(f" {r['reason']}", "dim")
         state = r["state"] or "?"
-        table.add_row(
-            r["id"],
-            r["kind"] or "?",
-            Text(state, STATE_STYLES.get(state, "")),
-            fmt_age(r["age"]),
-            fmt_progress(r["step"], r["total"]),
-            fmt_rate(r["rate"], r["unit"]),
-            cell,
-        )
+        progress = fmt_progress(r["step"], r["total"])
+        if r["rate"] and state == "running":
+            progress += f" {fmt_rate(r['rate'], r['unit'])}"
+        table.add_row(r["id"], Text(state, STATE_STYLES.get(state, "")), fmt_age(r["age"]), progress, cell)
     _console().print(table)
 
 
@@ -170,6 +171,11 @@ def _gpu_cell(p: ProcessView, nvml: dict[int, int]) -> str:
     return ", ".join(parts) or "-"
 
 
+def short_label(r: StatusRecord) -> str:
+    """'launcher', 'rank 0', '  worker 3' (workers listed under their rank)."""
+    return f"  worker {r.worker}" if r.role == "worker" else r.label
+
+
 def render_status(view: RunView, nvml: dict[int, int]):
     from rich.console import Group
     from rich.table import Table
@@ -192,19 +198,18 @@ def render_status(view: RunView, nvml: dict[int, int]):
     if m.get("summary"):
         parts.append(Text(f"summary: {m['summary']}"))
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for col in ("PROCESS", "PID", "PHASE", "PROGRESS", "RATE", "HEARTBEAT", "PROGRESSED", "GPU", "HEALTH"):
-        table.add_column(col, no_wrap=col not in ("HEALTH",))
+    for col in ("PROCESS", "PID", "PHASE", "PROGRESS", "RATE", "HB/PROG", "GPU", "HEALTH"):
+        table.add_column(col, no_wrap=col not in ("HEALTH", "GPU"))
     for p in view.processes:
         r = p.record
         h = p.verdict.health.value
         table.add_row(
-            r.label,
+            short_label(r),
             str(r.pid),
             r.phase,
             fmt_progress(r.step, r.total),
             fmt_rate(r.rate, r.unit),
-            fmt_age(p.heartbeat_age) if r.state == "running" else "-",
-            fmt_age(p.progress_age) if r.state == "running" else "-",
+            f"{fmt_age(p.heartbeat_age)}/{fmt_age(p.progress_age)}" if r.state == "running" else "-",
             _gpu_cell(p, nvml),
             Text.assemble((h, HEALTH_STYLES.get(h, "")), (f" {p.verdict.reason}", "dim")),
         )

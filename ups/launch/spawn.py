@@ -22,22 +22,29 @@ def launch_run(
     env: dict[str, str] | None = None,
     thresholds: Thresholds | dict[str, Any] | None = None,
     extra: dict[str, Any] | None = None,
+    files: dict[str, bytes] | None = None,
 ) -> RunDir:
     """Write ``runs_root/<id>/`` with the job command, and start the supervisor.
 
-    The supervisor runs in a new session: no controlling terminal, its own process group,
+    ``files`` are written into the run folder before anything starts (``{RUN}`` in the
+    command is replaced by the run folder's path). The supervisor runs in a new session: no controlling terminal, its own process group,
     so Ctrl-C in the launching shell, closing the console or losing SSH never stops the job.
     """
     if isinstance(thresholds, Thresholds):
         thresholds = thresholds.to_dict()
     fields: dict[str, Any] = {
-        "command": [str(c) for c in command],
+        "command": [str(c) for c in command],  # "{RUN}" is filled in below
         "env": env or {},
         "cwd": os.getcwd(),
         "thresholds": thresholds or {},
     }
     fields.update(extra or {})
     run = RunDir.create(runs_root, kind, argv=argv if argv is not None else sys.argv, config=config, extra=fields)
+    for name, data in (files or {}).items():  # e.g. the resolved config the job reads
+        (run.path / name).write_bytes(data)
+    if any("{RUN}" in c for c in fields["command"]):
+        resolved = str(run.path.resolve())
+        run.update_manifest(command=[c.replace("{RUN}", resolved) for c in fields["command"]])
     launcher_log = open(run.log_path("launcher"), "ab")  # noqa: SIM115 - handed to the child
     try:
         proc = subprocess.Popen(

@@ -15,6 +15,7 @@ import sys
 import time
 from typing import Any
 
+from ups.launch import kinds as _kinds  # noqa: F401 - registers the per-kind finalizers
 from ups.launch.finalize import describe_returncode, finalize
 from ups.runs.rundir import RunDir
 from ups.runs.signals import signal_name

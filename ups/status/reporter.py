@@ -52,11 +52,11 @@ def _env_int(name: str) -> int | None:
         return None
 
 
-def write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes, *, write: Callable[[int, Any], int] = os.write) -> None:
     """Write ``data`` to ``path`` via a temp file in the same folder and ``os.replace``.
 
     On failure the temp file is removed and the OSError propagates; ``path`` keeps its old
-    content.
+    content. ``write`` is the low-level write call (fault injection replaces it).
     """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
@@ -64,7 +64,7 @@ def write_atomic(path: Path, data: bytes) -> None:
         try:
             view = memoryview(data)
             while view:
-                written = os.write(fd, view)
+                written = write(fd, view)
                 view = view[written:]
         finally:
             os.close(fd)
@@ -276,10 +276,10 @@ class Reporter:
         return self.start()
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        if exc is None:
+        if exc is None or self._state != "running":
             if self._state == "running":
                 self.done()
-        elif self._state != "failed":
+        else:
             code = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else 1
             if isinstance(exc, SystemExit) and code == 0:
                 self.done()
@@ -357,7 +357,7 @@ class Reporter:
         while len(samples) > 2 and now - samples[0][0] > RATE_WINDOW_S:
             samples.popleft()
         t0, s0 = samples[0]
-        if now - t0 >= 0.5:
+        if now - t0 >= 0.5 and self._step:
             self._rate = max(0.0, (self._step - s0) / (now - t0))
 
     def _sample_gpu(self) -> None:

@@ -1,0 +1,88 @@
+"""Follow a run until it ends: a live view on a terminal, plain lines otherwise.
+
+Ctrl-C only stops following: the job runs on, detached; ``ups status RUN`` or
+``ups console`` shows it again.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import typer
+
+from ups.format import HEALTH_STYLES, fmt_duration, fmt_progress, fmt_rate
+from ups.runs.rundir import FINAL_RUN_STATES, RunDir
+from ups.runs.view import RunView, load_run_view
+
+EXIT_BY_STATE = {"succeeded": 0, "partial": 3, "failed": 1, "killed": 1}
+
+
+def _line(view: RunView) -> str:
+    step, total = view.progress
+    worst = view.worst
+    health = "" if worst is None else f"  {worst.health.value}" + (f" ({worst.reason})" if worst.health.is_problem else "")
+    return (
+        f"{view.state or '?'}  {fmt_progress(step, total)}  {fmt_rate(view.rate, view.unit)}"
+        f"  eta {fmt_duration(view.eta_s)}{health}"
+    )
+
+
+def _render(view: RunView, events: list[dict]):
+    from rich.console import Group
+    from rich.progress_bar import ProgressBar
+    from rich.table import Table
+    from rich.text import Text
+
+    step, total = view.progress
+    head = Text.assemble((view.run_id, "bold"), f"  {view.kind or '?'}  {view.state or '?'}")
+    bar = ProgressBar(total=float(total or 1), completed=float(step), width=50)
+    stats = Text(f"{fmt_progress(step, total)}  {fmt_rate(view.rate, view.unit)}  eta {fmt_duration(view.eta_s)}")
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for col in ("PROCESS", "PID", "PHASE", "ITEM", "DONE", "HEALTH"):
+        table.add_column(col, no_wrap=col != "HEALTH")
+    procs = [p for p in view.processes if p.record.role != "launcher"]
+    for p in procs[:12]:
+        r, h = p.record, p.verdict.health.value
+        table.add_row(r.label, str(r.pid), r.phase, r.item or "-", str(r.step),
+                      Text.assemble((h, HEALTH_STYLES.get(h, "")), (f" {p.verdict.reason}" if p.verdict.health.is_problem else "", "dim")))
+    if len(procs) > 12:
+        table.add_row(f"... {len(procs) - 12} more", "", "", "", "", "")
+    recent = [Text(f"{time.strftime('%H:%M:%S', time.localtime(e.get('ts', 0)))} {e.get('event')}: "
+                   f"{e.get('reason') or e.get('summary') or e.get('sample') or e.get('error') or ''}", style="dim")
+              for e in events if e.get("event") not in ("launch", "start", "control.handled", "plan", "loader.start", "signal")][-5:]
+    return Group(head, bar, stats, table, *recent)
+
+
+def follow_run(run: RunDir, *, interval: float = 0.5, live: bool | None = None) -> int:
+    """Watch ``run`` until its state is final; the exit code its state maps to."""
+    live = sys.stdout.isatty() if live is None else live
+    typer.echo(f"run {run.run_id} ({run.path}); Ctrl-C stops following, the job keeps running", err=True)
+    try:
+        if live:
+            from rich.live import Live
+
+            with Live(_render(load_run_view(run), []), refresh_per_second=4, transient=False) as lv:
+                while True:
+                    view = load_run_view(run)
+                    lv.update(_render(view, run.read_events(limit=50)))
+                    if view.is_final:
+                        break
+                    time.sleep(interval)
+        else:
+            last = 0.0
+            while True:
+                view = load_run_view(run)
+                if view.is_final:
+                    break
+                if time.monotonic() - last >= 2.0:
+                    typer.echo(_line(view))
+                    last = time.monotonic()
+                time.sleep(interval)
+    except KeyboardInterrupt:
+        typer.echo(f"\nstopped following; the job runs on. `ups status {run.run_id}` or `ups console` shows it.", err=True)
+        return 0
+    m = run.read_manifest()
+    state = m.get("state")
+    typer.echo(f"{run.run_id}: {state}: {m.get('summary') or ''}".rstrip(": "))
+    return EXIT_BY_STATE.get(state or "", 1) if state in FINAL_RUN_STATES else 1

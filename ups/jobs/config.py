@@ -1,0 +1,168 @@
+"""Job configuration: typed dataclasses, loaded from YAML plus CLI overrides, validated.
+
+No torch here: the CLI validates a config before anything is launched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ups.errors import UpsError
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+
+
+class ConfigError(UpsError):
+    """A config file or value is wrong: names the key and what is expected."""
+
+
+@dataclass
+class PrecomputeConfig:
+    """Latent-cache precompute: which data, which encoder, and how hangs are handled."""
+
+    root: str = "data/demo"
+    """Folder with the HDF5 shards ({task}_{split}.h5 or {task}_{split}_*.h5, or raw PDEBench)."""
+    tasks: list[str] = field(default_factory=lambda: ["advection1d"])
+    """Tasks to encode (advection1d, burgers1d, darcy2d)."""
+    splits: list[str] = field(default_factory=lambda: ["train"])
+    """Splits to encode (train, val, test)."""
+    cache_dir: str = "cache/demo"
+    """Where cache_dir/{task}_{split}/sample_XXXXX.pt files go."""
+    num_workers: int = 2
+    """DataLoader worker processes reading raw fields; 0 reads in the main process (legacy)."""
+    batch_size: int = 8
+    """Samples encoded together on the device."""
+    prefetch_factor: int = 2
+    """Batches each worker reads ahead."""
+    latent_dim: int = 32
+    """Width of each latent token."""
+    latent_tokens: int = 16
+    """Latent tokens per time step."""
+    cache_dtype: str = "float16"
+    """Dtype of stored latents: float16 or float32."""
+    device: str = "auto"
+    """Encoder device: cpu, cuda, or auto (cuda when available)."""
+    seed: int = 0
+    """Encoder weight seed (when no checkpoint is given)."""
+    encoder_checkpoint: str | None = None
+    """Optional encoder state dict; its weights hash goes into the cache metadata."""
+    overwrite: bool = False
+    """Replace a cache written with another hash instead of refusing."""
+    dataloader_timeout: float = 30.0
+    """Seconds the main process waits for one batch before rebuilding the loader."""
+    worker_timeout: float = 20.0
+    """A worker stalled or unresponsive this long gets its stack dumped and is killed."""
+    unresponsive_after: float = 5.0
+    """No heartbeat for this long (pid alive) means a worker is blocked in a C call."""
+    heartbeat_interval: float = 1.0
+    """Seconds between status record writes."""
+    quarantine_after: int = 2
+    """A sample (or file open) in flight on this many hung or dead workers is skipped."""
+    fallback_after: int = 2
+    """Worker failures after which the job falls back to num_workers=0."""
+
+    def validate(self) -> PrecomputeConfig:
+        from ups.data.tasks import SPLITS, TASKS
+
+        for t in self.tasks:
+            if t not in TASKS:
+                raise ConfigError(f"tasks: unknown task {t!r} (known: {', '.join(TASKS)})")
+        for s in self.splits:
+            if s not in SPLITS:
+                raise ConfigError(f"splits: unknown split {s!r} (known: {', '.join(SPLITS)})")
+        if not self.tasks or not self.splits:
+            raise ConfigError("tasks and splits must not be empty")
+        _check(self.num_workers >= 0, "num_workers", self.num_workers, ">= 0")
+        _check(self.batch_size >= 1, "batch_size", self.batch_size, ">= 1")
+        _check(self.prefetch_factor >= 1, "prefetch_factor", self.prefetch_factor, ">= 1")
+        _check(self.latent_dim >= 1, "latent_dim", self.latent_dim, ">= 1")
+        _check(self.latent_tokens >= 1, "latent_tokens", self.latent_tokens, ">= 1")
+        _check(self.cache_dtype in ("float16", "float32"), "cache_dtype", self.cache_dtype, "float16 or float32")
+        _check(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"), "device", self.device, "cpu, cuda[:N] or auto")
+        for name in ("dataloader_timeout", "worker_timeout", "unresponsive_after", "heartbeat_interval"):
+            _check(getattr(self, name) > 0, name, getattr(self, name), "> 0 seconds")
+        _check(self.quarantine_after >= 1, "quarantine_after", self.quarantine_after, ">= 1")
+        _check(self.fallback_after >= 1, "fallback_after", self.fallback_after, ">= 1")
+        return self
+
+    def latent_hash_parts(self) -> dict[str, Any]:
+        """What changes the latents (and nothing that does not, like worker counts)."""
+        return {
+            "latent_dim": self.latent_dim,
+            "latent_tokens": self.latent_tokens,
+            "cache_dtype": self.cache_dtype,
+            "seed": self.seed,
+            "encoder_checkpoint": self.encoder_checkpoint,
+        }
+
+    def thresholds(self) -> dict[str, Any]:
+        """Health thresholds for the run (run.json "thresholds")."""
+        return {
+            "heartbeat_interval": self.heartbeat_interval,
+            "unresponsive_after": self.unresponsive_after,
+            "stalled_after": self.worker_timeout,
+            "startup_grace": max(self.worker_timeout, 10.0),
+        }
+
+
+def _check(ok: bool, key: str, value: Any, expected: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: {value!r} is not valid (expected {expected})")
+
+
+C = TypeVar("C")
+
+
+def _coerce(cls: type, key: str, value: Any, default: Any) -> Any:
+    if value is None:
+        return None
+    kind = type(default) if default is not None else str
+    if isinstance(default, list):
+        if isinstance(value, str):
+            value = [v for v in value.replace(",", " ").split() if v]
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        return [str(v) for v in value]
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    try:
+        if kind is int and isinstance(value, float) and not value.is_integer():
+            raise ValueError
+        return kind(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key}: expected {kind.__name__}, got {value!r}") from None
+
+
+def load_config(cls: type[C], path: str | os.PathLike[str] | None = None, overrides: dict[str, Any] | None = None) -> C:
+    """Defaults, then the YAML file's keys, then non-None overrides; every key checked."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        import yaml
+
+        p = Path(path)
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"{p}: config file not found") from None
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"{p}: not readable YAML ({str(exc).splitlines()[0]})") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{p}: expected a mapping of keys to values")
+        values.update(data)
+    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    known = {f.name: f for f in fields(cls)}  # type: ignore[arg-type]
+    defaults = cls()
+    kwargs = {}
+    for key, value in values.items():
+        if key not in known:
+            where = f" in {path}" if path else ""
+            raise ConfigError(f"unknown config key {key!r}{where} (known: {', '.join(known)})")
+        kwargs[key] = _coerce(cls, key, value, getattr(defaults, key))
+    cfg = dataclasses.replace(defaults, **kwargs)
+    return cfg.validate() if hasattr(cfg, "validate") else cfg

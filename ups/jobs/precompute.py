@@ -1,0 +1,678 @@
+"""The latent-cache precompute job: HDF5 fields -> encoder -> one cache file per sample.
+
+Run by ``ups launch precompute`` (through the supervisor) as
+``python -m ups.jobs.precompute --config RUN/config.json``; also runs by hand.
+
+Shape of the work (DESIGN.md, "The jobs"):
+
+* DataLoader workers only read raw fields. Each opens its own HDF5 handles after it starts
+  and reports through its own Reporter (heartbeat, samples read, ``file#index``).
+* The main process batches, encodes on the device, and writes each sample atomically.
+* A watchdog thread beside the main loop reads the workers' status records. A worker that
+  is stalled or unresponsive past ``worker_timeout`` gets its stacks dumped, then is killed;
+  the main loop rebuilds the loader over the samples not yet written. A sample (or a file
+  open) in flight on ``quarantine_after`` hung or dead workers is quarantined; after
+  ``fallback_after`` worker failures the job goes on with ``num_workers=0``. The watchdog
+  also serves control requests (``ups fallback``) within about a second.
+
+Exit codes: 0 every sample cached; 3 finished with quarantined samples; 1 failed; 2 bad
+input; 143 stopped by SIGTERM/Ctrl-C (workers ended, no temp files left).
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import functools
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ups.data import cache as cache_mod
+from ups.data.shards import DataError, SampleReader, ShardIndex
+from ups.data.tasks import get_task
+from ups.errors import UpsError
+from ups.faults import Fault, Faults
+from ups.jobs.config import PrecomputeConfig, load_config
+from ups.models.encoder import build_encoder, weights_hash
+from ups.runs.rundir import RunDir
+from ups.status.record import GpuMemory
+from ups.status.reporter import ENV_RUN_DIR, NullReporter, Reporter
+
+KNOWN_FAULTS = ("worker_hang", "worker_crash", "slow_read", "write_enospc")
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_PARTIAL, EXIT_STOPPED = 0, 1, 2, 3, 143
+WATCHDOG_TICK_S = 0.25
+# The DataLoader's own timeout is used as a poll: every POLL_S without a batch, the main
+# loop gets control back to check for fallback, dead workers and our real timeout.
+POLL_S = 0.5
+
+
+class LoaderTimeout(RuntimeError):
+    """No batch for ``dataloader_timeout`` seconds."""
+
+
+class Stopped(BaseException):
+    """SIGTERM or SIGINT: stop cleanly (BaseException, so no `except Exception` eats it)."""
+
+
+# ------------------------------------------------------------------------------ faults
+def _fire_once(run_dir: str | None, fault: Fault) -> bool:
+    """True the first time across all processes of the run (``times=N`` allows N)."""
+    times = int(fault.get("times", 1))
+    if times <= 0 or run_dir is None:
+        return run_dir is None
+    marker_dir = Path(run_dir) / "faults"
+    marker_dir.mkdir(exist_ok=True)
+    for k in range(times):
+        try:
+            os.close(os.open(marker_dir / f"{fault.name}.{k}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            return True
+        except FileExistsError:
+            continue
+    return False
+
+
+def _hang(mode: str) -> None:
+    if mode == "gil":
+        import h5py
+
+        fifo = Path(os.environ.get("TMPDIR", "/tmp")) / f"ups-fault-fifo-{os.getpid()}"
+        if not fifo.exists():
+            os.mkfifo(fifo)
+        h5py.File(fifo, "r")  # blocks in open() holding the GIL, like a hung network mount
+    elif mode == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    while True:
+        time.sleep(3600)
+
+
+# --------------------------------------------------------------------- worker side
+_worker_reporter: Reporter | NullReporter = NullReporter()
+
+
+def _worker_init(worker_id: int, *, run_dir: str | None, rank: int, id_offset: int, interval: float) -> None:
+    """Runs in each DataLoader worker after it starts: its own Reporter and stack file."""
+    global _worker_reporter
+    torch.set_num_threads(1)
+    if run_dir:
+        _worker_reporter = Reporter(
+            run_dir, role="worker", rank=rank, worker=id_offset + worker_id, unit="samples",
+            phase="idle", interval=interval,
+        ).start()
+        # multiprocessing children end with os._exit (no atexit): a Finalize runs there.
+        from multiprocessing import util
+
+        util.Finalize(None, _finish_worker_record, exitpriority=100)
+
+
+def _finish_worker_record() -> None:
+    _worker_reporter.done()
+    _worker_reporter.close()
+
+
+class SplitDataset(torch.utils.data.Dataset):
+    """Raw samples of one split, by position in a list of global indices."""
+
+    def __init__(self, reader: SampleReader, indices: list[int], faults: Faults, run_dir: str | None) -> None:
+        self.reader = reader
+        self.indices = indices
+        self.faults = faults
+        self.run_dir = run_dir
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, k: int) -> dict[str, Any]:
+        index = self.indices[k]
+        rep = _worker_reporter
+        shard, local = self.reader.index.locate(index)
+        rep.item(f"{shard.name}#{local}")
+        rep.phase("data.open" if self.reader.open_files == 0 or not self._is_open(shard.path) else "read")
+        info = torch.utils.data.get_worker_info()
+        worker = None if info is None else info.id
+        self._inject(worker, index, rep.step)
+        sample = self.reader.read(index)
+        rep.advance()
+        rep.phase("idle")
+        return {
+            "index": index,
+            "source": sample.source,
+            "fields": torch.from_numpy(sample.fields),
+            "params": torch.from_numpy(sample.params),
+            "bc": torch.from_numpy(sample.bc),
+        }
+
+    def _is_open(self, path: str) -> bool:
+        return path in self.reader._handles  # noqa: SLF001 - same package, read-only peek
+
+    def _inject(self, worker: int | None, index: int, done: int) -> None:
+        if not self.faults:
+            return
+        slow = self.faults.get("slow_read")
+        if slow is not None:
+            time.sleep(float(slow.get("delay", 0.2)))
+        if worker is None:
+            return  # hangs and crashes are rehearsed in worker processes
+        for name in ("worker_hang", "worker_crash"):
+            f = self.faults.get(name, worker=worker)
+            if f is None:
+                continue
+            at_sample = f.get("sample")
+            at_count = int(f.get("after", 0))
+            due = index == at_sample if at_sample is not None else done >= at_count
+            if due and _fire_once(self.run_dir, f):
+                print(f"ups: injected fault {f} in worker {worker} at sample {index}", file=sys.stderr, flush=True)
+                if name == "worker_hang":
+                    _hang(str(f.get("mode", "sleep")))
+                if str(f.get("signal", "")).upper() in ("SEGV", "SIGSEGV"):
+                    os.kill(os.getpid(), signal.SIGSEGV)
+                os._exit(1)  # a worker dying abruptly, as an OOM kill or a native crash would
+
+
+def _collate(batch: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "index": [b["index"] for b in batch],
+        "source": [b["source"] for b in batch],
+        "fields": torch.stack([b["fields"] for b in batch]),
+        "params": [b["params"] for b in batch],
+        "bc": [b["bc"] for b in batch],
+    }
+
+
+def _disable_torch_sigchld_handler() -> None:
+    """torch raises from a SIGCHLD handler in the main thread when a worker dies: at any
+    bytecode, mid-write included. We detect dead workers ourselves (watchdog + the loader's
+    own liveness check on each get), so keep that handler out."""
+    from torch.utils.data._utils import signal_handling
+
+    signal_handling._SIGCHLD_handler_set = True  # noqa: SLF001
+
+
+# ------------------------------------------------------------------------ the engine
+@dataclass
+class Quarantined:
+    task_split: str
+    index: int
+    source: str
+    reason: str
+    stack_file: str | None = None
+
+
+@dataclass
+class JobState:
+    """Shared between the main loop and the watchdog thread (simple fields, one writer each)."""
+
+    fallback: bool = False
+    fallback_reason: str | None = None
+    worker_failures: int = 0
+    sample_failures: Counter = field(default_factory=Counter)
+    open_failures: Counter = field(default_factory=Counter)
+    quarantined: list[Quarantined] = field(default_factory=list)
+    loader_pids: dict[int, int] = field(default_factory=dict)  # worker record id -> pid
+    killed_by_watchdog: set[int] = field(default_factory=set)
+    generation: int = 0
+    split_key: str = ""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class Watchdog(threading.Thread):
+    """Watches the current loader's workers through their status records; serves control."""
+
+    def __init__(self, job: PrecomputeJob) -> None:
+        super().__init__(name="ups-precompute-watchdog", daemon=True)
+        self.job = job
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(WATCHDOG_TICK_S):
+            try:
+                self.tick()
+            except Exception as exc:  # noqa: BLE001 - the watchdog must outlive a bad tick
+                print(f"ups: watchdog tick failed: {exc!r}", file=sys.stderr, flush=True)
+
+    def tick(self) -> None:
+        job = self.job
+        if job.run is None:
+            return
+        for path, body in job.run.pending_controls():
+            if body.get("request") == "fallback":
+                job.request_fallback(f"requested by {body.get('actor', 'operator')}")
+                job.run.ack_control(path, actor="job", result="falling back to num_workers=0")
+            else:
+                job.run.ack_control(path, actor="job", result=f"unknown request {body.get('request')!r} ignored")
+        self.check_workers()
+
+    def check_workers(self) -> None:
+        from ups.runs.view import load_run_view
+        from ups.status.health import Health
+
+        job, st = self.job, self.job.state
+        pids = dict(st.loader_pids)
+        if not pids:
+            return
+        view = load_run_view(job.run)
+        for p in view.workers(job.rank):
+            rec = p.record
+            if rec.worker not in pids or pids[rec.worker] != rec.pid or rec.worker in st.killed_by_watchdog:
+                continue
+            hung_for = p.heartbeat_age if p.verdict.health is Health.UNRESPONSIVE else p.progress_age
+            if p.verdict.health in (Health.UNRESPONSIVE, Health.STALLED) and hung_for >= job.cfg.worker_timeout:
+                job.handle_hung_worker(rec, p.verdict.reason)
+            elif p.verdict.health is Health.DEAD:
+                job.handle_dead_worker(rec)
+
+
+class PrecomputeJob:
+    def __init__(self, cfg: PrecomputeConfig, reporter: Reporter | NullReporter, faults: Faults) -> None:
+        self.cfg = cfg
+        self.rep = reporter
+        self.faults = faults
+        run_dir = os.environ.get(ENV_RUN_DIR)
+        self.run = RunDir(run_dir) if run_dir else None
+        self.rank = 0
+        self.state = JobState(fallback=cfg.num_workers == 0)
+        self.device = self._pick_device()
+        self.dtype = torch.float16 if cfg.cache_dtype == "float16" else torch.float32
+        self.done_count = 0
+        self.total = 0
+        self._current_sources: dict[str, tuple[str, int]] = {}
+        # (split, sample index) or (split, file name) -> (why, stack file) of the last blame
+        self._blame_reasons: dict[tuple[str, Any], tuple[str, str | None]] = {}
+
+    # -- events ------------------------------------------------------------------------
+    def event(self, name: str, **fields: Any) -> None:
+        if self.run is not None:
+            self.run.append_event(name, actor="job", **fields)
+
+    def say(self, message: str) -> None:
+        print(f"precompute: {message}", file=sys.stderr, flush=True)
+
+    def _pick_device(self) -> torch.device:
+        want = self.cfg.device
+        if want == "auto":
+            want = "cuda" if torch.cuda.is_available() else "cpu"
+        if want.startswith("cuda") and not torch.cuda.is_available():
+            raise UpsError(f"device: {want!r} asked for but CUDA is not available on this machine")
+        return torch.device(want)
+
+    def _gpu_sampler(self) -> GpuMemory | None:
+        if self.device.type != "cuda":
+            return None
+        i = self.device.index or 0
+        return GpuMemory(i, torch.cuda.memory_allocated(i), torch.cuda.memory_reserved(i), torch.cuda.max_memory_allocated(i))
+
+    # -- watchdog actions (watchdog thread) ---------------------------------------------
+    def request_fallback(self, reason: str) -> None:
+        if not self.state.fallback:
+            self.state.fallback, self.state.fallback_reason = True, reason
+            self.event("fallback", reason=reason, to="num_workers=0")
+            self.say(f"falling back to num_workers=0 ({reason})")
+
+    def handle_hung_worker(self, rec: Any, why: str) -> None:
+        from ups.errors import RefusedSignal
+        from ups.runs.signals import dump_stacks, terminate
+
+        with self.state.lock:
+            if rec.worker in self.state.killed_by_watchdog:
+                return
+            self.state.killed_by_watchdog.add(rec.worker)
+        try:
+            stack = dump_stacks(self.run, rec, actor="watchdog", timeout=3.0)
+        except RefusedSignal as exc:
+            stack = f"(no stack: {exc})"
+        self.event("worker.hung", worker=rec.worker, pid=rec.pid, item=rec.item, phase=rec.phase, reason=why,
+                   stack_file=rec.stack_file, stack=stack[-4000:])
+        self.say(f"worker {rec.worker} (pid {rec.pid}) hung in {rec.phase} on {rec.item}: {why}; killing it")
+        terminate(self.run, [rec], actor="watchdog", reason=f"hung: {why}", grace=1.0)
+        self._blame(rec, f"worker hung in {rec.phase}: {why}")
+        self._mark_worker_record(rec, f"killed by the watchdog: hung in {rec.phase} on {rec.item} ({why})")
+
+    def handle_dead_worker(self, rec: Any) -> None:
+        with self.state.lock:
+            if rec.worker in self.state.killed_by_watchdog:
+                return
+            self.state.killed_by_watchdog.add(rec.worker)
+        self.event("worker.died", worker=rec.worker, pid=rec.pid, item=rec.item, phase=rec.phase, stack_file=rec.stack_file)
+        self.say(f"worker {rec.worker} (pid {rec.pid}) died in {rec.phase} on {rec.item}")
+        if rec.phase in ("read", "data.open"):
+            self._blame(rec, f"worker died in {rec.phase}")
+        self._mark_worker_record(rec, f"died in {rec.phase} on {rec.item}")
+
+    def _mark_worker_record(self, rec: Any, error: str) -> None:
+        from ups.status.reporter import write_atomic
+
+        path = self.run.status_dir / f"{rec.name}.json"
+        write_atomic(path, rec.with_changes(state="failed", error=error, heartbeat_at=time.time()).to_json().encode())
+
+    def _blame(self, rec: Any, reason: str) -> None:
+        """Count a failure against the sample (and file open) that was in flight."""
+        st = self.state
+        with st.lock:
+            st.worker_failures += 1
+            target = self._current_sources.get(rec.item or "")
+            if target is not None:
+                st.sample_failures[target] += 1
+                if rec.phase == "data.open":
+                    file_key = (target[0], (rec.item or "").split("#")[0])
+                    st.open_failures[file_key] += 1
+                    self._blame_reasons.setdefault(file_key, (reason, rec.stack_file))
+            if target is not None:
+                self._blame_reasons[target] = (reason, rec.stack_file)
+            if st.worker_failures >= self.cfg.fallback_after and not st.fallback:
+                self.request_fallback(f"{st.worker_failures} worker failures (fallback_after={self.cfg.fallback_after})")
+
+    # -- main loop -----------------------------------------------------------------------
+    def make_loader(self, dataset: SplitDataset, workers: int) -> torch.utils.data.DataLoader:
+        kwargs: dict[str, Any] = {}
+        if workers > 0:
+            kwargs.update(
+                timeout=POLL_S,
+                prefetch_factor=self.cfg.prefetch_factor,
+                worker_init_fn=functools.partial(
+                    _worker_init,
+                    run_dir=str(self.run.path) if self.run else None,
+                    rank=self.rank,
+                    id_offset=self.state.generation * max(1, self.cfg.num_workers),
+                    interval=self.cfg.heartbeat_interval,
+                ),
+                multiprocessing_context="fork",
+                persistent_workers=False,
+            )
+        return torch.utils.data.DataLoader(
+            dataset, batch_size=self.cfg.batch_size, shuffle=False, num_workers=workers, collate_fn=_collate, **kwargs
+        )
+
+    def run_split(self, key: str, reader: SampleReader, folder: Path, todo: list[int], hash_: str, encoder: torch.nn.Module) -> None:
+        st = self.state
+        st.split_key = key
+        done: set[int] = set()
+        quarantined = {q.index for q in st.quarantined if q.task_split == key}
+        self._current_sources = {reader.index.source(i): (key, i) for i in todo}
+        while True:
+            remaining = [i for i in todo if i not in done and i not in quarantined]
+            if not remaining:
+                return
+            workers = 0 if st.fallback else self.cfg.num_workers
+            dataset = SplitDataset(reader, remaining, self.faults, str(self.run.path) if self.run else None)
+            loader = self.make_loader(dataset, workers)
+            it = iter(loader)
+            if workers:
+                id_offset = st.generation * max(1, self.cfg.num_workers)
+                st.loader_pids = {id_offset + k: w.pid for k, w in enumerate(it._workers)}  # noqa: SLF001
+                self.event("loader.start", split=key, workers=workers, pids=list(st.loader_pids.values()), remaining=len(remaining))
+            try:
+                while True:
+                    batch = self.next_batch(it, workers)
+                    if batch is None:
+                        break
+                    self.encode_and_write(batch, folder, hash_, encoder, done)
+                    if st.fallback and workers:
+                        break  # rebuild in-process at once
+            except RuntimeError as exc:
+                if not workers:
+                    raise
+                self.loader_failed(exc)
+            finally:
+                st.loader_pids = {}
+                del it
+                st.generation += 1
+            quarantined |= self.apply_quarantine(key, reader)
+
+    def next_batch(self, it: Any, workers: int) -> dict[str, Any] | None:
+        """The next batch; None at the end or when a fallback asks to rebuild without workers."""
+        if not workers:
+            return next(it, None)
+        started = time.monotonic()
+        while True:
+            try:
+                return next(it)
+            except StopIteration:
+                return None
+            except RuntimeError as exc:
+                if "timed out" not in str(exc):
+                    raise  # a worker exited: torch names its pid
+            if self.state.fallback:
+                return None
+            if time.monotonic() - started > self.cfg.dataloader_timeout:
+                raise LoaderTimeout(f"no batch for {self.cfg.dataloader_timeout:g} s (dataloader_timeout)")
+
+    def loader_failed(self, exc: BaseException) -> None:
+        """The loader broke (a worker died, or our timeout): blame what was in flight."""
+        from ups.runs.signals import is_alive
+        from ups.runs.view import load_run_view
+
+        text = str(exc).splitlines()[0]
+        self.event("loader.error", error=text)
+        self.say(f"data loader stopped: {text}; rebuilding over the samples not yet written")
+        if self.run is None:
+            return
+        pids = dict(self.state.loader_pids)
+        for p in load_run_view(self.run).workers(self.rank):
+            rec = p.record
+            if pids.get(rec.worker) != rec.pid or rec.worker in self.state.killed_by_watchdog or rec.state != "running":
+                continue
+            if not is_alive(rec):
+                self.handle_dead_worker(rec)
+            elif isinstance(exc, LoaderTimeout) and rec.phase in ("read", "data.open"):
+                self.handle_hung_worker(rec, text)
+
+    def apply_quarantine(self, key: str, reader: SampleReader) -> set[int]:
+        """Quarantine samples (and whole files whose open hung) that failed too often."""
+        st = self.state
+        new: set[int] = set()
+        reasons = self._blame_reasons
+        with st.lock:
+            files = {f for (k, f), n in st.open_failures.items() if k == key and n >= self.cfg.quarantine_after}
+            for (k, idx), n in list(st.sample_failures.items()):
+                if k != key:
+                    continue
+                shard, _ = reader.index.locate(idx)
+                if n >= self.cfg.quarantine_after or shard.name in files:
+                    new.add(idx)
+            if files:
+                new |= {i for (k, i) in self._current_sources.values() if k == key and reader.index.locate(i)[0].name in files}
+            already = {q.index for q in st.quarantined if q.task_split == key}
+            for idx in sorted(new - already):
+                source = reader.index.source(idx)
+                reason, stack_file = reasons.get((key, idx), ("hung or crashed repeatedly", None))
+                fname = reader.index.locate(idx)[0].name
+                if fname in files:
+                    reason = f"opening {fname} hung or crashed {self.cfg.quarantine_after} times"
+                    stack_file = stack_file or reasons.get((key, fname), (None, None))[1]
+                q = Quarantined(key, idx, source, reason, stack_file)
+                st.quarantined.append(q)
+                self.event("quarantine", split=key, sample=source, index=idx, reason=reason, stack_file=stack_file)
+                self.say(f"quarantined {key} {source}: {reason}")
+                self.rep.advance(0)
+        return new
+
+    def encode_and_write(self, batch: dict[str, Any], folder: Path, hash_: str, encoder: torch.nn.Module, done: set[int]) -> None:
+        self.rep.phase("encode")
+        with torch.inference_mode():
+            fields = batch["fields"].to(self.device, non_blocking=True)
+            latents = encoder(fields).to(self.dtype).cpu()
+        self.rep.phase("write")
+        for j, index in enumerate(batch["index"]):
+            self.rep.item(batch["source"][j])
+            write = os.write
+            f = self.faults.get("write_enospc")
+            if f is not None and self.done_count >= int(f.get("after", 0)) and _fire_once(str(self.run.path) if self.run else None, f):
+                write = _half_then_enospc
+            try:
+                cache_mod.write_sample(folder, index, latents[j], batch["params"][j], batch["bc"][j],
+                                       hash_=hash_, source=batch["source"][j], write=write)
+            except OSError as exc:
+                target = folder / cache_mod.sample_name(index)
+                raise OSError(exc.errno, f"cannot write {target}: {exc.strerror}; nothing partial was left") from exc
+            done.add(index)
+            self.done_count += 1
+            self.rep.advance()
+
+    # -- whole job ---------------------------------------------------------------------------
+    def execute(self) -> int:
+        cfg, rep = self.cfg, self.rep
+        rep.phase("data.open")
+        plans = []
+        for task in cfg.tasks:
+            for split in cfg.splits:
+                index = ShardIndex.discover(cfg.root, task, split)
+                plans.append((task, split, index))
+        rep.phase("model.build")
+        encoders: dict[str, tuple[torch.nn.Module, str]] = {}
+        prepared = []
+        already = 0
+        for task, split, index in plans:
+            spec = get_task(task)
+            channels = index.sample_shape[-1]
+            if task not in encoders:
+                enc = build_encoder(channels, spec.spatial_dims, latent_tokens=cfg.latent_tokens, latent_dim=cfg.latent_dim,
+                                    seed=cfg.seed, checkpoint=cfg.encoder_checkpoint).to(self.device)
+                encoders[task] = (enc, weights_hash(enc))
+            enc, whash = encoders[task]
+            hash_ = cache_mod.config_hash({**cfg.latent_hash_parts(), "task": task, "encoder": whash,
+                                           "sample_shape": list(index.sample_shape)})
+            folder = cache_mod.split_dir(cfg.cache_dir, task, split)
+            meta = {"task": task, "split": split, "hash": hash_, "count": len(index), "encoder_hash": whash,
+                    "dtype": cfg.cache_dtype, "sample_shape": list(index.sample_shape),
+                    "latent_shape": [index.sample_shape[0], cfg.latent_tokens, cfg.latent_dim],
+                    "config": cfg.latent_hash_parts(), "source_root": str(Path(cfg.root).resolve())}
+            valid = cache_mod.prepare_split(folder, meta, overwrite=cfg.overwrite)
+            todo = [i for i in range(len(index)) if i not in valid]
+            already += len(valid)
+            prepared.append((f"{task}_{split}", SampleReader(index), folder, todo, hash_, enc))
+        self.total = already + sum(len(p[3]) for p in prepared)
+        rep.set_total(self.total, "samples")
+        rep.set_step(already)
+        self.event("plan", total=self.total, cached=already, todo=self.total - already,
+                   mode="legacy" if self.state.fallback else f"parallel ({cfg.num_workers} workers)")
+        self.say(f"{self.total} samples, {already} already cached, "
+                 f"{'num_workers=0' if self.state.fallback else f'{cfg.num_workers} workers'}, device {self.device}")
+        rep.metrics(mode="legacy" if self.state.fallback else "parallel", workers=0 if self.state.fallback else cfg.num_workers)
+        watchdog = Watchdog(self)
+        if self.run is not None:
+            watchdog.start()
+        try:
+            for key, reader, folder, todo, hash_, enc in prepared:
+                self.run_split(key, reader, folder, todo, hash_, enc)
+                rep.metrics(mode="legacy" if self.state.fallback else "parallel")
+                self._record_quarantine(folder, key)
+        finally:
+            watchdog.stop.set()
+        return self.summarize()
+
+    def _record_quarantine(self, folder: Path, key: str) -> None:
+        q = [x.index for x in self.state.quarantined if x.task_split == key]
+        if q:
+            meta = cache_mod.read_metadata(folder) or {}
+            meta["quarantined"] = sorted(q)
+            from ups.status.reporter import write_atomic
+
+            write_atomic(folder / cache_mod.METADATA_NAME, (json.dumps(meta, indent=1) + "\n").encode())
+
+    def summarize(self) -> int:
+        st = self.state
+        summary = {
+            "total": self.total,
+            "cached": self.total - len(st.quarantined),
+            "quarantined": [asdict(q) for q in st.quarantined],
+            "worker_failures": st.worker_failures,
+            "fallback": st.fallback_reason if st.fallback and self.cfg.num_workers else None,
+        }
+        if self.run is not None:
+            self.run.update_manifest(precompute=summary)
+        self.event("summary", **summary)
+        if st.quarantined:
+            names = ", ".join(f"{q.task_split}:{q.source}" for q in st.quarantined[:10])
+            self.say(f"finished with {len(st.quarantined)} quarantined sample(s): {names}")
+            self.rep.done(exit_code=EXIT_PARTIAL)
+            return EXIT_PARTIAL
+        self.say(f"done: {self.total} samples cached")
+        return EXIT_OK
+
+
+def _half_then_enospc(fd: int, data: Any) -> int:
+    """Injected disk-full: the first write lands halfway, then ENOSPC (as a full disk does)."""
+    view = memoryview(data)
+    if len(view) > 1:
+        os.write(fd, view[: len(view) // 2])
+    raise OSError(errno.ENOSPC, "No space left on device (injected fault write_enospc)")
+
+
+def _on_signal(signum: int, _frame: Any) -> None:
+    raise Stopped(signal.Signals(signum).name)
+
+
+def _cleanup_temp_files(cfg: PrecomputeConfig) -> None:
+    root = Path(cfg.cache_dir)
+    if root.is_dir():
+        for p in root.glob("*/.*.tmp"):
+            try:
+                p.unlink()
+            except OSError:
+                pass
+
+
+def parse_args(argv: list[str] | None) -> tuple[PrecomputeConfig, Faults]:
+    ap = argparse.ArgumentParser(prog="python -m ups.jobs.precompute", description=__doc__.splitlines()[0])
+    ap.add_argument("--config", help="YAML or JSON config file (keys of PrecomputeConfig)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one key")
+    args = ap.parse_args(argv)
+    overrides: dict[str, Any] = {}
+    for kv in args.set:
+        key, _, value = kv.partition("=")
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value
+    cfg = load_config(PrecomputeConfig, args.config, overrides)
+    return cfg, Faults.from_env()
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        cfg, faults = parse_args(argv)
+    except UpsError as exc:
+        print(f"precompute: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    _disable_torch_sigchld_handler()
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) - max(0, cfg.num_workers) // 2))
+    rep = Reporter.from_env(unit="samples", interval=cfg.heartbeat_interval)
+    code = EXIT_FAILED
+    with rep:
+        try:
+            job = PrecomputeJob(cfg, rep, faults)
+            if isinstance(rep, Reporter):
+                rep._gpu_sampler = job._gpu_sampler  # noqa: SLF001
+            code = job.execute()
+        except Stopped as stop:
+            _cleanup_temp_files(cfg)
+            print(f"precompute: stopped by {stop}; workers ended, no temp files left", file=sys.stderr)
+            rep.fail(f"stopped by {stop}", exit_code=EXIT_STOPPED)
+            code = EXIT_STOPPED
+        except (DataError, UpsError) as exc:
+            print(f"precompute: {exc}", file=sys.stderr)
+            rep.fail(str(exc), exit_code=EXIT_BAD_INPUT)
+            code = EXIT_BAD_INPUT
+        except OSError as exc:
+            print(f"precompute: {exc.strerror or exc}", file=sys.stderr)
+            rep.fail(exc, exit_code=EXIT_FAILED)
+            code = EXIT_FAILED
+        except Exception as exc:
+            rep.fail(exc, exit_code=EXIT_FAILED)
+            raise
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
