@@ -103,10 +103,10 @@ def _smooth_field(rng: np.random.Generator, n: int, size: int) -> np.ndarray:
     return np.real(np.fft.ifft2(np.fft.fft2(noise) * decay))
 
 
-def darcy2d(n: int, timesteps: int, resolution: int, rng: np.random.Generator):
-    del timesteps  # steady state: one frame
+def darcy_operator(a: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """The discrete -div(a grad .) on interior cells of the unit square, u = 0 outside."""
+    resolution = a.shape[-1]
     h = 1.0 / (resolution + 1)
-    a = np.where(_smooth_field(rng, n, resolution) > 0, 12.0, 3.0)
     ap = np.pad(a, ((0, 0), (1, 1), (1, 1)), mode="edge")
     # Harmonic means of a at the four faces of each cell.
     def face(b: np.ndarray) -> np.ndarray:
@@ -120,6 +120,13 @@ def darcy2d(n: int, timesteps: int, resolution: int, rng: np.random.Generator):
         up = np.pad(u, ((0, 0), (1, 1), (1, 1)))  # u = 0 on the boundary
         return (diag * u - aw * up[:, 1:-1, :-2] - ae * up[:, 1:-1, 2:] - an * up[:, :-2, 1:-1] - as_ * up[:, 2:, 1:-1]) / h**2
 
+    return apply
+
+
+def darcy2d(n: int, timesteps: int, resolution: int, rng: np.random.Generator):
+    del timesteps  # steady state: one frame
+    a = np.where(_smooth_field(rng, n, resolution) > 0, 12.0, 3.0)
+    apply = darcy_operator(a)
     f = np.ones_like(a)
     u = np.zeros_like(a)
     r = f - apply(u)

@@ -56,7 +56,11 @@ WATCHDOG_TICK_S = 0.25
 POLL_S = 0.5
 
 
-class LoaderTimeout(RuntimeError):
+class LoaderBroken(RuntimeError):
+    """The DataLoader cannot go on: a worker died, or our timeout passed."""
+
+
+class LoaderTimeout(LoaderBroken):
     """No batch for ``dataloader_timeout`` seconds."""
 
 
@@ -417,9 +421,7 @@ class PrecomputeJob:
                     self.encode_and_write(batch, folder, hash_, encoder, done)
                     if st.fallback and workers:
                         break  # rebuild in-process at once
-            except RuntimeError as exc:
-                if not workers:
-                    raise
+            except LoaderBroken as exc:
                 self.loader_failed(exc)
             finally:
                 st.loader_pids = {}
@@ -430,16 +432,23 @@ class PrecomputeJob:
     def next_batch(self, it: Any, workers: int) -> dict[str, Any] | None:
         """The next batch; None at the end or when a fallback asks to rebuild without workers."""
         if not workers:
+            self.rep.phase("read")
             return next(it, None)
+        self.rep.phase("data.wait")
         started = time.monotonic()
         while True:
             try:
                 return next(it)
             except StopIteration:
                 return None
-            except RuntimeError as exc:
-                if "timed out" not in str(exc):
-                    raise  # a worker exited: torch names its pid
+            except UpsError:
+                raise  # bad data re-raised from a worker: a clear error, not a hang
+            except Exception as exc:  # noqa: BLE001 - see below
+                # A dead worker surfaces as RuntimeError (torch names its pid), or, when it
+                # died while handing over a tensor by file descriptor, as EOFError or
+                # ConnectionError from multiprocessing's resource sharer.
+                if not (isinstance(exc, RuntimeError) and "timed out" in str(exc)):
+                    raise LoaderBroken(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'worker connection lost'}") from exc
             if self.state.fallback:
                 return None
             if time.monotonic() - started > self.cfg.dataloader_timeout:

@@ -1,0 +1,193 @@
+"""The precompute job through the real CLI: real supervisor, job, DataLoader workers, signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from helpers import run_ups, wait_for
+
+from ups.data.synth import synthesize
+from ups.runs.rundir import RunDir
+
+# Short hang thresholds so every drill resolves in seconds.
+FAST = """\
+worker_timeout: 2
+unresponsive_after: 2
+dataloader_timeout: 20
+heartbeat_interval: 0.3
+batch_size: 4
+"""
+FINAL = ("succeeded", "partial", "failed", "killed")
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("data")
+    synthesize(root, "burgers1d", "train", 24, shards=3, seed=1)
+    synthesize(root, "darcy2d", "train", 8, shards=1, seed=1, resolution=32)
+    return root
+
+
+@pytest.fixture
+def fast_config(tmp_path) -> Path:
+    path = tmp_path / "fast.yaml"
+    path.write_text(FAST)
+    return path
+
+
+def launch(*args: str, timeout: float = 120):
+    res = run_ups("launch", "precompute", *args, timeout=timeout)
+    run = None
+    for line in res.stderr.splitlines():
+        if line.startswith("run "):
+            run = RunDir(line.split("(", 1)[1].split(")", 1)[0])
+    return res, run
+
+
+def events(run: RunDir, name: str) -> list[dict]:
+    return [e for e in run.read_events() if e["event"] == name]
+
+
+def latents(cache: Path, split: str = "burgers1d_train") -> dict[str, torch.Tensor]:
+    return {p.name: torch.load(p, weights_only=True)["latent"] for p in sorted((cache / split).glob("sample_*.pt"))}
+
+
+def test_parallel_and_legacy_write_identical_latents(data_root, fast_config, tmp_path, runs_root):
+    res_p, run_p = launch("--config", str(fast_config), "--root", str(data_root), "--tasks", "burgers1d", "--tasks", "darcy2d",
+                          "--cache-dir", str(tmp_path / "par"), "--num-workers", "2")
+    assert res_p.returncode == 0, res_p.stderr
+    res_l, run_l = launch("--config", str(fast_config), "--root", str(data_root), "--tasks", "burgers1d", "--tasks", "darcy2d",
+                          "--cache-dir", str(tmp_path / "leg"), "--legacy")
+    assert res_l.returncode == 0, res_l.stderr
+    for split in ("burgers1d_train", "darcy2d_train"):
+        par, leg = latents(tmp_path / "par", split), latents(tmp_path / "leg", split)
+        assert len(par) == {"burgers1d_train": 24, "darcy2d_train": 8}[split]
+        assert par.keys() == leg.keys() and all(torch.equal(par[k], leg[k]) for k in par)
+        assert next(iter(par.values())).dtype == torch.float16
+    assert run_p.read_manifest()["state"] == "succeeded" and run_l.read_manifest()["mode"] == "legacy"
+    names = {p.name for p in run_p.status_dir.glob("*.json")}
+    assert {"launcher.json", "rank-0.json", "rank-0-worker-0.json", "rank-0-worker-1.json"} <= names
+    assert not any("worker" in p.name for p in run_l.status_dir.glob("*.json"))  # 0 means no workers
+    res = run_ups("cache", "verify", str(tmp_path / "par"))
+    assert res.returncode == 0, res.stdout
+
+
+def test_sigkill_halfway_then_rerun_resumes_without_recomputing(data_root, fast_config, tmp_path, runs_root):
+    cache = tmp_path / "cache"
+    res, run = launch("--config", str(fast_config), "--root", str(data_root), "--tasks", "burgers1d", "--cache-dir", str(cache),
+                      "--num-workers", "2", "--inject", "slow_read:delay=0.15", "--detach")
+    assert res.returncode == 0, res.stderr
+    run = RunDir(next(runs_root.iterdir()))
+    folder = cache / "burgers1d_train"
+    wait_for(lambda: len(list(folder.glob("sample_*.pt"))) >= 8, 60, message="a third of the samples cached")
+    m = run.read_manifest()
+    for pgid in (m["job"]["pgid"], m["launcher"]["pgid"]):  # the whole job: supervisor, main, workers
+        os.killpg(pgid, signal.SIGKILL)
+    before = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in folder.glob("sample_*.pt")}
+    assert 0 < len(before) < 24
+    res, run2 = launch("--config", str(fast_config), "--root", str(data_root), "--tasks", "burgers1d", "--cache-dir", str(cache),
+                       "--num-workers", "2")
+    assert res.returncode == 0, res.stderr
+    after = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in folder.glob("sample_*.pt")}
+    assert len(after) == 24
+    assert all(after[name] == ident for name, ident in before.items())  # none recomputed
+    assert events(run2, "plan")[0]["cached"] == len(before)
+    assert run_ups("cache", "verify", str(cache)).returncode == 0  # none corrupt, no temp files
+
+
+def test_injected_worker_hang_is_detected_killed_and_the_job_completes(data_root, fast_config, tmp_path, runs_root):
+    res, run = launch("--config", str(fast_config), "--root", str(data_root), "--tasks", "burgers1d",
+                      "--cache-dir", str(tmp_path / "c"), "--num-workers", "2", "--inject", "worker_hang:worker=1,after=1")
+    assert res.returncode == 0, res.stderr
+    hung = events(run, "worker.hung")
+    assert len(hung) == 1 and hung[0]["worker"] == 1
+    assert "_hang" in hung[0]["stack"] and "time.sleep" in hung[0]["stack"] or "line" in hung[0]["stack"]
+    assert "Thread" in (run.path / hung[0]["stack_file"]).read_text()  # the dump is kept in stacks/
+    assert not psutil.pid_exists(hung[0]["pid"]) or psutil.Process(hung[0]["pid"]).status() == "zombie"
+    kills = [e for e in events(run, "signal") if e["actor"] == "watchdog" and e["signal"] in ("SIGTERM", "SIGKILL")]
+    assert kills and kills[0]["pid"] == hung[0]["pid"]
+    assert len(latents(tmp_path / "c")) == 24 and run.read_manifest()["state"] == "succeeded"
+
+
+def test_fifo_shard_is_quarantined_with_its_stack_and_the_rest_is_cached(data_root, fast_config, tmp_path, runs_root):
+    root = tmp_path / "data"
+    synthesize(root, "burgers1d", "train", 24, shards=3, seed=1)
+    fifo = root / "burgers1d_train_001.h5"
+    fifo.unlink()
+    os.mkfifo(fifo)  # a read that never returns, inside h5py's open, holding the GIL
+    started = time.monotonic()
+    res, run = launch("--config", str(fast_config), "--root", str(root), "--tasks", "burgers1d",
+                      "--cache-dir", str(tmp_path / "c"), "--num-workers", "2")
+    elapsed = time.monotonic() - started
+    assert res.returncode == 3, res.stderr
+    assert elapsed < 60  # well within: 2 s worker timeout, 20 s loader timeout
+    m = run.read_manifest()
+    assert m["state"] == "partial"
+    quarantined = m["precompute"]["quarantined"]
+    assert sorted(q["source"] for q in quarantined) == sorted(f"burgers1d_train_001.h5#{i}" for i in range(8))
+    stacks = [e["stack"] for e in events(run, "worker.hung")]
+    assert stacks and all("make_fid" in s and "h5py/_hl/files.py" in s for s in stacks)
+    assert any(q["stack_file"] for q in quarantined)
+    assert sorted(latents(tmp_path / "c")) == [f"sample_{i:05d}.pt" for i in range(24) if not 8 <= i < 16]
+    assert "quarantined" in m["summary"] and "burgers1d_train_001.h5#0" in m["summary"]
+    assert run_ups("cache", "verify", str(tmp_path / "c")).returncode == 0  # quarantined are accounted for
+
+
+def test_fallback_request_finishes_in_legacy_mode(data_root, fast_config, tmp_path, runs_root):
+    res, _ = launch("--config", str(fast_config), "--root", str(data_root), "--tasks", "burgers1d", "--cache-dir", str(tmp_path / "c"),
+                    "--num-workers", "2", "--inject", "slow_read:delay=0.2", "--detach", "--json")
+    run = RunDir(json.loads(res.stdout)["run_dir"])
+    wait_for(lambda: (run.status_dir / "rank-0-worker-0.json").exists(), 60, message="workers up")
+    res = run_ups("fallback", run.run_id)
+    assert res.returncode == 0 and "falling back" in res.stdout, res.stderr
+    wait_for(lambda: run.read_manifest()["state"] in FINAL, 120, message="the run to end")
+    m = run.read_manifest()
+    assert m["state"] == "succeeded" and m["precompute"]["fallback"].startswith("requested by cli:")
+    assert len(latents(tmp_path / "c")) == 24
+    assert [e["to"] for e in events(run, "fallback")] == ["num_workers=0"]
+    assert events(run, "control.handled")[0]["result"] == "falling back to num_workers=0"
+
+
+def test_failed_write_is_a_clear_error_with_no_partial_file(data_root, fast_config, tmp_path, runs_root):
+    res, run = launch("--config", str(fast_config), "--root", str(data_root), "--tasks", "burgers1d",
+                      "--cache-dir", str(tmp_path / "c"), "--num-workers", "2", "--inject", "write_enospc:after=5")
+    assert res.returncode == 1
+    m = run.read_manifest()
+    assert m["state"] == "failed" and "No space left on device" in m["summary"]
+    log = run.log_path("job").read_text()
+    assert "cannot write" in log and "sample_00005.pt" in log
+    folder = tmp_path / "c" / "burgers1d_train"
+    assert sorted(p.name for p in folder.glob("sample_*")) == [f"sample_{i:05d}.pt" for i in range(5)]
+    assert not [p for p in folder.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_sigterm_stops_cleanly_and_marks_the_run_killed(data_root, fast_config, tmp_path, runs_root):
+    res, _ = launch("--config", str(fast_config), "--root", str(data_root), "--tasks", "burgers1d", "--cache-dir", str(tmp_path / "c"),
+                    "--num-workers", "2", "--inject", "slow_read:delay=0.2", "--detach", "--json")
+    run = RunDir(json.loads(res.stdout)["run_dir"])
+    wait_for(lambda: (run.status_dir / "rank-0-worker-1.json").exists(), 60, message="workers up")
+    pids = [json.loads(p.read_text())["pid"] for p in run.status_dir.glob("*.json")]
+    res = run_ups("kill", run.run_id, "--grace", "5")
+    assert res.returncode == 0, res.stderr
+    wait_for(lambda: run.read_manifest()["state"] in FINAL, 30, message="the run to end")
+    assert run.read_manifest()["state"] == "killed"
+    wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids), 15,
+             message="every process of the run gone")
+    assert not list((tmp_path / "c").glob("*/.*.tmp"))
+
+
+def test_bad_input_is_one_line_and_leaves_no_run(tmp_path, runs_root):
+    res, _ = launch("--root", str(tmp_path / "nowhere"), "--tasks", "burgers1d", "--cache-dir", str(tmp_path / "c"))
+    assert res.returncode == 2 and "data root not found" in res.stderr and "Traceback" not in res.stderr
+    res, _ = launch("--root", str(tmp_path), "--tasks", "burgers1d", "--batch-size", "0")
+    assert res.returncode == 2 and "batch_size: 0 is not valid" in res.stderr
+    res, _ = launch("--root", str(tmp_path), "--tasks", "burgers1d", "--inject", "meteor_strike")
+    assert res.returncode == 2 and "unknown fault 'meteor_strike'" in res.stderr
+    assert list(runs_root.iterdir()) == []
