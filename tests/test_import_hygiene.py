@@ -11,7 +11,8 @@ import pytest
 
 from ups.runs.rundir import RunDir
 
-HEAVY = ("torch", "textual", "wandb", "h5py", "pynvml")
+# pynvml is allowed: `ups status` asks NVML for per-process GPU memory (lazily, ~10 ms).
+HEAVY = ("torch", "textual", "wandb", "h5py")
 REPO = Path(__file__).resolve().parents[1]
 
 PROBE = """

@@ -45,7 +45,6 @@ from ups.faults import Fault, Faults
 from ups.jobs.config import PrecomputeConfig, load_config
 from ups.models.encoder import build_encoder, weights_hash
 from ups.runs.rundir import RunDir
-from ups.status.record import GpuMemory
 from ups.status.reporter import ENV_RUN_DIR, NullReporter, Reporter
 
 KNOWN_FAULTS = ("worker_hang", "worker_crash", "slow_read", "write_enospc")
@@ -310,11 +309,6 @@ class PrecomputeJob:
             raise UpsError(f"device: {want!r} asked for but CUDA is not available on this machine")
         return torch.device(want)
 
-    def _gpu_sampler(self) -> GpuMemory | None:
-        if self.device.type != "cuda":
-            return None
-        i = self.device.index or 0
-        return GpuMemory(i, torch.cuda.memory_allocated(i), torch.cuda.memory_reserved(i), torch.cuda.max_memory_allocated(i))
 
     # -- watchdog actions (watchdog thread) ---------------------------------------------
     def request_fallback(self, reason: str) -> None:
@@ -662,8 +656,10 @@ def main(argv: list[str] | None = None) -> int:
     with rep:
         try:
             job = PrecomputeJob(cfg, rep, faults)
-            if isinstance(rep, Reporter):
-                rep._gpu_sampler = job._gpu_sampler  # noqa: SLF001
+            if isinstance(rep, Reporter) and job.device.type == "cuda":
+                from ups.gpu.torch_memory import cuda_memory_sampler
+
+                rep._gpu_sampler = cuda_memory_sampler(job.device)  # noqa: SLF001
             code = job.execute()
         except Stopped as stop:
             _cleanup_temp_files(cfg)

@@ -1,0 +1,154 @@
+"""Immutable GPU snapshots, from NVML or from a fake provider.
+
+Screens read one :class:`GpuSnapshot` per tick; nothing else calls NVML. No GPU is a normal
+snapshot (``available=False`` with the reason), not an error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+ENV_FAKE_GPU = "UPS_FAKE_GPU"
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    used_memory: int | None  # bytes; None when NVML does not say (some drivers, MIG)
+    kind: str = "compute"  # compute | graphics
+
+
+@dataclass(frozen=True)
+class DeviceSnapshot:
+    index: int
+    name: str | None
+    uuid: str | None
+    memory_total: int | None
+    memory_used: int | None
+    utilization_gpu: int | None  # percent
+    temperature_c: int | None
+    power_w: float | None
+    processes: tuple[GpuProcess, ...] = ()
+
+
+@dataclass(frozen=True)
+class GpuSnapshot:
+    available: bool
+    reason: str | None
+    driver_version: str | None = None
+    cuda_driver_version: str | None = None
+    devices: tuple[DeviceSnapshot, ...] = ()
+    taken_at: float = field(default_factory=time.time)
+    source: str = "nvml"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GpuSnapshot:
+        devices = tuple(
+            DeviceSnapshot(**{**d, "processes": tuple(GpuProcess(**p) for p in d.get("processes", []))})
+            for d in data.get("devices", [])
+        )
+        return cls(
+            available=bool(data.get("available", bool(devices))),
+            reason=data.get("reason"),
+            driver_version=data.get("driver_version"),
+            cuda_driver_version=data.get("cuda_driver_version"),
+            devices=devices,
+            taken_at=data.get("taken_at", time.time()),
+            source=data.get("source", "fake"),
+        )
+
+
+class GpuProvider(Protocol):
+    def snapshot(self) -> GpuSnapshot: ...
+
+
+def _value(v: Any) -> Any:
+    from ups.gpu.nvml import NA
+
+    return None if v is NA else v
+
+
+class NvmlProvider:
+    """The real GPUs, through :mod:`ups.gpu.nvml`."""
+
+    def snapshot(self) -> GpuSnapshot:
+        from ups.gpu import nvml
+
+        if not nvml.available():
+            return GpuSnapshot(False, nvml.unavailable_reason())
+        count = _value(nvml.query("nvmlDeviceGetCount")) or 0
+        if not count:
+            return GpuSnapshot(False, "no NVIDIA devices visible (check CUDA_VISIBLE_DEVICES and the container's device list)")
+        cuda = _value(nvml.query("nvmlSystemGetCudaDriverVersion_v2")) or _value(nvml.query("nvmlSystemGetCudaDriverVersion"))
+        devices = [self._device(nvml, i) for i in range(count)]
+        return GpuSnapshot(
+            True,
+            None,
+            driver_version=_value(nvml.query("nvmlSystemGetDriverVersion")),
+            cuda_driver_version=None if cuda is None else f"{cuda // 1000}.{cuda % 1000 // 10}",
+            devices=tuple(devices),
+        )
+
+    @staticmethod
+    def _device(nvml: Any, i: int) -> DeviceSnapshot:
+        h = _value(nvml.query("nvmlDeviceGetHandleByIndex", i))
+        if h is None:
+            return DeviceSnapshot(i, None, None, None, None, None, None, None)
+        mem = _value(nvml.query("nvmlDeviceGetMemoryInfo", h))
+        util = _value(nvml.query("nvmlDeviceGetUtilizationRates", h))
+        temp = _value(nvml.query("nvmlDeviceGetTemperature", h, 0))  # NVML_TEMPERATURE_GPU
+        power = _value(nvml.query("nvmlDeviceGetPowerUsage", h))
+        procs = []
+        for kind, fn in (("compute", "nvmlDeviceGetComputeRunningProcesses"), ("graphics", "nvmlDeviceGetGraphicsRunningProcesses")):
+            for p in _value(nvml.query(fn, h)) or []:
+                used = getattr(p, "usedGpuMemory", None)
+                procs.append(GpuProcess(int(p.pid), used if isinstance(used, int) and used >= 0 else None, kind))
+        return DeviceSnapshot(
+            index=i,
+            name=_value(nvml.query("nvmlDeviceGetName", h)),
+            uuid=_value(nvml.query("nvmlDeviceGetUUID", h)),
+            memory_total=None if mem is None else int(mem.total),
+            memory_used=None if mem is None else int(mem.used),
+            utilization_gpu=None if util is None else int(util.gpu),
+            temperature_c=temp,
+            power_w=None if power is None else power / 1000.0,
+            processes=tuple(procs),
+        )
+
+
+class FakeProvider:
+    """Snapshots from plain data: for tests, and to rehearse screens on a box without a GPU."""
+
+    def __init__(self, snapshot: GpuSnapshot) -> None:
+        self._snapshot = snapshot
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FakeProvider:
+        return cls(GpuSnapshot.from_dict({"source": "fake", **data}))
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> FakeProvider:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+    def snapshot(self) -> GpuSnapshot:
+        s = self._snapshot
+        return GpuSnapshot(s.available, s.reason, s.driver_version, s.cuda_driver_version, s.devices, time.time(), s.source)
+
+
+def get_provider() -> GpuProvider:
+    """NVML, or the fake described by the JSON file in ``UPS_FAKE_GPU`` when set."""
+    fake = os.environ.get(ENV_FAKE_GPU)
+    if fake:
+        try:
+            return FakeProvider.from_file(fake)
+        except (OSError, ValueError, TypeError) as exc:
+            return FakeProvider(GpuSnapshot(False, f"{ENV_FAKE_GPU}={fake}: unreadable fake GPU file ({exc})", source="fake"))
+    return NvmlProvider()
