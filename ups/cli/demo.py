@@ -1,8 +1,8 @@
 """``ups demo``: the whole stack on an embedded default, on this machine, in a minute.
 
-Makes small synthetic PDEBench-layout data under ./data/demo on first use, then runs the
+Makes small synthetic PDEBench-layout data under ./data/demo on first use, runs the
 latent-cache precompute on it (2 DataLoader workers, CPU when there is no GPU) with the live
-view.
+view, then a short 2-rank training run (torchrun) on the new cache.
 """
 
 from __future__ import annotations
@@ -17,6 +17,9 @@ from ups.cli.common import JsonOption, RunsDirOption, default_runs_dir
 
 DEMO_TASKS = ("advection1d", "burgers1d")
 DEMO_SAMPLES = 96
+DEMO_TRAIN_TASK = "burgers1d"
+DEMO_RANKS = 2
+DEMO_STEPS = 40
 
 
 def ensure_demo_data(root: Path) -> None:
@@ -36,15 +39,18 @@ def demo_cmd(
     data_root: Annotated[Path, typer.Option("--data-root", help="Where the demo data lives.")] = Path("data/demo"),
     cache_dir: Annotated[Path, typer.Option("--cache-dir", help="Where the demo cache goes.")] = Path("cache/demo"),
     num_workers: Annotated[int, typer.Option("--num-workers", help="DataLoader workers for the precompute.")] = 2,
-    detach: Annotated[bool, typer.Option("--detach", help="Start and return at once.")] = False,
+    train_steps: Annotated[int, typer.Option("--train-steps", help="Steps of the 2-rank training after the precompute (0: skip).")] = DEMO_STEPS,
+    detach: Annotated[bool, typer.Option("--detach", help="Start both stages as one pipeline run and return at once.")] = False,
     runs_dir: RunsDirOption = default_runs_dir(),
     json: JsonOption = False,
 ) -> None:
-    """Run the precompute on synthetic data made on first use (CPU when there is no GPU)."""
+    """Precompute on synthetic data made on first use, then a short 2-rank torchrun training
+    on the new cache (CPU and gloo when there is no GPU)."""
     import sys
     from dataclasses import asdict
 
-    from ups.cli.launch import check_precompute_data, start_and_follow
+    from ups.cli.follow import follow_run
+    from ups.cli.launch import check_precompute_data, prepare_train, start_and_follow
     from ups.jobs.config import CONFIG_DIR, PrecomputeConfig, load_config
     from ups.launch.spawn import launch_run
 
@@ -59,6 +65,12 @@ def demo_cmd(
     import json as jsonlib
 
     resolved = asdict(cfg)
+    if detach:  # both stages in one detached pipeline run
+        from ups.cli.launch import launch_pipeline
+
+        launch_pipeline(root=str(data_root), tasks=[DEMO_TRAIN_TASK], cache_dir=str(cache_dir), splits=None,
+                        num_workers=num_workers, nproc=DEMO_RANKS, steps=DEMO_STEPS, detach=True, runs_dir=runs_dir, json=json)
+        return
     run = launch_run(
         runs_dir, "precompute",
         [sys.executable, "-m", "ups.jobs.precompute", "--config", "{RUN}/config.json"],
@@ -66,4 +78,11 @@ def demo_cmd(
         extra={"mode": "parallel" if cfg.num_workers else "legacy", "samples": total, "demo": True},
         files={"config.json": jsonlib.dumps(resolved, indent=1).encode()},
     )
-    start_and_follow(run, detach=detach, json_out=json)
+    code = follow_run(run)
+    if code != 0 or train_steps == 0:
+        raise typer.Exit(code)
+    typer.echo(f"\ntraining the latent operator on {cache_dir} with {DEMO_RANKS} ranks (torchrun, gloo on CPU)", err=True)
+    kwargs, _ = prepare_train(cache_dir=str(cache_dir), tasks=[DEMO_TRAIN_TASK], config=None, nproc=DEMO_RANKS,
+                              steps=train_steps, nnodes=1, node_rank=None, rdzv_endpoint=None, debug=False, inject=None,
+                              resume=False, runs_dir=runs_dir)
+    start_and_follow(launch_run(**kwargs), detach=False, json_out=json)

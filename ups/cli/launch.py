@@ -116,3 +116,130 @@ def launch_precompute(
         files={"config.json": jsonlib.dumps(resolved, indent=1).encode()},
     )
     start_and_follow(run, detach=detach, json_out=json)
+
+
+# ------------------------------------------------------------------------------ train
+def torchrun_command(nproc: int, nnodes: int, node_rank: int | None, rdzv_endpoint: str | None) -> list[str]:
+    """torchrun with a rendezvous that never collides: --standalone on one node (it picks a
+    free port; never `--master-port 0` without it, which hangs), c10d across nodes."""
+    cmd = [sys.executable, "-m", "torch.distributed.run"]
+    if nnodes > 1:
+        cmd += ["--nnodes", str(nnodes), "--node-rank", str(node_rank or 0), "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", str(rdzv_endpoint)]
+    else:
+        cmd += ["--standalone"]
+    cmd += ["--nproc-per-node", str(nproc), "--log-dir", "{RUN}/logs/torchrun", "--redirects", "3", "--tee", "3",
+            "-m", "ups.jobs.train", "--config", "{RUN}/config.json"]
+    return cmd
+
+
+DEBUG_ENV = {"NCCL_DEBUG": "INFO", "TORCH_DISTRIBUTED_DEBUG": "DETAIL", "TORCH_SHOW_CPP_STACKTRACES": "1"}
+
+
+def prepare_train(
+    *, cache_dir, tasks, config, nproc, steps, nnodes, node_rank, rdzv_endpoint, debug, inject, resume, runs_dir
+) -> dict[str, Any]:
+    """Validate everything and return launch_run's arguments for a train run."""
+    from dataclasses import asdict
+
+    from ups.errors import UpsError
+    from ups.faults import validate_faults
+    from ups.jobs.config import TrainConfig, load_config
+    from ups.jobs.train import KNOWN_FAULTS
+
+    cfg = load_config(TrainConfig, config, {"cache_dir": cache_dir, "tasks": tasks, "steps": steps, "resume": resume or None})
+    if nproc < 1 or nnodes < 1:
+        raise UpsError("--nproc and --nnodes must be >= 1")
+    if nnodes > 1 and not rdzv_endpoint:
+        raise UpsError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node) and --node-rank")
+    faults = validate_faults(inject or [], KNOWN_FAULTS)
+    from ups.data.cache import METADATA_NAME, split_dir
+
+    for t in cfg.tasks:
+        for s in cfg.splits:
+            folder = split_dir(cfg.cache_dir, t, s)
+            if not (folder / METADATA_NAME).is_file():
+                raise UpsError(f"{folder}: no latent cache (run `ups launch precompute --tasks {t} --splits {s}` first)")
+    env = dict(DEBUG_ENV) if debug else {}
+    if faults:
+        env["UPS_FAULTS"] = faults
+    resolved = asdict(cfg)
+    return dict(
+        runs_root=runs_dir, kind="train", command=torchrun_command(nproc, nnodes, node_rank, rdzv_endpoint),
+        argv=["ups", *sys.argv[1:]], config=resolved, env=env, thresholds=cfg.thresholds(),
+        extra={"nproc": nproc, "nnodes": nnodes, "world_size": nproc * nnodes},
+        files={"config.json": jsonlib.dumps(resolved, indent=1).encode()},
+    ), cfg
+
+
+@launch_app.command("train")
+def launch_train(
+    cache_dir: Annotated[str | None, typer.Option("--cache-dir", help="Latent cache root from the precompute.")] = None,
+    tasks: Annotated[list[str] | None, typer.Option("--tasks", help="Task(s) whose caches to train on.")] = None,
+    config: ConfigOption = None,
+    nproc: Annotated[int, typer.Option("--nproc", help="Ranks on this node.")] = 2,
+    steps: Annotated[int | None, typer.Option("--steps", help="Optimizer steps.")] = None,
+    nnodes: Annotated[int, typer.Option("--nnodes", help="Nodes (each runs this command with its --node-rank).")] = 1,
+    node_rank: Annotated[int | None, typer.Option("--node-rank")] = None,
+    rdzv_endpoint: Annotated[str | None, typer.Option("--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous (multi-node).")] = None,
+    debug: Annotated[bool, typer.Option("--debug", help="NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL, C++ stack traces.")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue from the last checkpoint.")] = False,
+    inject: InjectOption = None,
+    detach: DetachOption = False,
+    runs_dir: RunsDirOption = default_runs_dir(),
+    json: JsonOption = False,
+) -> None:
+    """Train the latent operator under torchrun (gloo on CPU, NCCL on GPU).
+
+    One node uses --standalone (a free port: a busy 29500 does not matter). Each rank's log
+    and error file land in the run folder; the run is succeeded only when torchrun exited 0
+    and every rank's final record says done, otherwise failed naming the first failing
+    rank, its signal or exception, and its last phase.
+
+    Faults (--inject): segv:rank=R,phase=P  oom:rank=R,step=S  hang:rank=R,step=S
+    skip_collective:rank=R,step=S.
+    """
+    from ups.launch.spawn import launch_run
+
+    kwargs, _ = prepare_train(cache_dir=cache_dir, tasks=tasks, config=config, nproc=nproc, steps=steps, nnodes=nnodes,
+                              node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, debug=debug, inject=inject, resume=resume,
+                              runs_dir=runs_dir)
+    start_and_follow(launch_run(**kwargs), detach=detach, json_out=json)
+
+
+@launch_app.command("pipeline")
+def launch_pipeline(
+    root: Annotated[str, typer.Option("--root", help="Folder with the HDF5 shards.")],
+    tasks: Annotated[list[str], typer.Option("--tasks", help="Task(s) to precompute and train on.")],
+    cache_dir: Annotated[str, typer.Option("--cache-dir", help="Where the latent cache goes.")],
+    splits: Annotated[list[str] | None, typer.Option("--splits")] = None,
+    num_workers: Annotated[int | None, typer.Option("--num-workers", help="Precompute DataLoader workers.")] = None,
+    nproc: Annotated[int, typer.Option("--nproc", help="Training ranks.")] = 2,
+    steps: Annotated[int | None, typer.Option("--steps", help="Training steps.")] = None,
+    detach: DetachOption = False,
+    runs_dir: RunsDirOption = default_runs_dir(),
+    json: JsonOption = False,
+) -> None:
+    """Precompute, then train on the new cache, stopping at the first failure.
+
+    The pipeline is a run of its own ("pipeline") whose stages are runs too (`ups runs`
+    lists all three, each stage naming its parent), so each stage keeps its own status,
+    stacks and logs.
+    """
+    from dataclasses import asdict
+
+    from ups.jobs.config import PrecomputeConfig, load_config
+    from ups.launch.spawn import launch_run
+
+    pre = load_config(PrecomputeConfig, None, {"root": root, "tasks": tasks, "splits": splits, "cache_dir": cache_dir,
+                                               "num_workers": num_workers})
+    check_precompute_data(pre)
+    _, train_cfg = prepare_train(cache_dir=cache_dir, tasks=tasks, config=None, nproc=nproc, steps=steps, nnodes=1,
+                                 node_rank=None, rdzv_endpoint=None, debug=False, inject=None, resume=False, runs_dir=runs_dir)
+    plan = {"precompute": asdict(pre), "train": asdict(train_cfg), "nproc": nproc, "runs_dir": str(runs_dir)}
+    run = launch_run(
+        runs_dir, "pipeline", [sys.executable, "-m", "ups.jobs.pipeline", "{RUN}/pipeline.json"],
+        argv=["ups", *sys.argv[1:]], config=plan, thresholds={"phase_stalled_after": {"precompute": None, "train": None}},
+        files={"pipeline.json": jsonlib.dumps(plan, indent=1).encode()},
+    )
+    start_and_follow(run, detach=detach, json_out=json)

@@ -383,17 +383,17 @@ def stacks_cmd(
 
 
 # ---------------------------------------------------------------------------------- logs
-def find_log(rd: RunDir, rank: int | None) -> Path:
-    """The job log, or one rank's log (``logs/rank-R.log`` or torchrun's per-rank files)."""
+def find_logs(rd: RunDir, rank: int | None) -> list[Path]:
+    """The job log, or one rank's logs (``logs/rank-R.log`` or torchrun's stdout + stderr)."""
     if rank is None:
-        return rd.log_path("job")
+        return [rd.log_path("job")]
     direct = rd.log_path(f"rank-{rank}")
     if direct.exists():
-        return direct
-    # torchrun --log-dir layout: logs/<run>/attempt_N/<rank>/{stdout,stderr}.log
-    candidates = sorted(rd.logs_dir.glob(f"**/attempt_*/{rank}/stderr.log"), key=lambda p: p.stat().st_mtime)
-    if candidates:
-        return candidates[-1]
+        return [direct]
+    # torchrun --log-dir layout: logs/torchrun/<id>/attempt_N/<rank>/{stdout,stderr}.log
+    attempts = sorted(rd.logs_dir.glob(f"**/attempt_*/{rank}"), key=lambda p: p.stat().st_mtime)
+    if attempts:
+        return [p for p in (attempts[-1] / "stdout.log", attempts[-1] / "stderr.log") if p.exists()]
     raise UpsError(f"run {rd.run_id} has no log for rank {rank} under {rd.logs_dir}")
 
 
@@ -409,9 +409,16 @@ def logs_cmd(
     from ups.runs.rundir import resolve_run
 
     rd = resolve_run(runs_dir, run)
-    path = find_log(rd, rank)
+    paths = find_logs(rd, rank)
+    for path in paths[1:]:  # a rank's stderr after its stdout
+        typer.echo(f"==> {path.name} <==")
+        for line in path.read_text(errors="replace").splitlines()[-lines:]:
+            typer.echo(line)
+    path = paths[0]
     if not path.exists():
         raise UpsError(f"no log yet at {path}")
+    if len(paths) > 1:
+        typer.echo(f"==> {path.name} <==")
     with open(path, "rb") as fh:
         tail = fh.read().decode(errors="replace").splitlines()[-lines:]
         for line in tail:

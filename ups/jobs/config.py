@@ -166,3 +166,83 @@ def load_config(cls: type[C], path: str | os.PathLike[str] | None = None, overri
         kwargs[key] = _coerce(cls, key, value, getattr(defaults, key))
     cfg = dataclasses.replace(defaults, **kwargs)
     return cfg.validate() if hasattr(cfg, "validate") else cfg
+
+
+@dataclass
+class TrainConfig:
+    """Latent-operator training under torchrun (or one plain process)."""
+
+    cache_dir: str = "cache/demo"
+    """Latent cache root written by the precompute ({task}_{split}/ folders)."""
+    tasks: list[str] = field(default_factory=lambda: ["advection1d"])
+    """Tasks whose caches to train on."""
+    splits: list[str] = field(default_factory=lambda: ["train"])
+    """Splits to train on."""
+    steps: int = 50
+    """Optimizer steps in total."""
+    batch_size: int = 16
+    """Pairs (z_t, z_t+1) per rank per step."""
+    lr: float = 1e-3
+    """AdamW learning rate (cosine decay to 10%)."""
+    hidden: int = 64
+    """Hidden width of the operator's MLPs."""
+    depth: int = 2
+    """Mixer blocks."""
+    seed: int = 0
+    """Model init and sampling seed."""
+    device: str = "auto"
+    """cpu, cuda or auto (each rank takes cuda:LOCAL_RANK)."""
+    preload: str = "auto"
+    """ram, disk, or auto (ram when the cache fits in available memory with a 20% margin)."""
+    checkpoint_every: int = 25
+    """Steps between checkpoints (rank 0, atomic); one more at the end."""
+    checkpoint_dir: str | None = None
+    """Where checkpoints go; default RUN/checkpoints (or ./checkpoints outside ups)."""
+    resume: bool = False
+    """Continue from the last checkpoint in checkpoint_dir."""
+    max_oom_skips: int = 3
+    """Consecutive steps skipped for OOM on any rank before every rank stops."""
+    eval_batches: int = 2
+    """Batches of held-out pairs evaluated at the end."""
+    log_every: int = 10
+    """Steps between log lines (rank 0)."""
+    wandb_mode: str = "offline"
+    """offline, online or disabled (W&B runs on rank 0 only)."""
+    wandb_project: str = "ups"
+    """W&B project name."""
+    heartbeat_interval: float = 1.0
+    """Seconds between status record writes."""
+    stalled_after: float = 60.0
+    """No step for this long (heartbeat alive): stalled (waiting in a collective, hung in Python)."""
+    unresponsive_after: float = 10.0
+    """No heartbeat for this long (pid alive): unresponsive."""
+
+    def validate(self) -> TrainConfig:
+        from ups.data.tasks import SPLITS, TASKS
+
+        for t in self.tasks:
+            if t not in TASKS:
+                raise ConfigError(f"tasks: unknown task {t!r} (known: {', '.join(TASKS)})")
+        for s in self.splits:
+            if s not in SPLITS:
+                raise ConfigError(f"splits: unknown split {s!r} (known: {', '.join(SPLITS)})")
+        _check(self.steps >= 1, "steps", self.steps, ">= 1")
+        _check(self.batch_size >= 1, "batch_size", self.batch_size, ">= 1")
+        _check(self.lr > 0, "lr", self.lr, "> 0")
+        _check(self.hidden >= 1 and self.depth >= 1, "hidden/depth", (self.hidden, self.depth), ">= 1")
+        _check(self.device in ("auto", "cpu", "cuda"), "device", self.device, "cpu, cuda or auto")
+        _check(self.preload in ("auto", "ram", "disk"), "preload", self.preload, "auto, ram or disk")
+        _check(self.checkpoint_every >= 1, "checkpoint_every", self.checkpoint_every, ">= 1")
+        _check(self.max_oom_skips >= 1, "max_oom_skips", self.max_oom_skips, ">= 1")
+        _check(self.wandb_mode in ("offline", "online", "disabled"), "wandb_mode", self.wandb_mode, "offline, online or disabled")
+        for name in ("heartbeat_interval", "stalled_after", "unresponsive_after"):
+            _check(getattr(self, name) > 0, name, getattr(self, name), "> 0 seconds")
+        return self
+
+    def thresholds(self) -> dict[str, Any]:
+        return {
+            "heartbeat_interval": self.heartbeat_interval,
+            "unresponsive_after": self.unresponsive_after,
+            "stalled_after": self.stalled_after,
+            "startup_grace": max(30.0, self.stalled_after),
+        }

@@ -1,0 +1,151 @@
+"""Training under torchrun: 2 real gloo ranks, real signals, real faults."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import psutil
+import pytest
+from helpers import run_ups, wait_for
+
+from ups.data.synth import synthesize
+from ups.faults import Faults
+from ups.jobs import precompute as pre
+from ups.jobs.config import PrecomputeConfig
+from ups.runs.rundir import RunDir
+from ups.status.reader import read_status_dir
+from ups.status.reporter import NullReporter
+
+FINAL = ("succeeded", "partial", "failed", "killed")
+QUICK = """\
+steps: 12
+batch_size: 8
+hidden: 32
+checkpoint_every: 5
+log_every: 5
+wandb_mode: disabled
+heartbeat_interval: 0.3
+stalled_after: 2
+"""
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("train")
+    synthesize(root / "data", "burgers1d", "train", 16, seed=2, timesteps=8, resolution=32)
+    cfg = PrecomputeConfig(root=str(root / "data"), tasks=["burgers1d"], cache_dir=str(root / "cache"), num_workers=0,
+                           device="cpu").validate()
+    pre.PrecomputeJob(cfg, NullReporter(), Faults()).execute()
+    return root / "cache"
+
+
+@pytest.fixture
+def quick(tmp_path) -> Path:
+    path = tmp_path / "quick.yaml"
+    path.write_text(QUICK)
+    return path
+
+
+def launch(cache_dir: Path, config: Path, *args: str, timeout: float = 180):
+    res = run_ups("launch", "train", "--cache-dir", str(cache_dir), "--tasks", "burgers1d", "--config", str(config),
+                  "--nproc", "2", *args, timeout=timeout)
+    run = None
+    for line in res.stderr.splitlines() + res.stdout.splitlines():
+        if line.startswith("run ") and "(" in line:
+            run = RunDir(line.split("(", 1)[1].split(")", 1)[0])
+        elif line.startswith("{"):
+            run = RunDir(json.loads(res.stdout)["run_dir"])
+            break
+    return res, run
+
+
+def rank_records(run: RunDir) -> dict[int, object]:
+    return {r.rank: r for r in read_status_dir(run.status_dir).records if r.role == "rank"}
+
+
+def no_process_left(run: RunDir) -> bool:
+    pids = [r.pid for r in read_status_dir(run.status_dir).records]
+    return not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids)
+
+
+def test_happy_path_rank0_alone_checkpoints_and_talks_to_wandb(cache_dir, tmp_path, runs_root):
+    config = tmp_path / "wandb.yaml"
+    config.write_text(QUICK.replace("wandb_mode: disabled", "wandb_mode: offline"))
+    res, run = launch(cache_dir, config)
+    assert res.returncode == 0, res.stderr + run.log_path("job").read_text()
+    m = run.read_manifest()
+    assert m["state"] == "succeeded" and m["ranks"]["0"]["exit_code"] == 0 and m["ranks"]["1"]["exit_code"] == 0
+    recs = rank_records(run)
+    assert {r: recs[r].state for r in recs} == {0: "done", 1: "done"}
+    assert recs[0].metrics["checkpoints"] == 3 and "checkpoints" not in recs[1].metrics  # steps 5, 10, end
+    assert (run.path / "checkpoints" / "last.pt").exists() and not list((run.path / "checkpoints").glob(".*tmp"))
+    offline = list((run.path / "wandb").glob("offline-run-*"))
+    assert len(offline) == 1 and m["wandb"]["id"] in offline[0].name and m["wandb"]["mode"] == "offline"
+    assert recs[0].metrics["loss"] > 0 and recs[0].total == 12 and recs[0].step == 12
+
+
+def test_sigsegv_on_rank1_in_model_build_is_named_with_its_traceback(cache_dir, quick, runs_root):
+    res, run = launch(cache_dir, quick, "--inject", "segv:rank=1,phase=model.build")
+    assert res.returncode == 1
+    m = run.read_manifest()
+    assert m["state"] == "failed"
+    assert m["failure"]["rank"] == 1 and m["failure"]["signal"] == "SIGSEGV" and m["failure"]["phase"] == "model.build"
+    assert m["summary"] == "rank 1 killed by SIGSEGV in phase model.build"
+    assert rank_records(run)[1].phase == "model.build"
+    stack = (run.path / "stacks" / "rank-1.txt").read_text()
+    assert "Fatal Python error: Segmentation fault" in stack and "on_phase" in stack and "ups/jobs/train.py" in stack
+    wait_for(lambda: no_process_left(run), 15, message="no rank left running")
+
+
+def test_oom_on_rank1_skips_the_step_on_both_ranks_and_finishes(cache_dir, quick, runs_root):
+    res, run = launch(cache_dir, quick, "--inject", "oom:rank=1,step=3")
+    assert res.returncode == 0, res.stderr
+    recs = rank_records(run)
+    assert recs[0].metrics["skipped_steps"] == 1 and recs[1].metrics["skipped_steps"] == 1
+    assert recs[0].state == recs[1].state == "done"
+    assert "step 3: OOM on 1 rank(s), step skipped on every rank" in run.log_path("job").read_text()
+
+
+def test_hang_on_rank1_shows_both_stalled_stacks_and_kill_ends_the_run(cache_dir, quick, runs_root):
+    res, run = launch(cache_dir, quick, "--inject", "hang:rank=1,step=4", "--detach", "--json")
+    assert res.returncode == 0, res.stderr
+
+    def both_stalled():
+        data = json.loads(run_ups("status", run.run_id, "--json").stdout)
+        health = {p["rank"]: p["health"] for p in data["processes"] if p["role"] == "rank"}
+        return health == {0: "stalled", 1: "stalled"} and data
+
+    data = wait_for(both_stalled, 90, interval=0.5, message="both ranks stalled")
+    assert all("no progress for" in p["reason"] for p in data["processes"] if p["role"] == "rank")
+    stacks = run_ups("stacks", run.run_id, "--rank", "1").stdout
+    assert "hang_in_python" in stacks
+    stacks0 = run_ups("stacks", run.run_id, "--rank", "0").stdout
+    assert "all_reduce" in stacks0
+    res = run_ups("kill", run.run_id, "--grace", "3")
+    assert res.returncode == 0, res.stderr
+    wait_for(lambda: run.read_manifest()["state"] in FINAL, 30, message="run to end")
+    assert run.read_manifest()["state"] == "killed"
+    wait_for(lambda: no_process_left(run), 20, message="no process left")
+
+
+def test_launch_starts_while_port_29500_is_busy(cache_dir, quick, runs_root):
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", 29500))
+        except OSError:
+            pytest.skip("port 29500 is already taken by something else")
+        s.listen()
+        res, run = launch(cache_dir, quick)
+    assert res.returncode == 0, res.stderr
+    assert run.read_manifest()["state"] == "succeeded"
+
+
+def test_bad_input(cache_dir, quick, tmp_path, runs_root):
+    res, _ = launch(tmp_path / "empty", quick)
+    assert res.returncode == 2 and "no latent cache" in res.stderr and "Traceback" not in res.stderr
+    res, _ = launch(cache_dir, quick, "--inject", "segv:rank=1", "--nnodes", "2")
+    assert res.returncode == 2 and "--rdzv-endpoint" in res.stderr
+    assert list(runs_root.iterdir()) == []

@@ -1,0 +1,407 @@
+"""Latent-operator training: one process, or every rank under torchrun (DDP).
+
+Run by ``ups launch train`` as ``python -m torch.distributed.run ... -m ups.jobs.train
+--config RUN/config.json``; also runs by hand without torchrun.
+
+What makes it safe to operate (DESIGN.md, "The jobs"):
+
+* Every rank reports phases (``dist.init``, ``data.load``, ``model.build``, ``ddp.wrap``,
+  ``train``, ``eval``, ``checkpoint``, ``done``), steps, steps/s, loss, lr and CUDA memory,
+  and faulthandler writes a fatal signal's traceback into the rank's stack file.
+* Every collective is entered by every rank. An OOM on one rank becomes a flag in the one
+  all-reduce every rank makes every step; when any rank failed, all ranks drop the step.
+* Rank 0 alone logs, checkpoints (atomically) and talks to W&B, which is always finished
+  with the real exit code. The process group is destroyed in ``finally``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import os
+import signal
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from ups.data import cache as cache_mod
+from ups.errors import UpsError
+from ups.faults import Faults
+from ups.jobs.config import TrainConfig, load_config
+from ups.models.operator import LatentOperator
+from ups.runs.rundir import RunDir
+from ups.status.reporter import ENV_RUN_DIR, NullReporter, Reporter, write_atomic
+
+KNOWN_FAULTS = ("segv", "oom", "hang", "skip_collective")
+EXIT_BAD_INPUT = 2
+RAM_MARGIN = 1.2
+
+
+class TrainError(UpsError):
+    exit_code = 1
+
+
+# ----------------------------------------------------------------------------- data
+def cache_folders(cfg: TrainConfig) -> list[Path]:
+    return [cache_mod.split_dir(cfg.cache_dir, t, s) for t in cfg.tasks for s in cfg.splits]
+
+
+def check_cache(cfg: TrainConfig) -> list[Path]:
+    """Refuse a cache that ``ups cache verify`` would fail; the folders to train on."""
+    folders = cache_folders(cfg)
+    for folder in folders:
+        if not folder.is_dir():
+            raise UpsError(f"{folder}: no latent cache (run `ups launch precompute` for it first)")
+        problems, _ = cache_mod.verify_cache(folder)
+        if problems:
+            raise UpsError(f"{folder}: cache fails verification ({len(problems)} problem(s), first: {problems[0]}); see `ups cache verify`")
+    return folders
+
+
+class LatentPairs(torch.utils.data.Dataset):
+    """(z_t, z_t+1) pairs over every cached sample, from RAM or read from disk per item."""
+
+    def __init__(self, files: list[Path], in_ram: bool) -> None:
+        self.files = files
+        first = cache_mod.read_sample(files[0])["latent"]
+        self.steps = first.shape[0] - 1
+        if self.steps < 1:
+            raise UpsError(f"{files[0].parent}: latents have {first.shape[0]} time step(s); need 2 or more to train")
+        self.token_shape = tuple(first.shape[1:])
+        self.latents = torch.stack([cache_mod.read_sample(f)["latent"] for f in files]) if in_ram else None
+
+    def __len__(self) -> int:
+        return len(self.files) * self.steps
+
+    def __getitem__(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        i, t = divmod(k, self.steps)
+        z = self.latents[i] if self.latents is not None else cache_mod.read_sample(self.files[i])["latent"]
+        return z[t].float(), z[t + 1].float()
+
+
+def load_pairs(cfg: TrainConfig, folders: list[Path]) -> LatentPairs:
+    import psutil
+
+    files = sorted(f for folder in folders for f in folder.glob("sample_*.pt"))
+    if not files:
+        raise UpsError(f"{cfg.cache_dir}: no cached samples for {cfg.tasks}/{cfg.splits}")
+    size = sum(f.stat().st_size for f in files)
+    in_ram = cfg.preload == "ram" or (cfg.preload == "auto" and size * RAM_MARGIN < psutil.virtual_memory().available)
+    shapes = {cache_mod.read_sample(f)["latent"].shape[1:] for f in (files[0], files[-1])}
+    if len(shapes) > 1:
+        raise UpsError(f"caches of {cfg.tasks} disagree on latent shape {sorted(map(tuple, shapes))}: train them separately")
+    return LatentPairs(files, in_ram)
+
+
+# ----------------------------------------------------------------------- distributed
+class Dist:
+    """Rank facts, and the one place collectives happen."""
+
+    def __init__(self) -> None:
+        self.enabled = "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) >= 1 and "MASTER_ADDR" in os.environ
+        self.rank = int(os.environ.get("RANK", 0))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        self.world = int(os.environ.get("WORLD_SIZE", 1))
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def init(self, device: torch.device) -> None:
+        if self.enabled:
+            backend = "nccl" if device.type == "cuda" else "gloo"
+            dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
+
+    def all_reduce_(self, t: torch.Tensor) -> torch.Tensor:
+        if self.enabled:
+            dist.all_reduce(t)
+        return t
+
+    def destroy(self) -> None:
+        if self.enabled and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------- faults
+def is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
+class FaultPlan:
+    def __init__(self, faults: Faults, rank: int) -> None:
+        self.faults, self.rank = faults, rank
+
+    def on_phase(self, phase: str) -> None:
+        f = self.faults.get("segv", rank=self.rank, phase=phase)
+        if f is not None:
+            print(f"ups: injected fault {f} on rank {self.rank}", file=sys.stderr, flush=True)
+            os.kill(os.getpid(), signal.SIGSEGV)
+
+    def in_step(self, step: int) -> None:
+        if self.faults.get("oom", rank=self.rank, step=step) is not None:
+            raise torch.OutOfMemoryError(f"CUDA out of memory (injected fault oom on rank {self.rank} at step {step})")
+        if self.faults.get("hang", rank=self.rank, step=step) is not None:
+            print(f"ups: injected hang on rank {self.rank} at step {step}", file=sys.stderr, flush=True)
+            hang_in_python(step)
+
+    def skips_collective(self, step: int) -> bool:
+        return self.faults.get("skip_collective", rank=self.rank, step=step) is not None
+
+
+def hang_in_python(step: int) -> None:
+    """An injected hang: the interpreter runs (heartbeats go on), the training loop does not."""
+    while True:
+        time.sleep(0.5)
+
+
+# ------------------------------------------------------------------------------ job
+class Trainer:
+    def __init__(self, cfg: TrainConfig, rep: Reporter | NullReporter, faults: Faults) -> None:
+        self.cfg = cfg
+        self.rep = rep
+        self.d = Dist()
+        self.faults = FaultPlan(faults, self.d.rank)
+        run_dir = os.environ.get(ENV_RUN_DIR)
+        self.run = RunDir(run_dir) if run_dir else None
+        want = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+        if want == "cuda" and not torch.cuda.is_available():
+            raise UpsError("device: 'cuda' asked for but CUDA is not available on this machine")
+        self.device = torch.device(f"cuda:{self.d.local_rank}") if want == "cuda" else torch.device("cpu")
+        ckpt = cfg.checkpoint_dir or (str(self.run.path / "checkpoints") if self.run else "checkpoints")
+        self.ckpt_dir = Path(ckpt)
+        self.wandb: Any = None
+        self.skipped_total = 0
+        self.checkpoints = 0
+
+    def phase(self, name: str) -> None:
+        self.rep.phase(name)
+        self.faults.on_phase(name)
+
+    def log(self, msg: str) -> None:
+        if self.d.is_main:
+            print(f"train: {msg}", flush=True)
+
+    # -- W&B (rank 0 only) ---------------------------------------------------------------
+    def start_wandb(self) -> None:
+        if not self.d.is_main or self.cfg.wandb_mode == "disabled":
+            return
+        import wandb
+
+        wdir = self.run.path if self.run else Path.cwd()
+        self.wandb = wandb.init(project=self.cfg.wandb_project, mode=self.cfg.wandb_mode, dir=str(wdir),
+                                config=asdict(self.cfg), name=self.run.run_id if self.run else None,
+                                settings=wandb.Settings(silent=True, console="off"))
+        if self.run:
+            self.run.update_manifest(wandb={"id": self.wandb.id, "mode": self.cfg.wandb_mode, "dir": str(Path(self.wandb.dir).parent)})
+
+    def finish_wandb(self, exit_code: int) -> None:
+        if self.wandb is not None:
+            self.wandb.finish(exit_code=exit_code)
+            self.wandb = None
+
+    # -- checkpoints (rank 0 only) -------------------------------------------------------
+    def save_checkpoint(self, model: torch.nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
+        if not self.d.is_main:
+            return
+        self.phase("checkpoint")
+        self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        buf = io.BytesIO()
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "config": asdict(self.cfg)}, buf)
+        write_atomic(self.ckpt_dir / "last.pt", buf.getvalue())
+        self.checkpoints += 1
+        self.rep.metrics(checkpoints=self.checkpoints)
+        self.phase("train")
+
+    def load_checkpoint(self, model: torch.nn.Module, opt: torch.optim.Optimizer) -> int:
+        path = self.ckpt_dir / "last.pt"
+        if not (self.cfg.resume and path.exists()):
+            return 0
+        state = torch.load(path, map_location=self.device, weights_only=True)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        self.log(f"resumed from {path} at step {state['step']}")
+        return int(state["step"])
+
+    # -- the loop ------------------------------------------------------------------------
+    def execute(self) -> int:
+        cfg, d, rep = self.cfg, self.d, self.rep
+        self.phase("dist.init")
+        d.init(self.device)
+        self.phase("data.load")
+        pairs = load_pairs(cfg, check_cache(cfg))
+        tokens, dim = pairs.token_shape
+        self.phase("model.build")
+        torch.manual_seed(cfg.seed)
+        model = LatentOperator(tokens, dim, hidden=cfg.hidden, depth=cfg.depth).to(self.device)
+        self.phase("ddp.wrap")
+        ddp = torch.nn.parallel.DistributedDataParallel(model) if d.enabled else model
+        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+        start = self.load_checkpoint(model, opt)
+        sampler = torch.utils.data.DistributedSampler(pairs, num_replicas=d.world, rank=d.rank, shuffle=True, seed=cfg.seed) if d.enabled else None
+        loader = torch.utils.data.DataLoader(pairs, batch_size=cfg.batch_size, sampler=sampler, shuffle=sampler is None, drop_last=True)
+        if len(loader) == 0:
+            raise UpsError(f"{len(pairs)} pairs per {d.world} rank(s) is less than one batch of {cfg.batch_size}")
+        self.start_wandb()
+        rep.set_total(cfg.steps, "steps")
+        rep.set_step(start)
+        self.phase("train")
+        self.log(f"{len(pairs)} pairs, {d.world} rank(s), device {self.device}, steps {start}->{cfg.steps}")
+        step, epoch, skips, t0 = start, 0, 0, time.perf_counter()
+        while step < cfg.steps:
+            if sampler is not None:
+                sampler.set_epoch(epoch)
+            for x, y in loader:
+                if step >= cfg.steps:
+                    break
+                lr = cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / cfg.steps)))
+                for g in opt.param_groups:
+                    g["lr"] = lr
+                loss, failed = self.forward_backward(ddp, x.to(self.device), y.to(self.device), step)
+                # The one collective of every step, entered by every rank: [failed, loss].
+                # An OOM on any rank turns into a skip on all ranks, never a one-sided call.
+                flag = torch.tensor([float(failed), 0.0 if failed else loss], device=self.device)
+                if not self.faults.skips_collective(step):
+                    d.all_reduce_(flag)
+                if flag[0].item() > 0:
+                    opt.zero_grad(set_to_none=True)
+                    skips += 1
+                    self.free_memory()
+                    self.skipped_total += 1
+                    rep.metrics(skipped_steps=self.skipped_total)
+                    self.log(f"step {step}: OOM on {int(flag[0].item())} rank(s), step skipped on every rank ({skips}/{cfg.max_oom_skips})")
+                    if skips >= cfg.max_oom_skips:
+                        raise TrainError(f"{skips} consecutive steps hit OOM on some rank; every rank stops (max_oom_skips={cfg.max_oom_skips})")
+                    step += 1
+                    rep.advance()
+                    continue
+                skips = 0
+                self.sync_gradients(model)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                step += 1
+                rep.advance()
+                rep.metrics(loss=round(flag[1].item() / d.world, 6), lr=lr)
+                if step % cfg.log_every == 0:
+                    self.log(f"step {step}/{cfg.steps} loss {flag[1].item() / d.world:.5f} lr {lr:.2e} "
+                             f"{(step - start) / (time.perf_counter() - t0):.1f} steps/s")
+                    if self.wandb is not None:
+                        self.wandb.log({"loss": flag[1].item() / d.world, "lr": lr}, step=step)
+                if step % cfg.checkpoint_every == 0 and step < cfg.steps:
+                    self.save_checkpoint(model, opt, step)
+            epoch += 1
+        self.phase("eval")
+        val = self.evaluate(model, pairs)
+        rep.metrics(eval_loss=round(val, 6))
+        self.log(f"eval loss {val:.5f}")
+        self.save_checkpoint(model, opt, step)
+        if self.wandb is not None:
+            self.wandb.log({"eval_loss": val}, step=step)
+        return 0
+
+    def forward_backward(self, ddp: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, step: int) -> tuple[float, bool]:
+        """Local forward + backward with no gradient communication.
+
+        DDP would all-reduce gradients inside backward; if one rank hit OOM in forward or
+        backward, the others would wait in that all-reduce forever. So backward runs under
+        ``no_sync()`` and gradients are averaged by :meth:`sync_gradients` only after the
+        step's flag all-reduce says every rank succeeded.
+        """
+        try:
+            ctx = ddp.no_sync() if isinstance(ddp, torch.nn.parallel.DistributedDataParallel) else _null()
+            with ctx:
+                self.faults.in_step(step)
+                loss = torch.nn.functional.mse_loss(ddp(x), y)
+                loss.backward()
+            return float(loss.detach()), False
+        except (torch.OutOfMemoryError, RuntimeError) as exc:
+            if not is_oom(exc):
+                raise
+            print(f"train: rank {self.d.rank} step {step}: {str(exc).splitlines()[0]}", file=sys.stderr, flush=True)
+            return 0.0, True
+
+    def sync_gradients(self, model: torch.nn.Module) -> None:
+        if not self.d.enabled:
+            return
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        flat = torch._utils._flatten_dense_tensors(grads)
+        self.d.all_reduce_(flat).div_(self.d.world)
+        for g, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
+            g.copy_(synced)
+
+    def free_memory(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def evaluate(self, model: torch.nn.Module, pairs: LatentPairs) -> float:
+        g = torch.Generator().manual_seed(1234)
+        idx = torch.randint(len(pairs), (self.cfg.eval_batches * self.cfg.batch_size,), generator=g)
+        with torch.no_grad():
+            xs, ys = zip(*(pairs[int(i)] for i in idx), strict=True)
+            loss = torch.nn.functional.mse_loss(model(torch.stack(xs).to(self.device)), torch.stack(ys).to(self.device))
+        total = self.d.all_reduce_(loss.detach().reshape(1).clone())  # every rank evaluates and joins
+        return float(total.item()) / self.d.world
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *a: Any) -> None:
+        return None
+
+
+def parse_args(argv: list[str] | None) -> TrainConfig:
+    ap = argparse.ArgumentParser(prog="python -m ups.jobs.train", description=__doc__.splitlines()[0])
+    ap.add_argument("--config", help="YAML or JSON config (keys of TrainConfig)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one key")
+    args = ap.parse_args(argv)
+    overrides: dict[str, Any] = {}
+    for kv in args.set:
+        key, _, value = kv.partition("=")
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value
+    return load_config(TrainConfig, args.config, overrides)
+
+
+@record  # torchrun: the exception goes to this rank's TORCHELASTIC_ERROR_FILE (root-cause rank)
+def main(argv: list[str] | None = None) -> int:
+    try:
+        cfg = parse_args(argv)
+    except UpsError as exc:
+        print(f"train: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    rep = Reporter.from_env(unit="steps", interval=cfg.heartbeat_interval)
+    trainer: Trainer | None = None
+    code = 1
+    with rep:
+        try:
+            trainer = Trainer(cfg, rep, Faults.from_env())
+            if isinstance(rep, Reporter) and trainer.device.type == "cuda":
+                from ups.gpu.torch_memory import cuda_memory_sampler
+
+                rep._gpu_sampler = cuda_memory_sampler(trainer.device)  # noqa: SLF001
+            code = trainer.execute()
+            trainer.log("done")
+        except UpsError as exc:
+            print(f"train: rank {trainer.d.rank if trainer else '?'}: {exc}", file=sys.stderr, flush=True)
+            rep.fail(str(exc), exit_code=exc.exit_code)
+            code = exc.exit_code
+        finally:
+            if trainer is not None:
+                trainer.finish_wandb(code)
+                trainer.d.destroy()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
