@@ -46,6 +46,7 @@ def _register() -> None:
     # Command groups register themselves on `app`; importing them is cheap (Typer only).
     from ups.cli import control as _control  # noqa: F401
     from ups.cli import demo as _demo  # noqa: F401
+    from ups.cli import doctor as _doctor  # noqa: F401
     from ups.cli import gpu as _gpu  # noqa: F401
     from ups.cli import runs as _runs  # noqa: F401
     from ups.cli.cache import cache_app
