@@ -44,6 +44,7 @@ app = typer.Typer(
 
 def _register() -> None:
     # Command groups register themselves on `app`; importing them is cheap (Typer only).
+    from ups.cli import console_cmd as _console  # noqa: F401
     from ups.cli import control as _control  # noqa: F401
     from ups.cli import demo as _demo  # noqa: F401
     from ups.cli import doctor as _doctor  # noqa: F401

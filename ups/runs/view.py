@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +16,7 @@ from ups.errors import CorruptRun
 from ups.runs.rundir import FINAL_RUN_STATES, RunDir
 from ups.status.health import HealthVerdict, Thresholds, classify_run, worst
 from ups.status.procs import ProcessTable, StaticProcessTable
-from ups.status.reader import DirectoryStatusSource, ReadProblem, StatusSource
+from ups.status.reader import ReadProblem, StatusSource, read_status_dir
 from ups.status.record import StatusRecord
 
 
@@ -138,8 +139,9 @@ def load_run_view(
     now: float | None = None,
     process_table: ProcessTable | None = None,
     source: StatusSource | None = None,
+    include: Callable[[str], bool] | None = None,
 ) -> RunView:
-    """Read the manifest and every record once, classify every process."""
+    """Read the manifest and every record once (or those ``include`` names), classify them."""
     manifest: dict[str, Any] | None
     problem: str | None = None
     try:
@@ -147,7 +149,7 @@ def load_run_view(
     except CorruptRun as exc:
         manifest, problem = None, str(exc)
     thresholds = Thresholds.from_dict((manifest or {}).get("thresholds"))
-    snap = (source or DirectoryStatusSource(run.status_dir)).read()
+    snap = source.read() if source is not None else read_status_dir(run.status_dir, include)
     now = time.time() if now is None else now
     table = process_table or StaticProcessTable.snapshot(r.pid for r in snap.records)
     verdicts = classify_run(snap.records, now, table, thresholds)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -66,8 +67,14 @@ def read_record_file(path: str | os.PathLike[str]) -> StatusRecord:
     return StatusRecord.from_json(text)
 
 
-def read_status_dir(status_dir: str | os.PathLike[str]) -> StatusSnapshot:
-    """Snapshot every ``*.json`` record in ``status_dir`` (temp files are skipped)."""
+def read_status_dir(
+    status_dir: str | os.PathLike[str], include: Callable[[str], bool] | None = None
+) -> StatusSnapshot:
+    """Snapshot every ``*.json`` record in ``status_dir`` (temp files are skipped).
+
+    ``include(name)`` (name without ``.json``) reads only some records: a screen that shows
+    the ranks and one rank's workers need not parse 2,000 worker files every second.
+    """
     status_dir = Path(status_dir)
     records: list[StatusRecord] = []
     problems: list[ReadProblem] = []
@@ -80,6 +87,8 @@ def read_status_dir(status_dir: str | os.PathLike[str]) -> StatusSnapshot:
     for entry in entries:
         name = entry.name
         if name.startswith(".") or not name.endswith(".json"):
+            continue
+        if include is not None and not include(name[:-5]):
             continue
         try:
             records.append(read_record_file(entry.path))

@@ -1,0 +1,97 @@
+"""Operator actions from the console. All go through ups.runs (identity-checked signals,
+control requests, events) with "console" as the actor; run in worker threads."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from ups.errors import UpsError
+from ups.runs.rundir import RunDir
+from ups.runs.signals import dump_stacks, terminate
+from ups.status.record import StatusRecord
+
+ACTOR = "console"
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    ok: bool
+    message: str
+
+
+def process_owner(pid: int) -> tuple[str, str]:
+    """(user, command line) of a live pid, for the kill confirmation."""
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        return p.username(), " ".join(p.cmdline())[:160]
+    except (psutil.Error, OSError):
+        return "?", "?"
+
+
+def kill_process(run: RunDir, record: StatusRecord, *, force: bool, grace: float = 5.0) -> ActionResult:
+    try:
+        results = terminate(run, [record], actor=ACTOR, reason=f"operator: kill {record.label} from the console", grace=grace, force=force)
+    except UpsError as exc:
+        return ActionResult(False, str(exc))
+    r = results[0]
+    return ActionResult(r.outcome in ("terminated", "killed", "already gone"), f"{record.label} (pid {r.pid}): {r.outcome}")
+
+
+def kill_run(run: RunDir, records: list[StatusRecord], *, force: bool) -> ActionResult:
+    from ups.cli.runs import kill_run as cli_kill_run
+    from ups.runs.view import load_run_view
+
+    try:
+        results = cli_kill_run(run, load_run_view(run), actor=ACTOR, reason="operator: kill run from the console", grace=5.0, force=force)
+    except UpsError as exc:
+        return ActionResult(False, str(exc))
+    return ActionResult(True, f"run {run.run_id}: " + ", ".join(f"{r.name} {r.outcome}" for r in results))
+
+
+def stacks(run: RunDir, record: StatusRecord) -> ActionResult:
+    try:
+        return ActionResult(True, dump_stacks(run, record, actor=ACTOR, timeout=5.0))
+    except UpsError as exc:
+        return ActionResult(False, str(exc))
+
+
+def fallback(run: RunDir) -> ActionResult:
+    m = run.read_manifest()
+    if m.get("kind") != "precompute" or m.get("state") not in ("launching", "running"):
+        return ActionResult(False, "fallback applies to a running precompute")
+    run.put_control("fallback", actor=ACTOR)
+    return ActionResult(True, f"asked {run.run_id} to fall back to num_workers=0")
+
+
+def relaunch_legacy(run: RunDir, runs_dir: Path) -> ActionResult:
+    """A new precompute with the same config, num_workers=0, resuming from the cache."""
+    m = run.read_manifest()
+    if m.get("kind") != "precompute":
+        return ActionResult(False, "relaunch in legacy mode applies to precompute runs")
+    cfg = dict(m.get("config") or {})
+    args = [sys.executable, "-m", "ups", "launch", "precompute", "--root", cfg.get("root", ""), "--cache-dir",
+            cfg.get("cache_dir", ""), "--legacy", "--detach", "--json", "--runs-dir", str(runs_dir)]
+    for t in cfg.get("tasks", []):
+        args += ["--tasks", t]
+    for s in cfg.get("splits", []):
+        args += ["--splits", s]
+    run.append_event("relaunch", actor=ACTOR, mode="legacy")
+    return launch(args)
+
+
+def launch(args: list[str]) -> ActionResult:
+    """Run a `ups launch ... --detach --json` and return the new run id as the message."""
+    res = subprocess.run(args, capture_output=True, text=True, timeout=120, env={**os.environ, "UPS_ACTOR": ACTOR})
+    if res.returncode != 0:
+        return ActionResult(False, (res.stderr.strip().splitlines() or ["launch failed"])[-1])
+    try:
+        return ActionResult(True, json.loads(res.stdout)["run_id"])
+    except (ValueError, KeyError):
+        return ActionResult(False, "launch printed no run id")

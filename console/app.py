@@ -1,0 +1,178 @@
+"""The ups console: every run, rank and DataLoader worker, over SSH, keyboard only.
+
+The App is thin: one poll worker thread builds a :class:`~console.snapshots.Snapshot` per
+tick and posts it; screens watch ``snapshot`` and draw. Actions (kill, stacks, fallback,
+relaunch, launch) run in worker threads through ups.runs with "console" as the actor.
+``readonly`` removes every action.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from textual import work
+from textual.app import App
+from textual.message import Message
+from textual.reactive import reactive
+from textual.worker import get_current_worker
+
+from console.screens.other import ConfirmKill, RunsScreen
+from console.screens.run import RunScreen
+from console.snapshots import Poller, Snapshot
+
+ACTIONS = {"kill_process", "kill_run", "stacks", "fallback", "relaunch", "launch"}
+
+
+@dataclass
+class RefreshStats:
+    """How long drawing each snapshot took (read by tests and scripts/bench_console.py)."""
+
+    count: int = 0
+    max_ms: float = 0.0
+    total_ms: float = 0.0
+    max_read_ms: float = 0.0
+
+
+class SnapshotReady(Message):
+    def __init__(self, snapshot: Snapshot) -> None:
+        super().__init__()
+        self.snapshot = snapshot
+
+
+class UpsConsole(App):
+    CSS_PATH = "console.tcss"
+    TITLE = "ups console"
+    snapshot: reactive[Snapshot | None] = reactive(None, always_update=True)
+
+    def __init__(
+        self,
+        runs_dir: str | Path,
+        *,
+        refresh: float = 1.0,
+        readonly: bool = False,
+        run_id: str | None = None,
+        clock: Callable[[], float] = time.time,
+        gpu_provider: Any = "auto",
+        process_table: Any = None,
+        poll: bool = True,
+    ) -> None:
+        super().__init__()
+        self.runs_dir = Path(runs_dir)
+        self.refresh_s = refresh
+        self.readonly = readonly
+        self.initial_run = run_id
+        self.clock = clock
+        if gpu_provider == "auto":
+            from ups.gpu import get_provider
+
+            gpu_provider = get_provider()
+        self.poller = Poller(self.runs_dir, gpu_provider=gpu_provider, clock=clock, process_table=process_table)
+        self.selected_run: str | None = None
+        self.selected_process: str | None = None
+        self.stats = RefreshStats()
+        self.poll_enabled = poll
+        if readonly:
+            self.sub_title = "read-only"
+
+    def on_mount(self) -> None:
+        self.push_screen(RunsScreen())
+        if self.initial_run:
+            self.open_run(self.initial_run)
+        if self.poll_enabled:
+            self.poll()
+        else:
+            self.poll_once()
+
+    # -- polling ------------------------------------------------------------------------
+    @work(thread=True, exclusive=True, group="poll", exit_on_error=False)
+    def poll(self) -> None:
+        worker = get_current_worker()
+        while not worker.is_cancelled:
+            started = time.monotonic()
+            self.post_message(SnapshotReady(self.poller.snapshot(self.selected_run, self.selected_process)))
+            worker_wait = max(0.05, self.refresh_s - (time.monotonic() - started))
+            end = time.monotonic() + worker_wait
+            while time.monotonic() < end and not worker.is_cancelled:
+                time.sleep(min(0.05, worker_wait))
+
+    def poll_once(self) -> None:
+        """One synchronous snapshot (tests, snapshots): no thread, deterministic."""
+        self.on_snapshot_ready(SnapshotReady(self.poller.snapshot(self.selected_run, self.selected_process)))
+
+    def on_snapshot_ready(self, message: SnapshotReady) -> None:
+        t = time.perf_counter()
+        self.snapshot = message.snapshot
+        ms = (time.perf_counter() - t) * 1000
+        s = self.stats
+        s.count += 1
+        s.total_ms += ms
+        s.max_ms = max(s.max_ms, ms)
+        s.max_read_ms = max(s.max_read_ms, message.snapshot.read_ms)
+
+    # -- navigation ---------------------------------------------------------------------
+    def open_run(self, run_id: str) -> None:
+        self.selected_run = run_id
+        self.selected_process = None
+        self.push_screen(RunScreen(run_id))
+        if not self.poll_enabled:
+            self.poll_once()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if self.readonly and action in ACTIONS:
+            return False  # hidden from the footer and refused
+        return True
+
+    # -- actions --------------------------------------------------------------------------
+    def confirm_kill(self, run_id: str, record: Any) -> None:
+        if self.readonly:
+            return
+        from console.actions import process_owner
+
+        if record is None:
+            lines = [f"every process of run {run_id}: launcher first, then ranks and workers"]
+            title = f"Kill run {run_id}?"
+        else:
+            user, cmd = process_owner(record.pid)
+            lines = [f"pid {record.pid}   user {user}", f"command: {cmd}", "TERM, then KILL after 5 s if it does not exit"]
+            title = f"Kill {record.label} of {run_id}?"
+
+        def done(choice: str | None) -> None:
+            if choice:
+                self.perform("kill", run_id, record, force=choice == "KILL")
+
+        self.push_screen(ConfirmKill(title, lines), done)
+
+    def perform(self, what: str, run_id: str, record: Any, force: bool = False) -> None:
+        if self.readonly:
+            self.notify("read-only console", severity="warning")
+            return
+        self._act(what, run_id, record, force)
+
+    @work(thread=True, group="actions", exit_on_error=False)
+    def _act(self, what: str, run_id: str, record: Any, force: bool) -> None:
+        from console import actions
+        from ups.runs.rundir import RunDir
+
+        run = RunDir(self.runs_dir / run_id)
+        if what == "kill":
+            result = actions.kill_run(run, [], force=force) if record is None else actions.kill_process(run, record, force=force)
+        elif what == "stacks":
+            result = actions.stacks(run, record)
+        elif what == "fallback":
+            result = actions.fallback(run)
+        elif what == "relaunch":
+            result = actions.relaunch_legacy(run, self.runs_dir)
+            if result.ok:
+                self.call_from_thread(self.open_run, result.message)
+        else:  # pragma: no cover
+            return
+        message = result.message if what != "stacks" or not result.ok else f"stacks of {record.label} dumped"
+        self.call_from_thread(self.notify, message, severity="information" if result.ok else "error", timeout=6)
+
+
+def run_console(runs_dir: str | Path, run_id: str | None = None, readonly: bool = False, refresh: float = 1.0) -> None:
+    UpsConsole(runs_dir, run_id=run_id, readonly=readonly, refresh=refresh).run()

@@ -1,0 +1,102 @@
+"""Pure functions from snapshot pieces to rich Text for cells and panels (no I/O)."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.text import Text
+
+from ups.format import (
+    HEALTH_STYLES,
+    STATE_STYLES,
+    fmt_age,
+    fmt_bytes,
+    fmt_duration,
+    fmt_progress,
+    fmt_rate,
+)
+
+
+def health_cell(health: str, reason: str = "", width: int = 48) -> Text:
+    t = Text(health, style=HEALTH_STYLES.get(health, ""))
+    if reason and health not in ("ok", "done"):
+        t.append(" " + (reason if len(reason) <= width else reason[: width - 1] + "…"), style="dim")
+    return t
+
+
+def state_cell(state: str) -> Text:
+    return Text(state, style=STATE_STYLES.get(state, ""))
+
+
+def bar(step: int, total: int | None, width: int = 10) -> Text:
+    if not total:
+        return Text(str(step))
+    frac = max(0.0, min(1.0, step / total))
+    full = int(frac * width)
+    return Text.assemble(("█" * full, "green"), ("░" * (width - full), "dim"), f" {frac * 100:3.0f}%")
+
+
+def gpu_cell(gpu) -> str:
+    if gpu is None or gpu.allocated is None:
+        return "-"
+    return f"{fmt_bytes(gpu.allocated)}/{fmt_bytes(gpu.peak)}"
+
+
+def gpu_panel(attributed) -> Text | Group:
+    if attributed is None:
+        return Text("GPU: not polled", style="dim")
+    g = attributed.gpu
+    if not g.available:
+        return Text.assemble(("GPU  ", "bold"), ("No visible devices found: ", "yellow"), (g.reason or "", "yellow"))
+    parts: list = [Text(f"GPU  driver {g.driver_version or '?'}  CUDA {g.cuda_driver_version or '?'}", style="bold")]
+    for d in g.devices:
+        used, total = d.memory_used or 0, d.memory_total or 1
+        width = 20
+        fill = int(width * used / total)
+        parts.append(Text.assemble(
+            f"{d.index} {d.name or '?'} ",
+            ("█" * fill, "magenta"), ("░" * (width - fill), "dim"),
+            f" {fmt_bytes(used)}/{fmt_bytes(total)}  util {d.utilization_gpu if d.utilization_gpu is not None else '-'}%"
+            f"  {d.temperature_c if d.temperature_c is not None else '-'}C",
+        ))
+    for p in attributed.processes:
+        who = f"{p.run_id} {p.label}" if p.status == "run" else p.note
+        style = "" if p.status == "run" else "bold red"
+        parts.append(Text.assemble(f"  gpu{p.device} pid {p.pid} {fmt_bytes(p.used_memory)}  ", (who, style)))
+    for n in attributed.notes:
+        parts.append(Text(n, style="yellow"))
+    return Group(*parts)
+
+
+def run_header(view, now: float) -> Text:
+    m = view.manifest or {}
+    state = view.state or "unreadable"
+    created = m.get("created_at")
+    elapsed = fmt_duration((m.get("ended_at") or now) - created) if created else "-"
+    mode = m.get("mode") or (f"{m.get('world_size')} ranks" if m.get("world_size") else "")
+    t = Text.assemble((view.run_id, "bold"), f"  {view.kind or '?'}  ", (state, STATE_STYLES.get(state, "")),
+                      f"  elapsed {elapsed}  eta {fmt_duration(view.eta_s)}  {fmt_progress(*view.progress)}"
+                      f"  {fmt_rate(view.rate, view.unit)}" + (f"  mode {mode}" if mode else ""))
+    if m.get("summary"):
+        t.append(f"\n{m['summary']}", style="dim")
+    if view.manifest_problem:
+        t.append(f"\n{view.manifest_problem}", style="red")
+    for p in view.problems:
+        t.append(f"\nunreadable status file {p.file}: {p.problem}", style="yellow")
+    return t
+
+
+def events_text(events) -> Text:
+    import time
+
+    t = Text()
+    for e in list(events)[-12:]:
+        what = e.get("reason") or e.get("summary") or e.get("sample") or e.get("error") or e.get("request") or e.get("result") or ""
+        who = e.get("actor", "")
+        t.append(time.strftime("%H:%M:%S ", time.localtime(e.get("ts", 0))), style="dim")
+        t.append(f"{e.get('event')}", style="bold")
+        t.append(f" [{who}] {e.get('target', '')} {what}\n")
+    return t
+
+
+def age(seconds: float) -> str:
+    return fmt_age(seconds)

@@ -1,0 +1,191 @@
+"""Runs list, kill confirmation, launch form and doctor screens."""
+
+from __future__ import annotations
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Grid, Horizontal, Vertical
+from textual.screen import ModalScreen, Screen
+from textual.widgets import Button, DataTable, Footer, Input, Label, Select, Static
+
+from console.render import age, bar, health_cell, state_cell
+from console.snapshots import Snapshot
+from console.widgets.live_table import LiveTable
+from ups.format import fmt_rate
+
+RUN_COLUMNS = [("run", "RUN"), ("kind", "KIND"), ("state", "STATE"), ("age", "AGE"), ("progress", "PROGRESS"),
+               ("rate", "RATE"), ("health", "HEALTH")]
+
+
+class RunsScreen(Screen):
+    BINDINGS = [
+        Binding("enter", "open", "Open run", show=True, priority=True),
+        Binding("l", "launch", "Launch"),
+        Binding("d", "doctor", "Doctor"),
+        Binding("q", "app.quit", "Quit"),
+    ]
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return self.app.check_action(action, parameters)  # --readonly hides launching
+
+    def compose(self) -> ComposeResult:
+        yield Static("ups — runs (Enter opens, l launches, d runs the doctor; closing this never stops a job)", id="runs-title", classes="title")
+        yield LiveTable(RUN_COLUMNS, id="runs")
+        yield Static(id="runs-notes")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.watch(self.app, "snapshot", self.show, init=True)
+
+    def on_screen_resume(self) -> None:
+        self.app.selected_run = None
+
+    def show(self, snap: Snapshot | None) -> None:
+        if snap is None:
+            return
+        self.query_one("#runs", LiveTable).sync([
+            (r.run_id, (
+                r.run_id, r.kind, state_cell(r.state), age(snap.taken_at - r.created_at) if r.created_at else "-",
+                bar(r.step, r.total), fmt_rate(r.rate, r.unit),
+                health_cell("unreadable", r.problem) if r.problem and r.state == "unreadable" else health_cell(r.health, r.problem or r.reason),
+            ))
+            for r in snap.runs
+        ])
+        notes = list(snap.notes) or ([] if snap.runs else [f"no runs under {self.app.runs_dir} yet: press l to launch one"])
+        self.query_one("#runs-notes", Static).update("\n".join(notes))
+
+    def action_open(self) -> None:
+        key = self.query_one("#runs", LiveTable).selected_key
+        if key:
+            self.app.open_run(key)
+
+    def action_launch(self) -> None:
+        self.app.push_screen(LaunchScreen())
+
+    def action_doctor(self) -> None:
+        self.app.push_screen(DoctorScreen())
+
+
+class ConfirmKill(ModalScreen[str | None]):
+    """Shows what would be signalled: pid, user, command. TERM (then KILL after the grace) or KILL."""
+
+    BINDINGS = [Binding("t", "choose('TERM')", "TERM"), Binding("x", "choose('KILL')", "KILL"), Binding("escape", "choose(None)", "Cancel")]
+
+    def __init__(self, title: str, lines: list[str]) -> None:
+        super().__init__()
+        self.title_text = title
+        self.lines = lines
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="confirm"):
+            yield Label(self.title_text, id="confirm-title")
+            for line in self.lines:
+                yield Label(line)
+            with Horizontal(id="confirm-buttons"):
+                yield Button("TERM (t)", id="TERM", variant="warning")
+                yield Button("KILL (x)", id="KILL", variant="error")
+                yield Button("Cancel (esc)", id="cancel")
+
+    def action_choose(self, choice: str | None) -> None:
+        self.dismiss(choice)
+
+    @on(Button.Pressed)
+    def pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(None if event.button.id == "cancel" else event.button.id)
+
+
+class LaunchScreen(Screen):
+    BINDINGS = [Binding("escape", "app.pop_screen", "Back")]
+
+    def compose(self) -> ComposeResult:
+        yield Static("Launch a job (spawns `ups launch ... --detach`, then opens the run)", classes="title")
+        with Grid(id="launch-form"):
+            yield Label("kind")
+            yield Select([("precompute", "precompute"), ("train", "train"), ("pipeline", "pipeline")], value="precompute", id="kind", allow_blank=False)
+            yield Label("data root")
+            yield Input("data/demo", id="root")
+            yield Label("tasks")
+            yield Input("burgers1d", id="tasks")
+            yield Label("cache dir")
+            yield Input("cache/demo", id="cache")
+            yield Label("workers / ranks")
+            yield Input("2", id="workers")
+            yield Label("train steps")
+            yield Input("40", id="steps")
+        yield Button("Launch", id="go", variant="primary")
+        yield Static(id="launch-status")
+        yield Footer()
+
+    def argv(self) -> list[str]:
+        import sys
+
+        v = {w.id: w.value for w in self.query(Input)}
+        kind = self.query_one("#kind", Select).value
+        args = [sys.executable, "-m", "ups", "launch", str(kind), "--cache-dir", v["cache"], "--detach", "--json",
+                "--runs-dir", str(self.app.runs_dir)]
+        for t in v["tasks"].replace(",", " ").split():
+            args += ["--tasks", t]
+        if kind in ("precompute", "pipeline"):
+            args += ["--root", v["root"], "--num-workers", v["workers"]]
+        if kind in ("train", "pipeline"):
+            args += ["--nproc", v["workers"] if kind == "train" else "2", "--steps", v["steps"]]
+        return args
+
+    @on(Button.Pressed, "#go")
+    def go(self) -> None:
+        if self.app.readonly:
+            self.notify("read-only console: launching is disabled", severity="warning")
+            return
+        self.query_one("#launch-status", Static).update("launching ...")
+        self.launch(self.argv())
+
+    @work(thread=True, exclusive=True, group="launch", exit_on_error=False)
+    def launch(self, argv: list[str]) -> None:
+        from console.actions import launch
+
+        result = launch(argv)
+        self.app.call_from_thread(self.launched, result)
+
+    def launched(self, result) -> None:
+        if result.ok:
+            self.app.pop_screen()
+            self.app.open_run(result.message)
+        else:
+            self.query_one("#launch-status", Static).update(f"[red]{result.message}[/red]")
+
+
+class DoctorScreen(Screen):
+    BINDINGS = [Binding("escape", "app.pop_screen", "Back"), Binding("F", "full", "Full run (probes)")]
+
+    def compose(self) -> ComposeResult:
+        yield Static("ups doctor (--quick; F runs the subprocess probes too)", classes="title", id="doctor-title")
+        yield DataTable(id="doctor", cursor_type="row")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        t = self.query_one(DataTable)
+        t.add_columns("CHECK", "STATUS", "DETAIL")
+        self.run_doctor(quick=True)
+
+    def action_full(self) -> None:
+        self.query_one("#doctor-title", Static).update("ups doctor (full run, up to a minute) ...")
+        self.run_doctor(quick=False)
+
+    @work(thread=True, exclusive=True, group="doctor", exit_on_error=False)
+    def run_doctor(self, quick: bool) -> None:
+        from ups.doctor.runner import options_from, run_doctor, select
+
+        report = run_doctor(options_from(None, None, None, self.app.runs_dir, 1.0), select(None, None), quick=quick)
+        self.app.call_from_thread(self.show, report)
+
+    def show(self, report) -> None:
+        from rich.text import Text
+
+        t = self.query_one(DataTable)
+        t.clear()
+        styles = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
+        for r in report.results:
+            t.add_row(r.id, Text(r.status, styles[r.status]), r.detail + (f" → {r.hint}" if r.hint and r.status != "ok" else ""))
+        s = report.summary()
+        self.query_one("#doctor-title", Static).update(f"ups doctor: {s['ok']} ok, {s['warn']} warn, {s['fail']} fail, {s['skip']} skip")

@@ -1,0 +1,133 @@
+"""The Run screen: header, ranks, the selected rank's workers, and GPU/log/stack/events tabs."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import Screen
+from textual.widgets import Footer, Static, TabbedContent, TabPane
+
+from console.render import age, bar, events_text, gpu_cell, gpu_panel, health_cell, run_header
+from console.snapshots import Snapshot
+from console.widgets.live_table import LiveTable
+from ups.format import fmt_rate
+
+RANK_COLUMNS = [("proc", "PROCESS"), ("pid", "PID"), ("phase", "PHASE"), ("progress", "PROGRESS"), ("rate", "RATE"),
+                ("hb", "HB"), ("gpu", "GPU MEM"), ("host", "HOST"), ("health", "HEALTH")]
+WORKER_COLUMNS = [("worker", "WORKER"), ("pid", "PID"), ("item", "ITEM"), ("items", "READ"), ("hb", "HB"), ("health", "HEALTH")]
+
+
+class RunScreen(Screen):
+    BINDINGS = [
+        Binding("escape", "app.pop_screen", "Runs"),
+        Binding("k", "kill_process", "Kill process"),
+        Binding("K", "kill_run", "Kill run"),
+        Binding("s", "stacks", "Dump stacks"),
+        Binding("f", "fallback", "Fallback w=0"),
+        Binding("r", "relaunch", "Relaunch legacy"),
+    ]
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__()
+        self.run_id = run_id
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return self.app.check_action(action, parameters)  # --readonly hides every action
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="run-header")
+        with Vertical(id="tables"):
+            yield LiveTable(RANK_COLUMNS, id="ranks")
+            yield Static("DataLoader workers of the selected rank", id="workers-title", classes="title")
+            yield LiveTable(WORKER_COLUMNS, id="workers")
+        with TabbedContent(id="panels"):
+            with TabPane("Stack", id="tab-stack"):
+                yield Static(id="stack", classes="panel")
+            with TabPane("Log", id="tab-log"):
+                yield Static(id="log", classes="panel")
+            with TabPane("Events", id="tab-events"):
+                yield Static(id="events", classes="panel")
+            with TabPane("GPU", id="tab-gpu"):
+                yield Static(id="gpu", classes="panel")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.app.selected_run = self.run_id
+        self.watch(self.app, "snapshot", self.show, init=True)
+
+    def on_screen_resume(self) -> None:
+        self.app.selected_run = self.run_id
+
+    # -- selection --------------------------------------------------------------------
+    def on_data_table_row_highlighted(self, event: LiveTable.RowHighlighted) -> None:
+        key = event.row_key.value if event.row_key else None
+        if key:
+            self.app.selected_process = key
+
+    def selected_record(self):
+        snap: Snapshot | None = self.app.snapshot
+        if snap is None or snap.detail is None or snap.detail.view.run_id != self.run_id:
+            return None
+        focused = self.focused if isinstance(self.focused, LiveTable) else self.query_one("#ranks", LiveTable)
+        key = focused.selected_key or self.app.selected_process
+        p = snap.detail.view.process(key) if key else None
+        return None if p is None else p.record
+
+    # -- drawing ----------------------------------------------------------------------
+    def show(self, snap: Snapshot | None) -> None:
+        if snap is None or snap.detail is None or snap.detail.view.run_id != self.run_id:
+            return
+        d = snap.detail
+        view = d.view
+        self.query_one("#run-header", Static).update(run_header(view, snap.taken_at))
+        ranks = view.ranks() + [p for p in view.processes if p.record.role == "launcher"]
+        self.query_one("#ranks", LiveTable).sync([
+            (p.record.name, (
+                p.record.label, str(p.record.pid), p.record.phase, bar(p.record.step, p.record.total),
+                fmt_rate(p.record.rate, p.record.unit), age(p.heartbeat_age) if p.record.state == "running" else "-",
+                gpu_cell(p.record.gpu), p.record.host, health_cell(p.verdict.health.value, p.verdict.reason),
+            ))
+            for p in ranks
+        ])
+        sel = view.process(d.selected) if d.selected else None
+        rank = sel.record.rank if sel is not None else 0
+        workers = view.workers(rank)
+        self.query_one("#workers-title", Static).update(
+            f"DataLoader workers of rank {rank}: {len(workers)}" if workers else "no DataLoader workers (num_workers=0 or not a precompute)")
+        self.query_one("#workers", LiveTable).sync([
+            (p.record.name, (
+                str(p.record.worker), str(p.record.pid), p.record.item or "-", str(p.record.step),
+                age(p.heartbeat_age) if p.record.state == "running" else "-",
+                health_cell(p.verdict.health.value, p.verdict.reason, width=60),
+            ))
+            for p in workers
+        ])
+        label = sel.record.label if sel else "?"
+        self.query_one("#stack", Static).update(f"[b]last stack dump of {label}[/b] (s: dump now)\n" + (d.stack or "(none yet)"))
+        self.query_one("#log", Static).update(f"[b]{d.log_name}[/b]\n" + "\n".join(d.log_tail[-20:]) if d.log_tail else "(empty log)")
+        self.query_one("#events", Static).update(events_text(d.events))
+        self.query_one("#gpu", Static).update(gpu_panel(snap.gpu))
+
+    # -- actions ------------------------------------------------------------------------
+    def action_kill_process(self) -> None:
+        rec = self.selected_record()
+        if rec is None:
+            self.notify("select a rank or worker first", severity="warning")
+            return
+        self.app.confirm_kill(self.run_id, rec)
+
+    def action_kill_run(self) -> None:
+        self.app.confirm_kill(self.run_id, None)
+
+    def action_stacks(self) -> None:
+        rec = self.selected_record()
+        if rec is not None:
+            self.app.perform("stacks", self.run_id, rec)
+            self.query_one(TabbedContent).active = "tab-stack"
+
+    def action_fallback(self) -> None:
+        self.app.perform("fallback", self.run_id, None)
+
+    def action_relaunch(self) -> None:
+        self.app.perform("relaunch", self.run_id, None)

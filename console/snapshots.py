@@ -1,0 +1,182 @@
+"""What the console shows, gathered off the UI thread into immutable snapshots.
+
+Widgets never read files, call NVML or look at processes: the poller builds these once per
+tick and posts them as messages.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ups.gpu import AttributedGpu, attribute, records_for_attribution
+from ups.gpu.snapshot import GpuProvider
+from ups.runs.rundir import FINAL_RUN_STATES, RunDir, list_runs
+from ups.runs.signals import last_stack_dump
+from ups.runs.view import RunView, load_run_view
+from ups.status.procs import StaticProcessTable
+
+
+@dataclass(frozen=True)
+class RunRow:
+    run_id: str
+    path: Path
+    kind: str
+    state: str
+    created_at: float | None
+    step: int
+    total: int | None
+    rate: float | None
+    unit: str
+    health: str
+    reason: str
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class RunDetail:
+    view: RunView
+    events: tuple[dict[str, Any], ...]
+    log_tail: tuple[str, ...]
+    log_name: str
+    stack: str | None
+    selected: str | None  # record name the log/stack/workers belong to
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    taken_at: float
+    runs: tuple[RunRow, ...]
+    detail: RunDetail | None
+    gpu: AttributedGpu | None
+    read_ms: float = 0.0
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _tail(path: Path, lines: int = 40, max_bytes: int = 32_000) -> tuple[str, ...]:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, 2)
+            size = fh.tell()
+            fh.seek(max(0, size - max_bytes))
+            text = fh.read().decode(errors="replace")
+    except OSError:
+        return ()
+    return tuple(text.splitlines()[-lines:])
+
+
+def run_row(view: RunView) -> RunRow:
+    m = view.manifest or {}
+    step, total = view.progress
+    worst = view.worst
+    return RunRow(
+        run_id=view.run_id, path=view.run.path, kind=m.get("kind", "?"), state=m.get("state", "unreadable"),
+        created_at=m.get("created_at"), step=step, total=total, rate=view.rate, unit=view.unit,
+        health=worst.health.value if worst else "-", reason=worst.reason if worst else "",
+        problem=(view.manifest_problem.replace(f"{view.run.path}/", "") if view.manifest_problem else None)
+        or (f"{len(view.problems)} unreadable status file(s)" if view.problems else None),
+    )
+
+
+class Poller:
+    """Builds a :class:`Snapshot` per tick. Worker records of runs and ranks that are not on
+    screen are read only every ``full_every`` ticks: a 2,048-process run stays cheap."""
+
+    def __init__(
+        self,
+        runs_dir: Path,
+        *,
+        gpu_provider: GpuProvider | None,
+        clock: Callable[[], float] = time.time,
+        process_table: Callable[[list[int]], Any] | None = None,
+        full_every: int = 5,
+    ) -> None:
+        self.runs_dir = Path(runs_dir)
+        self.gpu_provider = gpu_provider
+        self.clock = clock
+        self.process_table = process_table or (lambda pids: StaticProcessTable.snapshot(pids))
+        self.full_every = full_every
+        self.tick = 0
+        self._row_cache: dict[str, RunRow] = {}
+
+    def _view(self, run: RunDir, include: Callable[[str], bool] | None = None) -> RunView:
+        from ups.status.reader import read_status_dir
+
+        now = self.clock()
+        snap = read_status_dir(run.status_dir, include)
+
+        class _Src:
+            def read(self_inner):  # noqa: N805 - tiny adapter
+                return snap
+
+        return load_run_view(run, now=now, process_table=self.process_table([r.pid for r in snap.records]), source=_Src())
+
+    def snapshot(self, selected_run: str | None, selected_process: str | None, *, with_gpu: bool = True) -> Snapshot:
+        t0 = time.perf_counter()
+        full = self.tick % self.full_every == 0
+        self.tick += 1
+        rows: list[RunRow] = []
+        notes: list[str] = []
+        detail = None
+        try:
+            summaries = list_runs(self.runs_dir, missing_ok=True)
+        except Exception as exc:  # noqa: BLE001 - a bad runs folder is a note on screen
+            summaries, notes = [], [str(exc)]
+        for s in summaries:
+            cached = self._row_cache.get(s.run_id)
+            if s.run_id == selected_run:
+                rank = _rank_of(selected_process)
+                view = self._view(s.run, None if full else (lambda n, r=rank: "worker" not in n or n.startswith(f"rank-{r}-worker-")))
+                detail = self._detail(view, selected_process)
+                row = run_row(view) if full or cached is None else _merge_row(cached, run_row(view))
+            elif cached is not None and cached.state == s.state and s.state in FINAL_RUN_STATES:
+                row = cached  # a finished run does not change
+            else:
+                view = self._view(s.run, None if full else (lambda n: "worker" not in n))
+                row = run_row(view) if full or cached is None else _merge_row(cached, run_row(view))
+            self._row_cache[s.run_id] = row
+            rows.append(row)
+        gpu = None
+        if with_gpu and self.gpu_provider is not None:
+            gpu = attribute(self.gpu_provider.snapshot(), records_for_attribution(self.runs_dir) if full or self.tick == 1 else
+                            [(detail.view.run_id, p.record) for p in detail.view.processes] if detail else [])
+        return Snapshot(self.clock(), tuple(rows), detail, gpu, (time.perf_counter() - t0) * 1000, tuple(notes))
+
+    def _detail(self, view: RunView, selected: str | None) -> RunDetail:
+        names = [p.record.name for p in view.processes]
+        if selected not in names:
+            selected = next((n for n in names if n.startswith("rank-") and "worker" not in n), names[0] if names else None)
+        proc = view.process(selected) if selected else None
+        if proc is not None and proc.record.role == "rank":
+            from ups.cli.runs import find_logs
+
+            try:
+                paths = find_logs(view.run, proc.record.rank) if (view.kind == "train") else [view.run.log_path("job")]
+            except Exception:  # noqa: BLE001
+                paths = [view.run.log_path("job")]
+        else:
+            paths = [view.run.log_path("job")]
+        stack = last_stack_dump(view.run, proc.record, max_bytes=12_000) if proc else None
+        return RunDetail(view, tuple(view.run.read_events(limit=30)), _tail(paths[0]), paths[0].name, stack, selected)
+
+
+def _rank_of(name: str | None) -> int:
+    if name and name.startswith("rank-"):
+        try:
+            return int(name.split("-")[1])
+        except ValueError:
+            return 0
+    return 0
+
+
+def _merge_row(full: RunRow, partial: RunRow) -> RunRow:
+    """Progress from the fresh partial read; the worst health of the two (workers unread)."""
+    from ups.status.health import Health
+
+    sev = {h.value: h.severity for h in Health}
+    worse = full if sev.get(full.health, 0) > sev.get(partial.health, 0) else partial
+    return RunRow(partial.run_id, partial.path, partial.kind, partial.state, partial.created_at, partial.step, partial.total,
+                  partial.rate, partial.unit, worse.health, worse.reason, partial.problem)

@@ -1,0 +1,143 @@
+"""The console driven through Textual's Pilot, on run folders made by real job processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import psutil
+import pytest
+from helpers import run_ups
+
+from console.app import UpsConsole
+from console.screens.other import ConfirmKill
+from ups.data.synth import synthesize
+from ups.runs.rundir import RunDir
+
+HANG = """\
+worker_timeout: 600      # the job's own watchdog stays out of it: the operator acts here
+unresponsive_after: 1.5
+heartbeat_interval: 0.3
+dataloader_timeout: 600
+batch_size: 2
+"""
+
+
+@pytest.fixture
+def hung_precompute(tmp_path, runs_root):
+    """A real precompute whose worker 1 blocks in h5py.File() on a FIFO (GIL held)."""
+    synthesize(tmp_path / "data", "burgers1d", "train", 16, shards=2)
+    cfg = tmp_path / "hang.yaml"
+    cfg.write_text(HANG)
+    res = run_ups("launch", "precompute", "--config", str(cfg), "--root", str(tmp_path / "data"), "--tasks", "burgers1d",
+                  "--cache-dir", str(tmp_path / "cache"), "--num-workers", "2", "--detach", "--json",
+                  "--inject", "worker_hang:worker=1,after=0,mode=gil,times=1", "--inject", "slow_read:delay=0.3")
+    assert res.returncode == 0, res.stderr
+    run = RunDir(json.loads(res.stdout)["run_dir"])
+    yield run
+    run_ups("kill", str(run.path), "--force")
+
+
+async def until(pilot, predicate, timeout: float = 30.0, message: str = "condition"):
+    loops = int(timeout / 0.1)
+    for _ in range(loops):
+        try:
+            value = predicate()
+        except Exception:  # noqa: BLE001 - widgets may not exist yet
+            value = None
+        if value:
+            return value
+        await pilot.pause(0.1)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {message}")
+
+
+def cell(table, row: str, col: str) -> str:
+    value = table.get_cell(row, col)
+    return getattr(value, "plain", str(value))
+
+
+async def _test_hung_worker_shows_unresponsive_and_is_killed_then_fallback(hung_precompute, runs_root):
+    run = hung_precompute
+    app = UpsConsole(runs_root, refresh=0.3)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await until(pilot, lambda: app.snapshot and app.snapshot.runs, message="the run listed")
+        await pilot.press("enter")
+        workers = await until(pilot, lambda: app.screen.query_one("#workers"), message="run screen")
+        await until(pilot, lambda: "unresponsive" in cell(workers, "rank-0-worker-1", "health"), 40,
+                    message="worker 1 unresponsive on screen")
+        assert "no heartbeat" in cell(workers, "rank-0-worker-1", "health")
+        pid = int(cell(workers, "rank-0-worker-1", "pid"))
+
+        workers.focus()
+        workers.move_cursor(row=workers.get_row_index("rank-0-worker-1"))
+        await pilot.press("k")
+        modal = await until(pilot, lambda: isinstance(app.screen, ConfirmKill) and app.screen, message="kill confirmation")
+        text = " ".join(str(w.render()) for w in modal.query("Label"))
+        assert f"pid {pid}" in text and "command:" in text and "user" in text
+        await pilot.press("t")
+        await until(pilot, lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie", 20,
+                    message="the hung worker gone")
+        kills = [e for e in run.read_events() if e["event"] == "signal" and e["actor"] == "console"]
+        assert kills and kills[0]["pid"] == pid
+
+        await pilot.press("f")
+        await until(pilot, lambda: any(e["event"] == "control.handled" for e in run.read_events()), 30,
+                    message="the job to take the fallback request")
+    assert any(e["event"] == "fallback" and e["actor"] == "job" for e in run.read_events())
+    from helpers import wait_for
+
+    wait_for(lambda: run.read_manifest()["state"] in ("succeeded", "partial", "failed", "killed"), 120, message="run end")
+    assert run.read_manifest()["state"] == "succeeded"  # every sample cached in legacy mode
+
+
+async def _test_readonly_removes_every_action(hung_precompute, runs_root):
+    app = UpsConsole(runs_root, refresh=0.3, readonly=True)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await until(pilot, lambda: app.snapshot and app.snapshot.runs, message="the run listed")
+        await pilot.press("enter")
+        await until(pilot, lambda: app.screen.query_one("#workers"), message="run screen")
+        await pilot.press("k")
+        await pilot.press("f")
+        await pilot.pause(0.5)
+        assert not isinstance(app.screen, ConfirmKill)
+        footer_keys = {key for key, ab in app.screen.active_bindings.items() if ab.enabled and ab.binding.show}
+        assert "escape" in footer_keys
+        assert not footer_keys & {"k", "K", "s", "f", "r"}
+    assert not any(e.get("actor") == "console" for e in hung_precompute.read_events())
+
+
+async def _test_corrupt_run_is_a_row_not_a_crash(runs_root):
+    good = RunDir.create(runs_root, "precompute")
+    bad = runs_root / "20990101-000000-train-dead"
+    (bad / "status").mkdir(parents=True)
+    (bad / "run.json").write_text("{half")
+    (good.status_dir / "rank-0.json").write_text("{torn")
+    app = UpsConsole(runs_root, poll=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        table = await until(pilot, lambda: app.screen.query_one("#runs"), message="runs table")
+        assert "not valid JSON" in cell(table, bad.name, "health")
+        assert "unreadable status file" in cell(table, good.run_id, "health")
+        app.open_run(good.run_id)
+        header = await until(pilot, lambda: app.screen.query_one("#run-header"), message="run screen")
+        await pilot.pause(0.2)
+        assert "unreadable status file rank-0.json" in str(header.render())
+
+
+def test_console_command_help_and_bad_run(runs_root):
+    res = run_ups("console", "--help")
+    assert res.returncode == 0 and "--readonly" in res.stdout
+    res = run_ups("console", "nope")
+    assert res.returncode == 2 and "no run 'nope'" in res.stderr
+
+
+
+def test_hung_worker_shows_unresponsive_and_is_killed_then_fallback(hung_precompute, runs_root):
+    asyncio.run(_test_hung_worker_shows_unresponsive_and_is_killed_then_fallback(hung_precompute, runs_root))
+
+
+def test_readonly_removes_every_action(hung_precompute, runs_root):
+    asyncio.run(_test_readonly_removes_every_action(hung_precompute, runs_root))
+
+
+def test_corrupt_run_is_a_row_not_a_crash(runs_root):
+    asyncio.run(_test_corrupt_run_is_a_row_not_a_crash(runs_root))

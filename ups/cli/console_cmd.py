@@ -1,0 +1,37 @@
+"""``ups console``: the dashboard (Textual is imported only when it runs)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from ups.cli.app import app
+from ups.cli.common import RunsDirOption, default_runs_dir
+
+
+@app.command("console")
+def console_cmd(
+    run: Annotated[str | None, typer.Argument(help="Open this run directly (id or prefix).")] = None,
+    refresh: Annotated[float, typer.Option("--refresh", help="Seconds between reads of the status folder.")] = 1.0,
+    readonly: Annotated[bool, typer.Option("--readonly", help="Watch only: no kill, stacks, fallback or launch.")] = False,
+    runs_dir: RunsDirOption = default_runs_dir(),
+) -> None:
+    """The live dashboard: every run, every rank and DataLoader worker with its health,
+    GPU memory and where it is stuck; kill, dump stacks, fall back to num_workers=0, launch.
+
+    Keys are in the footer (and the command palette, ctrl+p). Closing the console never
+    stops a job; reopening shows the same runs.
+    """
+    from ups.errors import UpsError
+
+    if refresh <= 0:
+        raise UpsError("--refresh must be > 0 seconds")
+    run_id = None
+    if run:
+        from ups.runs.rundir import resolve_run
+
+        run_id = resolve_run(runs_dir, run).run_id
+    from console.app import run_console
+
+    run_console(runs_dir, run_id=run_id, readonly=readonly, refresh=refresh)
