@@ -59,6 +59,7 @@ class UpsConsole(App):
         gpu_provider: Any = "auto",
         process_table: Any = None,
         poll: bool = True,
+        local_host: str | None = None,
     ) -> None:
         super().__init__()
         self.runs_dir = Path(runs_dir)
@@ -70,7 +71,8 @@ class UpsConsole(App):
             from ups.gpu import get_provider
 
             gpu_provider = get_provider()
-        self.poller = Poller(self.runs_dir, gpu_provider=gpu_provider, clock=clock, process_table=process_table)
+        self.poller = Poller(self.runs_dir, gpu_provider=gpu_provider, clock=clock, process_table=process_table,
+                             local_host=local_host)
         self.selected_run: str | None = None
         self.selected_process: str | None = None
         self.stats = RefreshStats()

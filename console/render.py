@@ -17,10 +17,17 @@ from ups.format import (
 
 
 def health_cell(health: str, reason: str = "", width: int = 48) -> Text:
+    """The health word (always shown, coloured), with the reason when it is a problem."""
     t = Text(health, style=HEALTH_STYLES.get(health, ""))
-    if reason and health not in ("ok", "done"):
+    if reason and width and health not in ("ok", "done"):
         t.append(" " + (reason if len(reason) <= width else reason[: width - 1] + "…"), style="dim")
     return t
+
+
+def reason_cell(health: str, reason: str, width: int = 60) -> Text:
+    if not reason or health in ("ok", "done"):
+        return Text("")
+    return Text(reason if len(reason) <= width else reason[: width - 1] + "…", style="dim")
 
 
 def state_cell(state: str) -> Text:

@@ -93,7 +93,9 @@ class Poller:
         clock: Callable[[], float] = time.time,
         process_table: Callable[[list[int]], Any] | None = None,
         full_every: int = 5,
+        local_host: str | None = None,
     ) -> None:
+        self.local_host = local_host
         self.runs_dir = Path(runs_dir)
         self.gpu_provider = gpu_provider
         self.clock = clock
@@ -112,7 +114,8 @@ class Poller:
             def read(self_inner):  # noqa: N805 - tiny adapter
                 return snap
 
-        return load_run_view(run, now=now, process_table=self.process_table([r.pid for r in snap.records]), source=_Src())
+        table = self.process_table([r.pid for r in snap.records])
+        return load_run_view(run, now=now, process_table=table, source=_Src(), local_host=self.local_host)
 
     def snapshot(self, selected_run: str | None, selected_process: str | None, *, with_gpu: bool = True) -> Snapshot:
         t0 = time.perf_counter()

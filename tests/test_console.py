@@ -65,7 +65,7 @@ async def _test_hung_worker_shows_unresponsive_and_is_killed_then_fallback(hung_
         workers = await until(pilot, lambda: app.screen.query_one("#workers"), message="run screen")
         await until(pilot, lambda: "unresponsive" in cell(workers, "rank-0-worker-1", "health"), 40,
                     message="worker 1 unresponsive on screen")
-        assert "no heartbeat" in cell(workers, "rank-0-worker-1", "health")
+        assert "no heartbeat" in cell(workers, "rank-0-worker-1", "why")
         pid = int(cell(workers, "rank-0-worker-1", "pid"))
 
         workers.focus()
@@ -115,8 +115,8 @@ async def _test_corrupt_run_is_a_row_not_a_crash(runs_root):
     app = UpsConsole(runs_root, poll=False)
     async with app.run_test(size=(80, 24)) as pilot:
         table = await until(pilot, lambda: app.screen.query_one("#runs"), message="runs table")
-        assert "not valid JSON" in cell(table, bad.name, "health")
-        assert "unreadable status file" in cell(table, good.run_id, "health")
+        assert cell(table, bad.name, "health") == "unreadable" and "not valid JSON" in cell(table, bad.name, "why")
+        assert "unreadable status file" in cell(table, good.run_id, "why")
         app.open_run(good.run_id)
         header = await until(pilot, lambda: app.screen.query_one("#run-header"), message="run screen")
         await pilot.pause(0.2)

@@ -9,13 +9,13 @@ from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, DataTable, Footer, Input, Label, Select, Static
 
-from console.render import age, bar, health_cell, state_cell
+from console.render import age, bar, health_cell, reason_cell, state_cell
 from console.snapshots import Snapshot
 from console.widgets.live_table import LiveTable
 from ups.format import fmt_rate
 
-RUN_COLUMNS = [("run", "RUN"), ("kind", "KIND"), ("state", "STATE"), ("age", "AGE"), ("progress", "PROGRESS"),
-               ("rate", "RATE"), ("health", "HEALTH")]
+RUN_COLUMNS = [("run", "RUN"), ("state", "STATE"), ("health", "HEALTH"), ("progress", "PROGRESS"), ("age", "AGE"),
+               ("rate", "RATE"), ("why", "WHY")]
 
 
 class RunsScreen(Screen):
@@ -46,9 +46,10 @@ class RunsScreen(Screen):
             return
         self.query_one("#runs", LiveTable).sync([
             (r.run_id, (
-                r.run_id, r.kind, state_cell(r.state), age(snap.taken_at - r.created_at) if r.created_at else "-",
-                bar(r.step, r.total), fmt_rate(r.rate, r.unit),
-                health_cell("unreadable", r.problem) if r.problem and r.state == "unreadable" else health_cell(r.health, r.problem or r.reason),
+                r.run_id, state_cell(r.state),
+                health_cell("unreadable" if r.state == "unreadable" else r.health, width=0),
+                bar(r.step, r.total), age(snap.taken_at - r.created_at) if r.created_at else "-",
+                fmt_rate(r.rate, r.unit), reason_cell("problem" if r.problem else r.health, r.problem or r.reason),
             ))
             for r in snap.runs
         ])

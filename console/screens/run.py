@@ -8,14 +8,26 @@ from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Static, TabbedContent, TabPane
 
-from console.render import age, bar, events_text, gpu_cell, gpu_panel, health_cell, run_header
+from console.render import (
+    age,
+    bar,
+    events_text,
+    gpu_cell,
+    gpu_panel,
+    health_cell,
+    reason_cell,
+    run_header,
+)
 from console.snapshots import Snapshot
 from console.widgets.live_table import LiveTable
 from ups.format import fmt_rate
 
-RANK_COLUMNS = [("proc", "PROCESS"), ("pid", "PID"), ("phase", "PHASE"), ("progress", "PROGRESS"), ("rate", "RATE"),
-                ("hb", "HB"), ("gpu", "GPU MEM"), ("host", "HOST"), ("health", "HEALTH")]
-WORKER_COLUMNS = [("worker", "WORKER"), ("pid", "PID"), ("item", "ITEM"), ("items", "READ"), ("hb", "HB"), ("health", "HEALTH")]
+# The health word comes right after the name, so it is on screen even at 80 columns; the
+# reason comes last, where it may be cut.
+RANK_COLUMNS = [("proc", "PROCESS"), ("health", "HEALTH"), ("phase", "PHASE"), ("progress", "PROGRESS"), ("rate", "RATE"),
+                ("hb", "HB"), ("pid", "PID"), ("gpu", "GPU"), ("host", "HOST"), ("why", "WHY")]
+WORKER_COLUMNS = [("worker", "W"), ("health", "HEALTH"), ("item", "ITEM"), ("items", "READ"), ("hb", "HB"), ("pid", "PID"),
+                  ("why", "WHY")]
 
 
 class RunScreen(Screen):
@@ -84,9 +96,9 @@ class RunScreen(Screen):
         ranks = view.ranks() + [p for p in view.processes if p.record.role == "launcher"]
         self.query_one("#ranks", LiveTable).sync([
             (p.record.name, (
-                p.record.label, str(p.record.pid), p.record.phase, bar(p.record.step, p.record.total),
+                p.record.label, health_cell(p.verdict.health.value, width=0), p.record.phase, bar(p.record.step, p.record.total),
                 fmt_rate(p.record.rate, p.record.unit), age(p.heartbeat_age) if p.record.state == "running" else "-",
-                gpu_cell(p.record.gpu), p.record.host, health_cell(p.verdict.health.value, p.verdict.reason),
+                str(p.record.pid), gpu_cell(p.record.gpu), p.record.host, reason_cell(p.verdict.health.value, p.verdict.reason),
             ))
             for p in ranks
         ])
@@ -97,9 +109,9 @@ class RunScreen(Screen):
             f"DataLoader workers of rank {rank}: {len(workers)}" if workers else "no DataLoader workers (num_workers=0 or not a precompute)")
         self.query_one("#workers", LiveTable).sync([
             (p.record.name, (
-                str(p.record.worker), str(p.record.pid), p.record.item or "-", str(p.record.step),
-                age(p.heartbeat_age) if p.record.state == "running" else "-",
-                health_cell(p.verdict.health.value, p.verdict.reason, width=60),
+                str(p.record.worker), health_cell(p.verdict.health.value, width=0), p.record.item or "-", str(p.record.step),
+                age(p.heartbeat_age) if p.record.state == "running" else "-", str(p.record.pid),
+                reason_cell(p.verdict.health.value, p.verdict.reason),
             ))
             for p in workers
         ])

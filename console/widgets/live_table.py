@@ -15,11 +15,11 @@ from textual.widgets import DataTable
 
 class LiveTable(DataTable):
     DEFAULT_CSS = """
-    LiveTable { height: auto; max-height: 100%; }
+    LiveTable { height: auto; max-height: 100%; scrollbar-size-horizontal: 0; }
     """
 
     def __init__(self, columns: Sequence[tuple[str, str]], **kwargs: Any) -> None:
-        super().__init__(cursor_type="row", zebra_stripes=False, **kwargs)
+        super().__init__(cursor_type="row", zebra_stripes=False, cell_padding=1, **kwargs)
         self._column_keys = [key for key, _ in columns]
         self._labels = [label for _, label in columns]
         self._shown: dict[str, tuple[Any, ...]] = {}

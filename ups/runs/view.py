@@ -140,6 +140,7 @@ def load_run_view(
     process_table: ProcessTable | None = None,
     source: StatusSource | None = None,
     include: Callable[[str], bool] | None = None,
+    local_host: str | None = None,
 ) -> RunView:
     """Read the manifest and every record once (or those ``include`` names), classify them."""
     manifest: dict[str, Any] | None
@@ -152,7 +153,7 @@ def load_run_view(
     snap = source.read() if source is not None else read_status_dir(run.status_dir, include)
     now = time.time() if now is None else now
     table = process_table or StaticProcessTable.snapshot(r.pid for r in snap.records)
-    verdicts = classify_run(snap.records, now, table, thresholds)
+    verdicts = classify_run(snap.records, now, table, thresholds, local_host=local_host)
     processes = tuple(
         ProcessView(
             record=r,
