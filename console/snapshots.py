@@ -92,7 +92,7 @@ class Poller:
         gpu_provider: GpuProvider | None,
         clock: Callable[[], float] = time.time,
         process_table: Callable[[list[int]], Any] | None = None,
-        full_every: int = 5,
+        full_every: int = 10,
         local_host: str | None = None,
     ) -> None:
         self.local_host = local_host

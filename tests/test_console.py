@@ -3,39 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import json
 
 import psutil
-import pytest
 from helpers import run_ups
 
 from console.app import UpsConsole
 from console.screens.other import ConfirmKill
-from ups.data.synth import synthesize
 from ups.runs.rundir import RunDir
-
-HANG = """\
-worker_timeout: 600      # the job's own watchdog stays out of it: the operator acts here
-unresponsive_after: 1.5
-heartbeat_interval: 0.3
-dataloader_timeout: 600
-batch_size: 2
-"""
-
-
-@pytest.fixture
-def hung_precompute(tmp_path, runs_root):
-    """A real precompute whose worker 1 blocks in h5py.File() on a FIFO (GIL held)."""
-    synthesize(tmp_path / "data", "burgers1d", "train", 16, shards=2)
-    cfg = tmp_path / "hang.yaml"
-    cfg.write_text(HANG)
-    res = run_ups("launch", "precompute", "--config", str(cfg), "--root", str(tmp_path / "data"), "--tasks", "burgers1d",
-                  "--cache-dir", str(tmp_path / "cache"), "--num-workers", "2", "--detach", "--json",
-                  "--inject", "worker_hang:worker=1,after=0,mode=gil,times=1", "--inject", "slow_read:delay=0.3")
-    assert res.returncode == 0, res.stderr
-    run = RunDir(json.loads(res.stdout)["run_dir"])
-    yield run
-    run_ups("kill", str(run.path), "--force")
 
 
 async def until(pilot, predicate, timeout: float = 30.0, message: str = "condition"):

@@ -30,6 +30,15 @@ WORKER_COLUMNS = [("worker", "W"), ("health", "HEALTH"), ("item", "ITEM"), ("ite
                   ("why", "WHY")]
 
 
+def rank_cells(p) -> tuple:
+    r = p.record
+    return (
+        r.label, health_cell(p.verdict.health.value, width=0), r.phase, bar(r.step, r.total), fmt_rate(r.rate, r.unit),
+        age(p.heartbeat_age) if r.state == "running" else "-", str(r.pid), gpu_cell(r.gpu), r.host,
+        reason_cell(p.verdict.health.value, p.verdict.reason),
+    )
+
+
 class RunScreen(Screen):
     BINDINGS = [
         Binding("escape", "app.pop_screen", "Runs"),
@@ -64,7 +73,16 @@ class RunScreen(Screen):
                 yield Static(id="gpu", classes="panel")
         yield Footer()
 
+    def _set(self, selector: str, content) -> None:
+        """Update a panel only when its content changed (re-rendering is the costly part)."""
+        key = str(content) if isinstance(content, str) else getattr(content, "plain", None)
+        if key is not None and self._last.get(selector) == key:
+            return
+        self._last[selector] = key
+        self.query_one(selector, Static).update(content)
+
     def on_mount(self) -> None:
+        self._last: dict[str, str | None] = {}
         self.app.selected_run = self.run_id
         self.watch(self.app, "snapshot", self.show, init=True)
 
@@ -92,20 +110,13 @@ class RunScreen(Screen):
             return
         d = snap.detail
         view = d.view
-        self.query_one("#run-header", Static).update(run_header(view, snap.taken_at))
+        self._set("#run-header", run_header(view, snap.taken_at))
         ranks = view.ranks() + [p for p in view.processes if p.record.role == "launcher"]
-        self.query_one("#ranks", LiveTable).sync([
-            (p.record.name, (
-                p.record.label, health_cell(p.verdict.health.value, width=0), p.record.phase, bar(p.record.step, p.record.total),
-                fmt_rate(p.record.rate, p.record.unit), age(p.heartbeat_age) if p.record.state == "running" else "-",
-                str(p.record.pid), gpu_cell(p.record.gpu), p.record.host, reason_cell(p.verdict.health.value, p.verdict.reason),
-            ))
-            for p in ranks
-        ])
+        self.query_one("#ranks", LiveTable).sync([(p.record.name, lambda p=p: rank_cells(p)) for p in ranks])
         sel = view.process(d.selected) if d.selected else None
         rank = sel.record.rank if sel is not None else 0
         workers = view.workers(rank)
-        self.query_one("#workers-title", Static).update(
+        self._set("#workers-title",
             f"DataLoader workers of rank {rank}: {len(workers)}" if workers else "no DataLoader workers (num_workers=0 or not a precompute)")
         self.query_one("#workers", LiveTable).sync([
             (p.record.name, (
@@ -116,9 +127,9 @@ class RunScreen(Screen):
             for p in workers
         ])
         label = sel.record.label if sel else "?"
-        self.query_one("#stack", Static).update(f"[b]last stack dump of {label}[/b] (s: dump now)\n" + (d.stack or "(none yet)"))
-        self.query_one("#log", Static).update(f"[b]{d.log_name}[/b]\n" + "\n".join(d.log_tail[-20:]) if d.log_tail else "(empty log)")
-        self.query_one("#events", Static).update(events_text(d.events))
+        self._set("#stack", f"[b]last stack dump of {label}[/b] (s: dump now)\n" + (d.stack or "(none yet)"))
+        self._set("#log", f"[b]{d.log_name}[/b]\n" + "\n".join(d.log_tail[-20:]) if d.log_tail else "(empty log)")
+        self._set("#events", events_text(d.events))
         self.query_one("#gpu", Static).update(gpu_panel(snap.gpu))
 
     # -- actions ------------------------------------------------------------------------

@@ -30,22 +30,25 @@ class LiveTable(DataTable):
         for key, label in zip(self._column_keys, self._labels, strict=True):
             self.add_column(label, key=key)
 
-    def sync(self, rows: Sequence[tuple[str, tuple[Any, ...]]]) -> None:
+    def sync(self, rows: Sequence[tuple[str, Any]]) -> None:
+        """Show ``rows``: (key, cells) pairs, where cells is a tuple or a zero-argument
+        callable making it. Callables are only called for rows that are drawn this tick."""
         keys = [k for k, _ in rows]
         if keys != self._order:
-            self._rebuild(rows)
+            self._rebuild([(k, c() if callable(c) else c) for k, c in rows])
             return
         first = max(0, int(self.scroll_offset.y) - 2)
         last = first + max(1, self.size.height) + 4
-        for i, (key, cells) in enumerate(rows):
-            if not first <= i <= last:
-                continue
+        for i in range(first, min(last + 1, len(rows))):
+            key, cells = rows[i]
+            if callable(cells):
+                cells = cells()
             shown = self._shown.get(key)
             if shown == cells:
                 continue
             for col, (old, new) in enumerate(zip(shown or (None,) * len(cells), cells, strict=True)):
                 if old != new:
-                    self.update_cell(key, self._column_keys[col], new)
+                    self.update_cell(key, self._column_keys[col], new, update_width=True)
                     self.cell_updates += 1
             self._shown[key] = cells
 

@@ -79,7 +79,7 @@ def read_status_dir(
     records: list[StatusRecord] = []
     problems: list[ReadProblem] = []
     try:
-        entries = sorted(os.scandir(status_dir), key=lambda e: e.name)
+        entries = list(os.scandir(status_dir))  # records are sorted below, after filtering
     except FileNotFoundError:
         entries = []
     except OSError as exc:
@@ -95,6 +95,7 @@ def read_status_dir(
         except RecordError as exc:
             problems.append(ReadProblem(name, str(exc)))
     records.sort(key=_record_order)
+    problems.sort(key=lambda p: p.file)
     return StatusSnapshot(tuple(records), tuple(problems), time.time())
 
 
