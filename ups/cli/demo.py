@@ -41,16 +41,18 @@ def demo_cmd(
     num_workers: Annotated[int, typer.Option("--num-workers", help="DataLoader workers for the precompute.")] = 2,
     train_steps: Annotated[int, typer.Option("--train-steps", help="Steps of the 2-rank training after the precompute (0: skip).")] = DEMO_STEPS,
     detach: Annotated[bool, typer.Option("--detach", help="Start both stages as one pipeline run and return at once.")] = False,
+    console: Annotated[bool, typer.Option("--console/--no-console", help="End in `ups console` when run in a terminal.")] = True,
     runs_dir: RunsDirOption = default_runs_dir(),
     json: JsonOption = False,
 ) -> None:
     """Precompute on synthetic data made on first use, then a short 2-rank torchrun training
-    on the new cache (CPU and gloo when there is no GPU)."""
+    on the new cache (CPU and gloo when there is no GPU). In a terminal it ends in the
+    console; otherwise (CI, pipes) it prints plain progress lines."""
     import sys
     from dataclasses import asdict
 
     from ups.cli.follow import follow_run
-    from ups.cli.launch import check_precompute_data, prepare_train, start_and_follow
+    from ups.cli.launch import check_precompute_data, prepare_train
     from ups.jobs.config import CONFIG_DIR, PrecomputeConfig, load_config
     from ups.launch.spawn import launch_run
 
@@ -78,11 +80,25 @@ def demo_cmd(
         extra={"mode": "parallel" if cfg.num_workers else "legacy", "samples": total, "demo": True},
         files={"config.json": jsonlib.dumps(resolved, indent=1).encode()},
     )
-    code = follow_run(run)
+    code = follow_run(run, live=False if json else None)
+    if json:  # one JSON line per stage, for scripts
+        typer.echo(jsonlib.dumps({"run_id": run.run_id, "run_dir": str(run.path), "kind": "precompute",
+                                  "state": run.read_manifest().get("state")}))
     if code != 0 or train_steps == 0:
         raise typer.Exit(code)
     typer.echo(f"\ntraining the latent operator on {cache_dir} with {DEMO_RANKS} ranks (torchrun, gloo on CPU)", err=True)
     kwargs, _ = prepare_train(cache_dir=str(cache_dir), tasks=[DEMO_TRAIN_TASK], config=None, nproc=DEMO_RANKS,
                               steps=train_steps, nnodes=1, node_rank=None, rdzv_endpoint=None, debug=False, inject=None,
                               resume=False, runs_dir=runs_dir)
-    start_and_follow(launch_run(**kwargs), detach=False, json_out=json)
+    train_run = launch_run(**kwargs)
+    code = follow_run(train_run, live=False if json else None)
+    if json:
+        typer.echo(jsonlib.dumps({"run_id": train_run.run_id, "run_dir": str(train_run.path), "kind": "train",
+                                  "state": train_run.read_manifest().get("state")}))
+        raise typer.Exit(code)
+    if console and sys.stdin.isatty() and sys.stdout.isatty():
+        from console.app import run_console
+
+        typer.echo("opening the console on the training run (q quits; the runs stay under " f"{runs_dir})", err=True)
+        run_console(runs_dir, run_id=train_run.run_id)
+    raise typer.Exit(code)

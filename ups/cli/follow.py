@@ -60,9 +60,10 @@ def follow_run(run: RunDir, *, interval: float = 0.5, live: bool | None = None) 
     typer.echo(f"run {run.run_id} ({run.path}); Ctrl-C stops following, the job keeps running", err=True)
     try:
         if live:
+            from rich.console import Console
             from rich.live import Live
 
-            with Live(_render(load_run_view(run), []), refresh_per_second=4, transient=False) as lv:
+            with Live(_render(load_run_view(run), []), refresh_per_second=4, transient=False, console=Console(stderr=True)) as lv:
                 while True:
                     view = load_run_view(run)
                     lv.update(_render(view, run.read_events(limit=50)))
@@ -76,7 +77,7 @@ def follow_run(run: RunDir, *, interval: float = 0.5, live: bool | None = None) 
                 if view.is_final:
                     break
                 if time.monotonic() - last >= 2.0:
-                    typer.echo(_line(view))
+                    typer.echo(_line(view), err=True)  # progress is diagnostics: stdout stays data
                     last = time.monotonic()
                 time.sleep(interval)
     except KeyboardInterrupt:
@@ -84,5 +85,5 @@ def follow_run(run: RunDir, *, interval: float = 0.5, live: bool | None = None) 
         return 0
     m = run.read_manifest()
     state = m.get("state")
-    typer.echo(f"{run.run_id}: {state}: {m.get('summary') or ''}".rstrip(": "))
+    typer.echo(f"{run.run_id}: {state}: {m.get('summary') or ''}".rstrip(": "), err=True)
     return EXIT_BY_STATE.get(state or "", 1) if state in FINAL_RUN_STATES else 1
