@@ -246,3 +246,23 @@ class TrainConfig:
             "stalled_after": self.stalled_after,
             "startup_grace": max(30.0, self.stalled_after),
         }
+
+
+def parse_job_args(cls: type[C], prog: str, argv: list[str] | None) -> C:
+    """``--config FILE`` plus ``--set KEY=VALUE`` overrides (values parsed as JSON when they
+    parse), as the job entry points take them."""
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(prog=prog, description=(cls.__doc__ or "").strip().splitlines()[0])
+    ap.add_argument("--config", help=f"YAML or JSON config file (keys of {cls.__name__})")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one key")
+    args = ap.parse_args(argv)
+    overrides: dict[str, Any] = {}
+    for kv in args.set:
+        key, _, value = kv.partition("=")
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value
+    return load_config(cls, args.config, overrides)

@@ -21,7 +21,6 @@ input; 143 stopped by SIGTERM/Ctrl-C (workers ended, no temp files left).
 
 from __future__ import annotations
 
-import argparse
 import errno
 import functools
 import json
@@ -42,7 +41,7 @@ from ups.data.shards import DataError, SampleReader, ShardIndex
 from ups.data.tasks import get_task
 from ups.errors import UpsError
 from ups.faults import Fault, Faults
-from ups.jobs.config import PrecomputeConfig, load_config
+from ups.jobs.config import PrecomputeConfig, parse_job_args
 from ups.models.encoder import build_encoder, weights_hash
 from ups.runs.rundir import RunDir
 from ups.status.reporter import ENV_RUN_DIR, NullReporter, Reporter
@@ -627,19 +626,7 @@ def _cleanup_temp_files(cfg: PrecomputeConfig) -> None:
 
 
 def parse_args(argv: list[str] | None) -> tuple[PrecomputeConfig, Faults]:
-    ap = argparse.ArgumentParser(prog="python -m ups.jobs.precompute", description=__doc__.splitlines()[0])
-    ap.add_argument("--config", help="YAML or JSON config file (keys of PrecomputeConfig)")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one key")
-    args = ap.parse_args(argv)
-    overrides: dict[str, Any] = {}
-    for kv in args.set:
-        key, _, value = kv.partition("=")
-        try:
-            overrides[key] = json.loads(value)
-        except json.JSONDecodeError:
-            overrides[key] = value
-    cfg = load_config(PrecomputeConfig, args.config, overrides)
-    return cfg, Faults.from_env()
+    return parse_job_args(PrecomputeConfig, "python -m ups.jobs.precompute", argv), Faults.from_env()
 
 
 def main(argv: list[str] | None = None) -> int:

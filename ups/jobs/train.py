@@ -16,9 +16,7 @@ What makes it safe to operate (DESIGN.md, "The jobs"):
 
 from __future__ import annotations
 
-import argparse
 import io
-import json
 import math
 import os
 import signal
@@ -35,7 +33,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from ups.data import cache as cache_mod
 from ups.errors import UpsError
 from ups.faults import Faults
-from ups.jobs.config import TrainConfig, load_config
+from ups.jobs.config import TrainConfig, parse_job_args
 from ups.models.operator import LatentOperator
 from ups.runs.rundir import RunDir
 from ups.status.reporter import ENV_RUN_DIR, NullReporter, Reporter, write_atomic
@@ -359,18 +357,7 @@ class _null:
 
 
 def parse_args(argv: list[str] | None) -> TrainConfig:
-    ap = argparse.ArgumentParser(prog="python -m ups.jobs.train", description=__doc__.splitlines()[0])
-    ap.add_argument("--config", help="YAML or JSON config (keys of TrainConfig)")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one key")
-    args = ap.parse_args(argv)
-    overrides: dict[str, Any] = {}
-    for kv in args.set:
-        key, _, value = kv.partition("=")
-        try:
-            overrides[key] = json.loads(value)
-        except json.JSONDecodeError:
-            overrides[key] = value
-    return load_config(TrainConfig, args.config, overrides)
+    return parse_job_args(TrainConfig, "python -m ups.jobs.train", argv)
 
 
 @record  # torchrun: the exception goes to this rank's TORCHELASTIC_ERROR_FILE (root-cause rank)
