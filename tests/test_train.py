@@ -14,7 +14,7 @@ from ups.data.synth import synthesize
 from ups.faults import Faults
 from ups.jobs import precompute as pre
 from ups.jobs.config import PrecomputeConfig
-from ups.runs.rundir import RunDir
+from ups.runs.rundir import RunDir, list_runs
 from ups.status.reader import read_status_dir
 from ups.status.reporter import NullReporter
 
@@ -149,3 +149,25 @@ def test_bad_input(cache_dir, quick, tmp_path, runs_root):
     res, _ = launch(cache_dir, quick, "--inject", "segv:rank=1", "--nnodes", "2")
     assert res.returncode == 2 and "--rdzv-endpoint" in res.stderr
     assert list(runs_root.iterdir()) == []
+
+
+def test_skipped_collective_is_named_as_a_mismatch(cache_dir, quick, runs_root):
+    res, run = launch(cache_dir, quick, "--inject", "skip_collective:rank=1,step=4")
+    assert res.returncode == 1
+    m = run.read_manifest()
+    assert m["state"] == "failed" and m["failure"]["collective_mismatch"] is True
+    assert "collective mismatch" in m["summary"] and "rank 1 at step" in m["summary"]
+    wait_for(lambda: no_process_left(run), 20, message="no rank left running")
+
+
+def test_pipeline_precompute_then_train(tmp_path, runs_root):
+    synthesize(tmp_path / "data", "burgers1d", "train", 12, seed=3, timesteps=6, resolution=32)
+    res = run_ups("launch", "pipeline", "--root", str(tmp_path / "data"), "--tasks", "burgers1d", "--cache-dir",
+                  str(tmp_path / "cache"), "--num-workers", "0", "--steps", "6", timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    runs = {r.kind: r for r in list_runs(runs_root)}
+    assert set(runs) == {"pipeline", "precompute", "train"}
+    assert all(r.state == "succeeded" for r in runs.values())
+    stages = runs["pipeline"].manifest["stages"]
+    assert [s["stage"] for s in stages] == ["precompute", "train"]
+    assert runs["train"].manifest["parent"] == runs["pipeline"].run_id

@@ -137,9 +137,12 @@ DEBUG_ENV = {"NCCL_DEBUG": "INFO", "TORCH_DISTRIBUTED_DEBUG": "DETAIL", "TORCH_S
 
 
 def prepare_train(
-    *, cache_dir, tasks, config, nproc, steps, nnodes, node_rank, rdzv_endpoint, debug, inject, resume, runs_dir
-) -> dict[str, Any]:
-    """Validate everything and return launch_run's arguments for a train run."""
+    *, cache_dir, tasks, config, nproc, steps, nnodes, node_rank, rdzv_endpoint, debug, inject, resume, runs_dir,
+    require_cache: bool = True,
+) -> tuple[dict[str, Any], Any]:
+    """Validate everything and return launch_run's arguments for a train run (and the config).
+
+    ``require_cache`` False: a pipeline's precompute stage has yet to write the cache."""
     from dataclasses import asdict
 
     from ups.errors import UpsError
@@ -155,7 +158,7 @@ def prepare_train(
     faults = validate_faults(inject or [], KNOWN_FAULTS)
     from ups.data.cache import METADATA_NAME, split_dir
 
-    for t in cfg.tasks:
+    for t in cfg.tasks if require_cache else []:
         for s in cfg.splits:
             folder = split_dir(cfg.cache_dir, t, s)
             if not (folder / METADATA_NAME).is_file():
@@ -235,7 +238,8 @@ def launch_pipeline(
                                                "num_workers": num_workers})
     check_precompute_data(pre)
     _, train_cfg = prepare_train(cache_dir=cache_dir, tasks=tasks, config=None, nproc=nproc, steps=steps, nnodes=1,
-                                 node_rank=None, rdzv_endpoint=None, debug=False, inject=None, resume=False, runs_dir=runs_dir)
+                                 node_rank=None, rdzv_endpoint=None, debug=False, inject=None, resume=False, runs_dir=runs_dir,
+                                 require_cache=False)
     plan = {"precompute": asdict(pre), "train": asdict(train_cfg), "nproc": nproc, "runs_dir": str(runs_dir)}
     run = launch_run(
         runs_dir, "pipeline", [sys.executable, "-m", "ups.jobs.pipeline", "{RUN}/pipeline.json"],

@@ -85,7 +85,14 @@ def train_outcome(view: RunView, returncode: int, terminated: bool) -> Outcome:
     info = ranks[str(bad)]
     how = f"killed by {info['signal']}" if info["signal"] else (info["error"] or f"exit code {info['exit_code']}")
     failure = {"rank": bad, "signal": info["signal"], "exit_code": info["exit_code"], "phase": info["phase"], "error": info["error"]}
-    return Outcome("failed", f"rank {bad} {how} in phase {info['phase']}", failure, extra=extra)
+    summary = f"rank {bad} {how} in phase {info['phase']}"
+    if "collective mismatch" in log or "doesn't match expected size" in log:
+        # The rank that crashes is the one that noticed, not always the one that skipped:
+        # show where every rank was, so the odd one out stands out.
+        steps = ", ".join(f"rank {r} at step {rec.step}" for r, rec in sorted(records.items()))
+        summary += f"; the backend reported a collective mismatch (ranks entered different collectives: {steps})"
+        failure["collective_mismatch"] = True
+    return Outcome("failed", summary, failure, extra=extra)
 
 
 @register_finalizer("pipeline")
