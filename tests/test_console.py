@@ -9,7 +9,8 @@ from helpers import run_ups
 
 from console.app import UpsConsole
 from console.screens.other import ConfirmKill
-from ups.runs.rundir import RunDir
+from ups.data.synth import synthesize
+from ups.runs.rundir import RunDir, list_runs
 
 
 async def until(pilot, predicate, timeout: float = 30.0, message: str = "condition"):
@@ -115,3 +116,41 @@ def test_readonly_removes_every_action(hung_precompute, runs_root):
 
 def test_corrupt_run_is_a_row_not_a_crash(runs_root):
     asyncio.run(_test_corrupt_run_is_a_row_not_a_crash(runs_root))
+
+
+async def _test_launch_form_starts_a_real_run_and_opens_it(tmp_path, runs_root):
+    from textual.widgets import Input
+
+    synthesize(tmp_path / "data", "burgers1d", "train", 8)
+    app = UpsConsole(runs_root, refresh=0.3)
+    async with app.run_test(size=(100, 36)) as pilot:
+        await until(pilot, lambda: app.snapshot is not None, message="first snapshot")
+        await pilot.press("l")
+        form = await until(pilot, lambda: app.screen.query_one("#root", Input), message="launch form")
+        form.value = str(tmp_path / "data")
+        app.screen.query_one("#cache", Input).value = str(tmp_path / "cache")
+        await pilot.press("ctrl+s")
+        header = await until(pilot, lambda: app.screen.query_one("#run-header"), 60, message="the new run opened")
+        await until(pilot, lambda: "precompute" in str(header.render()), 30, message="its header")
+    runs = list_runs(runs_root)
+    assert len(runs) == 1 and runs[0].kind == "precompute"
+    assert runs[0].manifest["config"]["root"] == str(tmp_path / "data")
+    assert next(e for e in runs[0].run.read_events() if e["event"] == "launch")["actor"] == "console"
+
+
+async def _test_doctor_screen_shows_the_quick_report(runs_root):
+    app = UpsConsole(runs_root, poll=False)
+    async with app.run_test(size=(100, 36)) as pilot:
+        await pilot.press("d")
+        table = await until(pilot, lambda: app.screen.query_one("#doctor").row_count == 15 and app.screen.query_one("#doctor"),
+                            30, message="15 checks listed")
+        statuses = {str(table.get_row_at(i)[0]): getattr(table.get_row_at(i)[1], "plain", "") for i in range(15)}
+        assert statuses["python"] == "ok" and statuses["ddp"] == "skip"
+
+
+def test_launch_form_starts_a_real_run_and_opens_it(tmp_path, runs_root):
+    asyncio.run(_test_launch_form_starts_a_real_run_and_opens_it(tmp_path, runs_root))
+
+
+def test_doctor_screen_shows_the_quick_report(runs_root):
+    asyncio.run(_test_doctor_screen_shows_the_quick_report(runs_root))

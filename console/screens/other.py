@@ -5,9 +5,9 @@ from __future__ import annotations
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Grid, Horizontal, Vertical
+from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen, Screen
-from textual.widgets import Button, DataTable, Footer, Input, Label, Select, Static
+from textual.widgets import Button, DataTable, Footer, Input, Label, Static
 
 from console.render import age, bar, health_cell, reason_cell, state_cell
 from console.snapshots import Snapshot
@@ -97,33 +97,37 @@ class ConfirmKill(ModalScreen[str | None]):
 
 
 class LaunchScreen(Screen):
-    BINDINGS = [Binding("escape", "app.pop_screen", "Back")]
+    BINDINGS = [Binding("escape", "app.pop_screen", "Back"), Binding("ctrl+s", "submit", "Launch", priority=True)]
+
+    FIELDS = (
+        ("kind", "kind", "precompute", "precompute, train or pipeline"),
+        ("root", "data root", "data/demo", "folder with the HDF5 shards"),
+        ("tasks", "tasks", "burgers1d", "advection1d burgers1d darcy2d"),
+        ("cache", "cache dir", "cache/demo", "where the latent cache goes"),
+        ("workers", "workers / ranks", "2", "DataLoader workers (precompute) or ranks (train)"),
+        ("steps", "train steps", "40", "training steps"),
+    )
 
     def compose(self) -> ComposeResult:
-        yield Static("Launch a job (spawns `ups launch ... --detach`, then opens the run)", classes="title")
-        with Grid(id="launch-form"):
-            yield Label("kind")
-            yield Select([("precompute", "precompute"), ("train", "train"), ("pipeline", "pipeline")], value="precompute", id="kind", allow_blank=False)
-            yield Label("data root")
-            yield Input("data/demo", id="root")
-            yield Label("tasks")
-            yield Input("burgers1d", id="tasks")
-            yield Label("cache dir")
-            yield Input("cache/demo", id="cache")
-            yield Label("workers / ranks")
-            yield Input("2", id="workers")
-            yield Label("train steps")
-            yield Input("40", id="steps")
-        yield Button("Launch", id="go", variant="primary")
+        yield Static("Launch a job (ctrl+s; spawns `ups launch ... --detach`, then opens the run)", classes="title")
+        with Vertical(id="launch-form"):
+            for wid, label, value, placeholder in self.FIELDS:
+                with Horizontal(classes="field"):
+                    yield Label(label)
+                    yield Input(value, id=wid, placeholder=placeholder)
+        yield Button("Launch (ctrl+s)", id="go", variant="primary")
         yield Static(id="launch-status")
         yield Footer()
 
-    def argv(self) -> list[str]:
+    def argv(self) -> list[str] | None:
         import sys
 
-        v = {w.id: w.value for w in self.query(Input)}
-        kind = self.query_one("#kind", Select).value
-        args = [sys.executable, "-m", "ups", "launch", str(kind), "--cache-dir", v["cache"], "--detach", "--json",
+        v = {w.id: w.value.strip() for w in self.query(Input)}
+        kind = v["kind"]
+        if kind not in ("precompute", "train", "pipeline"):
+            self.query_one("#launch-status", Static).update(f"[red]kind must be precompute, train or pipeline, not {kind!r}[/red]")
+            return None
+        args = [sys.executable, "-m", "ups", "launch", kind, "--cache-dir", v["cache"], "--detach", "--json",
                 "--runs-dir", str(self.app.runs_dir)]
         for t in v["tasks"].replace(",", " ").split():
             args += ["--tasks", t]
@@ -133,13 +137,18 @@ class LaunchScreen(Screen):
             args += ["--nproc", v["workers"] if kind == "train" else "2", "--steps", v["steps"]]
         return args
 
+    def action_submit(self) -> None:
+        self.go()
+
     @on(Button.Pressed, "#go")
     def go(self) -> None:
         if self.app.readonly:
             self.notify("read-only console: launching is disabled", severity="warning")
             return
-        self.query_one("#launch-status", Static).update("launching ...")
-        self.launch(self.argv())
+        argv = self.argv()
+        if argv is not None:
+            self.query_one("#launch-status", Static).update("launching ...")
+            self.launch(argv)
 
     @work(thread=True, exclusive=True, group="launch", exit_on_error=False)
     def launch(self, argv: list[str]) -> None:
