@@ -191,3 +191,14 @@ def test_bad_input_is_one_line_and_leaves_no_run(tmp_path, runs_root):
     res, _ = launch("--root", str(tmp_path), "--tasks", "burgers1d", "--inject", "meteor_strike")
     assert res.returncode == 2 and "unknown fault 'meteor_strike'" in res.stderr
     assert list(runs_root.iterdir()) == []
+
+
+def test_worker_crash_is_retried_and_every_sample_cached(data_root, fast_config, tmp_path, runs_root):
+    res, run = launch("--config", str(fast_config), "--root", str(data_root), "--tasks", "burgers1d",
+                      "--cache-dir", str(tmp_path / "c"), "--num-workers", "2", "--inject", "worker_crash:worker=0,after=2,signal=SEGV")
+    assert res.returncode == 0, res.stderr
+    died = events(run, "worker.died")
+    assert len(died) == 1 and died[0]["worker"] == 0
+    assert "Segmentation fault" in (run.path / died[0]["stack_file"]).read_text()  # faulthandler in the worker
+    assert events(run, "loader.error") and len(latents(tmp_path / "c")) == 24
+    assert run.read_manifest()["precompute"]["worker_failures"] == 1

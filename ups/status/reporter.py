@@ -189,7 +189,12 @@ class Reporter:
         try:
             stacks.mkdir(parents=True, exist_ok=True)
             self._stack_fh = open(stacks / f"{self.name}.txt", "a", buffering=1)  # noqa: SIM115
+            # disable() first: after a fork (DataLoader workers) faulthandler still believes it
+            # is enabled and enable() would keep whatever SIGSEGV handler was set since (torch
+            # installs its own in workers), so the crash traceback would never be written.
+            faulthandler.disable()
             faulthandler.enable(file=self._stack_fh, all_threads=True)
+            faulthandler.unregister(signum)
             faulthandler.register(signum, file=self._stack_fh, all_threads=True, chain=False)
         except (OSError, ValueError, RuntimeError) as exc:
             self._warn(f"could not register stack dumps in {stacks}: {exc}")
