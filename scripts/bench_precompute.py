@@ -46,18 +46,18 @@ def read_limit(cfg: PrecomputeConfig, workers: int) -> float:
     return n / (time.perf_counter() - t)
 
 
-def encode_limit(cfg: PrecomputeConfig, n: int) -> float:
+def encode_limit(cfg: PrecomputeConfig, n: int, device: torch.device) -> float:
     index = ShardIndex.discover(cfg.root, cfg.tasks[0], "train")
     reader = SampleReader(index)
     batches = [torch.stack([torch.from_numpy(reader.read(i).fields) for i in range(s, min(s + cfg.batch_size, n))])
                for s in range(0, n, cfg.batch_size)]
-    enc = build_encoder(batches[0].shape[-1], 1, latent_tokens=cfg.latent_tokens, latent_dim=cfg.latent_dim)
+    enc = build_encoder(batches[0].shape[-1], 1, latent_tokens=cfg.latent_tokens, latent_dim=cfg.latent_dim).to(device)
     dtype = torch.float16
     with torch.inference_mode():
-        enc(batches[0])  # warm-up
+        enc(batches[0].to(device)).cpu()  # warm-up
         t = time.perf_counter()
-        for b in batches:
-            enc(b).to(dtype).cpu()
+        for b in batches:  # host -> device -> host, as the job does
+            enc(b.to(device)).to(dtype).cpu()
     return n / (time.perf_counter() - t)
 
 
@@ -67,33 +67,36 @@ def main() -> None:
     ap.add_argument("--resolution", type=int, default=256)
     ap.add_argument("--timesteps", type=int, default=32)
     ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--device", default="auto", help="auto (cuda when available), cpu or cuda")
+    ap.add_argument("--workers", default="1,2,4", help="parallel worker counts to measure, comma-separated")
     args = ap.parse_args()
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    counts = tuple(int(w) for w in args.workers.split(","))
     torch.set_num_threads(max(1, torch.get_num_threads()))
     with tempfile.TemporaryDirectory() as d:
         root = Path(d) / "data"
         synthesize(root, "burgers1d", "train", args.samples, shards=4, timesteps=args.timesteps, resolution=args.resolution)
-        base = dict(root=str(root), tasks=["burgers1d"], splits=["train"], batch_size=args.batch_size, device="cpu", overwrite=True)
+        base = dict(root=str(root), tasks=["burgers1d"], splits=["train"], batch_size=args.batch_size, device=str(device), overwrite=True)
         rates = {}
-        for workers in (0, 1, 2, 4):
+        for workers in (0, *counts):
             cfg = PrecomputeConfig(**base, cache_dir=str(Path(d) / f"cache{workers}"), num_workers=workers).validate()
             rates[workers] = run_job(cfg)
         cfg = PrecomputeConfig(**base, cache_dir=str(Path(d) / "x"), num_workers=2).validate()
-        reads = {w: read_limit(cfg, w) for w in (1, 2, 4)}
-        enc = encode_limit(cfg, args.samples)
-    best_workers = max((1, 2, 4), key=lambda w: rates[w])
+        reads = {w: read_limit(cfg, w) for w in counts}
+        enc = encode_limit(cfg, args.samples, device)
+    best_workers = max(counts, key=lambda w: rates[w])
     best = rates[best_workers]
     limit = min(reads[best_workers], enc)
     print(json.dumps({
         "samples": args.samples,
         "sample_shape": [args.timesteps, args.resolution, 1],
-        "device": "cpu" if not torch.cuda.is_available() else "cuda",
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "legacy_sps": round(rates[0], 1),
-        "parallel_1_sps": round(rates[1], 1),
-        "parallel_2_sps": round(rates[2], 1),
-        "parallel_4_sps": round(rates[4], 1),
+        **{f"parallel_{w}_sps": round(rates[w], 1) for w in counts},
         "read_limit_sps": {str(w): round(r, 1) for w, r in reads.items()},
         "encode_limit_sps": round(enc, 1),
         "parallel_best_workers": best_workers,
+        "write_workers": job_mod.PrecomputeJob(cfg, NullReporter(), Faults()).write_worker_count(),
         "parallel_best_over_limit": round(best / limit, 3),
         "parallel_best_over_legacy": round(best / rates[0], 3),
         "target_over_limit": 0.9,

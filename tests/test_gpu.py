@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
 from helpers import run_ups, wait_for
 
 from ups.gpu import (
@@ -55,6 +56,8 @@ def fake(processes: list[tuple[int, int]], devices: int = 1) -> dict:
 
 def test_no_nvml_is_a_normal_snapshot_with_the_reason():
     snap = NvmlProvider().snapshot()  # the real provider: no driver on this machine
+    if snap.available:
+        pytest.skip("this machine has an NVIDIA driver: tests/test_gpu_real.py covers it")
     assert snap.available is False and snap.devices == ()
     assert "NVML not found" in snap.reason or "driver" in snap.reason
     res = run_ups("gpu")

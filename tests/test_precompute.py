@@ -42,6 +42,20 @@ def fast_config(tmp_path) -> Path:
     return path
 
 
+@pytest.fixture
+def writers_config(tmp_path) -> Path:
+    """FAST with two cache-writer processes (what a GPU box gets by default; 0 on this one)."""
+    path = tmp_path / "writers.yaml"
+    path.write_text(FAST + "write_workers: 2\n")
+    return path
+
+
+def writer_pids(run: RunDir) -> list[int]:
+    started = events(run, "writers.start")
+    assert len(started) == 1 and started[0]["count"] == 2, started
+    return started[0]["pids"]
+
+
 def launch(*args: str, timeout: float = 120):
     res = run_ups("launch", "precompute", *args, timeout=timeout)
     run = None
@@ -59,8 +73,8 @@ def latents(cache: Path, split: str = "burgers1d_train") -> dict[str, torch.Tens
     return {p.name: torch.load(p, weights_only=True)["latent"] for p in sorted((cache / split).glob("sample_*.pt"))}
 
 
-def test_parallel_and_legacy_write_identical_latents(data_root, fast_config, tmp_path, runs_root):
-    res_p, run_p = launch("--config", str(fast_config), "--root", str(data_root), "--tasks", "burgers1d", "--tasks", "darcy2d",
+def test_parallel_and_legacy_write_identical_latents(data_root, writers_config, fast_config, tmp_path, runs_root):
+    res_p, run_p = launch("--config", str(writers_config), "--root", str(data_root), "--tasks", "burgers1d", "--tasks", "darcy2d",
                           "--cache-dir", str(tmp_path / "par"), "--num-workers", "2")
     assert res_p.returncode == 0, res_p.stderr
     res_l, run_l = launch("--config", str(fast_config), "--root", str(data_root), "--tasks", "burgers1d", "--tasks", "darcy2d",
@@ -75,6 +89,7 @@ def test_parallel_and_legacy_write_identical_latents(data_root, fast_config, tmp
     names = {p.name for p in run_p.status_dir.glob("*.json")}
     assert {"launcher.json", "rank-0.json", "rank-0-worker-0.json", "rank-0-worker-1.json"} <= names
     assert not any("worker" in p.name for p in run_l.status_dir.glob("*.json"))  # 0 means no workers
+    assert len(writer_pids(run_p)) == 2 and not events(run_l, "writers.start")  # ... and no writers
     res = run_ups("cache", "verify", str(tmp_path / "par"))
     assert res.returncode == 0, res.stdout
 
@@ -155,25 +170,35 @@ def test_fallback_request_finishes_in_legacy_mode(data_root, fast_config, tmp_pa
     assert events(run, "control.handled")[0]["result"] == "falling back to num_workers=0"
 
 
-def test_failed_write_is_a_clear_error_with_no_partial_file(data_root, fast_config, tmp_path, runs_root):
-    res, run = launch("--config", str(fast_config), "--root", str(data_root), "--tasks", "burgers1d",
+@pytest.mark.parametrize("writers", [False, True], ids=["in-process", "writer-processes"])
+def test_failed_write_is_a_clear_error_with_no_partial_file(writers, data_root, fast_config, writers_config, tmp_path, runs_root):
+    res, run = launch("--config", str(writers_config if writers else fast_config), "--root", str(data_root), "--tasks", "burgers1d",
                       "--cache-dir", str(tmp_path / "c"), "--num-workers", "2", "--inject", "write_enospc:after=5")
     assert res.returncode == 1
     m = run.read_manifest()
     assert m["state"] == "failed" and "No space left on device" in m["summary"]
     log = run.log_path("job").read_text()
-    assert "cannot write" in log and "sample_00005.pt" in log
+    assert "cannot write" in log and "sample_00005.pt" in log and "Traceback" not in log
     folder = tmp_path / "c" / "burgers1d_train"
-    assert sorted(p.name for p in folder.glob("sample_*")) == [f"sample_{i:05d}.pt" for i in range(5)]
+    written = sorted(p.name for p in folder.glob("sample_*"))
+    if writers:  # another writer may have finished a later batch; every file there is whole
+        assert written[:5] == [f"sample_{i:05d}.pt" for i in range(5)] and "sample_00005.pt" not in written
+        assert all(torch.load(folder / n, weights_only=True)["latent"].shape[0] > 0 for n in written)
+        wait_for(lambda: not any(psutil.pid_exists(p) for p in writer_pids(run)), 10, message="the writers gone")
+    else:
+        assert written == [f"sample_{i:05d}.pt" for i in range(5)]
     assert not [p for p in folder.iterdir() if p.name.endswith(".tmp")]
 
 
-def test_sigterm_stops_cleanly_and_marks_the_run_killed(data_root, fast_config, tmp_path, runs_root):
-    res, _ = launch("--config", str(fast_config), "--root", str(data_root), "--tasks", "burgers1d", "--cache-dir", str(tmp_path / "c"),
-                    "--num-workers", "2", "--inject", "slow_read:delay=0.2", "--detach", "--json")
+@pytest.mark.parametrize("writers", [False, True], ids=["in-process", "writer-processes"])
+def test_sigterm_stops_cleanly_and_marks_the_run_killed(writers, data_root, fast_config, writers_config, tmp_path, runs_root):
+    res, _ = launch("--config", str(writers_config if writers else fast_config), "--root", str(data_root), "--tasks", "burgers1d",
+                    "--cache-dir", str(tmp_path / "c"), "--num-workers", "2", "--inject", "slow_read:delay=0.2", "--detach", "--json")
     run = RunDir(json.loads(res.stdout)["run_dir"])
     wait_for(lambda: (run.status_dir / "rank-0-worker-1.json").exists(), 60, message="workers up")
     pids = [json.loads(p.read_text())["pid"] for p in run.status_dir.glob("*.json")]
+    if writers:
+        pids += wait_for(lambda: events(run, "writers.start") and writer_pids(run), 60, message="writers up")
     res = run_ups("kill", run.run_id, "--grace", "5")
     assert res.returncode == 0, res.stderr
     wait_for(lambda: run.read_manifest()["state"] in FINAL, 30, message="the run to end")
@@ -202,3 +227,28 @@ def test_worker_crash_is_retried_and_every_sample_cached(data_root, fast_config,
     assert "Segmentation fault" in (run.path / died[0]["stack_file"]).read_text()  # faulthandler in the worker
     assert events(run, "loader.error") and len(latents(tmp_path / "c")) == 24
     assert run.read_manifest()["precompute"]["worker_failures"] == 1
+
+
+def test_hung_cache_write_fails_the_job_naming_the_file_instead_of_hanging(data_root, tmp_path, runs_root):
+    cfg = tmp_path / "hang.yaml"
+    cfg.write_text(FAST + "write_workers: 2\nwrite_timeout: 3\n")
+    res, run = launch("--config", str(cfg), "--root", str(data_root), "--tasks", "burgers1d",
+                      "--cache-dir", str(tmp_path / "c"), "--num-workers", "2", "--inject", "write_hang:after=6")
+    assert res.returncode == 1, res.stderr
+    m = run.read_manifest()
+    assert m["state"] == "failed" and "write_timeout" in m["summary"] and "sample_00004.pt" in m["summary"], m["summary"]
+    wait_for(lambda: not any(psutil.pid_exists(p) for p in writer_pids(run)), 10, message="the hung writer killed")
+    assert not list((tmp_path / "c").glob("*/.*.tmp"))
+
+
+def test_writers_die_with_the_job_process(data_root, writers_config, tmp_path, runs_root):
+    res, _ = launch("--config", str(writers_config), "--root", str(data_root), "--tasks", "burgers1d", "--cache-dir", str(tmp_path / "c"),
+                    "--num-workers", "2", "--inject", "slow_read:delay=0.3", "--detach", "--json")
+    run = RunDir(json.loads(res.stdout)["run_dir"])
+    pids = wait_for(lambda: events(run, "writers.start") and writer_pids(run), 60, message="writers up")
+    job_pid = json.loads((run.status_dir / "rank-0.json").read_text())["pid"]
+    os.kill(job_pid, signal.SIGKILL)  # no cleanup code runs in the job: only PR_SET_PDEATHSIG
+    wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids), 10,
+             message="no writer outlives the job")
+    wait_for(lambda: run.read_manifest()["state"] in FINAL, 30, message="the run to end")
+    assert run.read_manifest()["state"] == "failed"

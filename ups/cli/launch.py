@@ -87,7 +87,8 @@ def launch_precompute(
     samples are skipped.
 
     Faults (--inject): worker_hang[:worker=W,after=N|sample=I,mode=sleep|gil|stop],
-    worker_crash[:worker=W,after=N,signal=SEGV], slow_read[:delay=S], write_enospc[:after=N].
+    worker_crash[:worker=W,after=N,signal=SEGV], slow_read[:delay=S], write_enospc[:after=N],
+    write_hang[:after=N] (with writer processes the job fails after write_timeout).
 
     Exit codes (when following): 0 succeeded, 3 partial (quarantined samples), 1 failed or
     killed, 2 bad input.

@@ -64,6 +64,10 @@ class PrecomputeConfig:
     """A sample (or file open) in flight on this many hung or dead workers is skipped."""
     fallback_after: int = 2
     """Worker failures after which the job falls back to num_workers=0."""
+    write_workers: int = -1
+    """Processes writing cache files in parallel mode; -1 picks min(4, CPUs // 4), 0 on small boxes."""
+    write_timeout: float = 120.0
+    """A batch of cache files not written after this long fails the job (hung storage)."""
 
     def validate(self) -> PrecomputeConfig:
         from ups.data.tasks import SPLITS, TASKS
@@ -87,6 +91,8 @@ class PrecomputeConfig:
             _check(getattr(self, name) > 0, name, getattr(self, name), "> 0 seconds")
         _check(self.quarantine_after >= 1, "quarantine_after", self.quarantine_after, ">= 1")
         _check(self.fallback_after >= 1, "fallback_after", self.fallback_after, ">= 1")
+        _check(self.write_workers >= -1, "write_workers", self.write_workers, "-1 (auto), 0 or more")
+        _check(self.write_timeout > 0, "write_timeout", self.write_timeout, "> 0 seconds")
         return self
 
     def latent_hash_parts(self) -> dict[str, Any]:

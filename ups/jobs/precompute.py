@@ -7,7 +7,9 @@ Shape of the work (DESIGN.md, "The jobs"):
 
 * DataLoader workers only read raw fields. Each opens its own HDF5 handles after it starts
   and reports through its own Reporter (heartbeat, samples read, ``file#index``).
-* The main process batches, encodes on the device, and writes each sample atomically.
+* The main process batches, encodes on the device, and writes each sample atomically; on
+  a box with CPUs to spare, a few forked writer processes do the writing (ups.jobs.writers:
+  torch.save is GIL-bound and would otherwise cap the job below what the readers deliver).
 * A watchdog thread beside the main loop reads the workers' status records. A worker that
   is stalled or unresponsive past ``worker_timeout`` gets its stacks dumped, then is killed;
   the main loop rebuilds the loader over the samples not yet written. A sample (or a file
@@ -21,7 +23,6 @@ input; 143 stopped by SIGTERM/Ctrl-C (workers ended, no temp files left).
 
 from __future__ import annotations
 
-import errno
 import functools
 import json
 import os
@@ -42,11 +43,12 @@ from ups.data.tasks import get_task
 from ups.errors import UpsError
 from ups.faults import Fault, Faults
 from ups.jobs.config import PrecomputeConfig, parse_job_args
+from ups.jobs.writers import write_batch
 from ups.models.encoder import build_encoder, weights_hash
 from ups.runs.rundir import RunDir
 from ups.status.reporter import ENV_RUN_DIR, NullReporter, Reporter
 
-KNOWN_FAULTS = ("worker_hang", "worker_crash", "slow_read", "write_enospc")
+KNOWN_FAULTS = ("worker_hang", "worker_crash", "slow_read", "write_enospc", "write_hang")
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_PARTIAL, EXIT_STOPPED = 0, 1, 2, 3, 143
 WATCHDOG_TICK_S = 0.25
 # The DataLoader's own timeout is used as a poll: every POLL_S without a batch, the main
@@ -288,6 +290,7 @@ class PrecomputeJob:
         self.dtype = torch.float16 if cfg.cache_dtype == "float16" else torch.float32
         self.done_count = 0
         self.total = 0
+        self.writers: Any = None  # ups.jobs.writers.CacheWriters while parallel mode writes through it
         self._current_sources: dict[str, tuple[str, int]] = {}
         # (split, sample index) or (split, file name) -> (why, stack file) of the last blame
         self._blame_reasons: dict[tuple[str, Any], tuple[str, str | None]] = {}
@@ -422,6 +425,9 @@ class PrecomputeJob:
                 st.loader_pids = {}
                 del it
                 st.generation += 1
+            self.collect_writes(done, keep=0)  # everything in flight is on disk before the rest is planned
+            if st.fallback:
+                self.close_writers()  # num_workers=0 means no extra processes at all
             quarantined |= self.apply_quarantine(key, reader)
 
     def next_batch(self, it: Any, workers: int) -> dict[str, Any] | None:
@@ -505,21 +511,67 @@ class PrecomputeJob:
             fields = batch["fields"].to(self.device, non_blocking=True)
             latents = encoder(fields).to(self.dtype).cpu()
         self.rep.phase("write")
-        for j, index in enumerate(batch["index"]):
-            self.rep.item(batch["source"][j])
-            write = os.write
-            f = self.faults.get("write_enospc")
-            if f is not None and self.done_count >= int(f.get("after", 0)) and _fire_once(str(self.run.path) if self.run else None, f):
-                write = _half_then_enospc
-            try:
-                cache_mod.write_sample(folder, index, latents[j], batch["params"][j], batch["bc"][j],
-                                       hash_=hash_, source=batch["source"][j], write=write)
-            except OSError as exc:
-                target = folder / cache_mod.sample_name(index)
-                raise OSError(exc.errno, f"cannot write {target}: {exc.strerror}; nothing partial was left") from exc
+        writers = self.writer_pool()
+        n = len(batch["index"])
+        base = writers.submitted if writers is not None else self.done_count
+        fail_at, hang_at = self._fault_at("write_enospc", base, n), self._fault_at("write_hang", base, n)
+        self.rep.item(batch["source"][0])
+        if writers is not None:
+            writers.submit(folder, hash_, batch["index"], latents, batch["params"], batch["bc"], batch["source"], fail_at, hang_at)
+            if not writers.pids_announced:  # a fork pool starts all its processes at the first submit
+                writers.pids_announced = True
+                self.event("writers.start", count=writers.n, pids=writers.pids)
+                self.say(f"{writers.n} cache writer processes (pids {', '.join(map(str, writers.pids))})")
+            self.collect_writes(done, keep=writers.window)
+            return
+
+        def written(index: int, source: str) -> None:
             done.add(index)
             self.done_count += 1
             self.rep.advance()
+            self.rep.item(source)
+
+        write_batch(folder, hash_, batch["index"], latents, batch["params"], batch["bc"], batch["source"], fail_at, hang_at, written)
+
+    # -- writer processes (parallel mode) ----------------------------------------------------
+    def write_worker_count(self) -> int:
+        n = self.cfg.write_workers
+        if n < 0:  # auto: only where CPUs are to spare beside the readers and the encoder
+            n = min(4, len(os.sched_getaffinity(0)) // 4) if hasattr(os, "sched_getaffinity") else 0
+        return n
+
+    def writer_pool(self) -> Any:
+        """The writers, started on first use; None in legacy mode or after a fallback."""
+        if self.state.fallback or self.write_worker_count() == 0:
+            return None
+        if self.writers is None:
+            from ups.jobs.writers import CacheWriters
+
+            self.writers = CacheWriters(self.write_worker_count(), self.cfg.write_timeout)
+        return self.writers
+
+    def collect_writes(self, done: set[int], keep: int) -> None:
+        if self.writers is None:
+            return
+        for indices in self.writers.collect(keep):
+            done.update(indices)
+            self.done_count += len(indices)
+            self.rep.advance(len(indices))
+
+    def close_writers(self, *, kill: bool = False) -> None:
+        if self.writers is not None:
+            self.writers.close(kill=kill)
+            self.writers = None
+
+    def _fault_at(self, name: str, base: int, n: int) -> int | None:
+        """Where in a batch of ``n`` (the job's samples ``base``...) fault ``name`` fires, once."""
+        f = self.faults.get(name)
+        if f is None:
+            return None
+        for j in range(n):
+            if base + j >= int(f.get("after", 0)) and _fire_once(str(self.run.path) if self.run else None, f):
+                return j
+        return None
 
     # -- whole job ---------------------------------------------------------------------------
     def execute(self) -> int:
@@ -569,8 +621,12 @@ class PrecomputeJob:
                 self.run_split(key, reader, folder, todo, hash_, enc)
                 rep.metrics(mode="legacy" if self.state.fallback else "parallel")
                 self._record_quarantine(folder, key)
+        except BaseException:
+            self.close_writers(kill=True)
+            raise
         finally:
             watchdog.stop.set()
+        self.close_writers()
         return self.summarize()
 
     def _record_quarantine(self, folder: Path, key: str) -> None:
@@ -601,14 +657,6 @@ class PrecomputeJob:
             return EXIT_PARTIAL
         self.say(f"done: {self.total} samples cached")
         return EXIT_OK
-
-
-def _half_then_enospc(fd: int, data: Any) -> int:
-    """Injected disk-full: the first write lands halfway, then ENOSPC (as a full disk does)."""
-    view = memoryview(data)
-    if len(view) > 1:
-        os.write(fd, view[: len(view) // 2])
-    raise OSError(errno.ENOSPC, "No space left on device (injected fault write_enospc)")
 
 
 def _on_signal(signum: int, _frame: Any) -> None:
@@ -658,6 +706,7 @@ def main(argv: list[str] | None = None) -> int:
             rep.fail(str(exc), exit_code=EXIT_BAD_INPUT)
             code = EXIT_BAD_INPUT
         except OSError as exc:
+            _cleanup_temp_files(cfg)  # a writer killed mid-file leaves its temp file
             print(f"precompute: {exc.strerror or exc}", file=sys.stderr)
             rep.fail(exc, exit_code=EXIT_FAILED)
             code = EXIT_FAILED

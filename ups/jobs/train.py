@@ -172,6 +172,9 @@ class Trainer:
         want = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
         if want == "cuda" and not torch.cuda.is_available():
             raise UpsError("device: 'cuda' asked for but CUDA is not available on this machine")
+        if want == "cuda" and self.d.local_rank >= torch.cuda.device_count():
+            raise UpsError(f"device: rank {self.d.rank} has LOCAL_RANK {self.d.local_rank} but this machine has "
+                           f"{torch.cuda.device_count()} CUDA device(s): use --nproc {torch.cuda.device_count()} or device: cpu")
         self.device = torch.device(f"cuda:{self.d.local_rank}") if want == "cuda" else torch.device("cpu")
         ckpt = cfg.checkpoint_dir or (str(self.run.path / "checkpoints") if self.run else "checkpoints")
         self.ckpt_dir = Path(ckpt)
