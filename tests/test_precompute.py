@@ -23,6 +23,7 @@ unresponsive_after: 2
 dataloader_timeout: 20
 heartbeat_interval: 0.3
 batch_size: 4
+write_workers: 0
 """
 FINAL = ("succeeded", "partial", "failed", "killed")
 
@@ -46,7 +47,7 @@ def fast_config(tmp_path) -> Path:
 def writers_config(tmp_path) -> Path:
     """FAST with two cache-writer processes (what a GPU box gets by default; 0 on this one)."""
     path = tmp_path / "writers.yaml"
-    path.write_text(FAST + "write_workers: 2\n")
+    path.write_text(FAST.replace("write_workers: 0", "write_workers: 2"))
     return path
 
 
@@ -231,7 +232,7 @@ def test_worker_crash_is_retried_and_every_sample_cached(data_root, fast_config,
 
 def test_hung_cache_write_fails_the_job_naming_the_file_instead_of_hanging(data_root, tmp_path, runs_root):
     cfg = tmp_path / "hang.yaml"
-    cfg.write_text(FAST + "write_workers: 2\nwrite_timeout: 3\n")
+    cfg.write_text(FAST.replace("write_workers: 0", "write_workers: 2\nwrite_timeout: 3"))
     res, run = launch("--config", str(cfg), "--root", str(data_root), "--tasks", "burgers1d",
                       "--cache-dir", str(tmp_path / "c"), "--num-workers", "2", "--inject", "write_hang:after=6")
     assert res.returncode == 1, res.stderr

@@ -171,3 +171,26 @@ def test_pipeline_precompute_then_train(tmp_path, runs_root):
     stages = runs["pipeline"].manifest["stages"]
     assert [s["stage"] for s in stages] == ["precompute", "train"]
     assert runs["train"].manifest["parent"] == runs["pipeline"].run_id
+
+
+def test_more_ranks_than_gpus_trains_on_cpu_under_auto_and_is_refused_under_cuda(cache_dir, quick, tmp_path, runs_root):
+    # One GPU, seen through a fake NVML (this box has none): the launcher decides before any rank starts.
+    gpu = tmp_path / "gpu.json"
+    gpu.write_text(json.dumps({"available": True, "reason": None, "driver_version": "570.86", "cuda_driver_version": "12.8",
+                               "devices": [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-0", "memory_total": 80 << 30,
+                                            "memory_used": 0, "utilization_gpu": 0, "temperature_c": 30, "power_w": 70.0,
+                                            "processes": []}]}))
+    env = {"UPS_FAKE_GPU": str(gpu)}
+    args = ("launch", "train", "--cache-dir", str(cache_dir), "--tasks", "burgers1d", "--nproc", "2")
+    cuda = tmp_path / "cuda.yaml"
+    cuda.write_text(quick.read_text() + "device: cuda\n")
+    res = run_ups(*args, "--config", str(cuda), env=env)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "device: cuda with --nproc 2 needs 2 GPUs, this node has 1 (use --nproc 1, or device: cpu)" in res.stderr
+    assert list(runs_root.iterdir()) == []
+    res = run_ups(*args, "--config", str(quick), "--detach", "--json", env=env)
+    assert res.returncode == 0, res.stderr
+    assert "2 ranks but 1 GPU(s) on this node: training on CPU (gloo)" in res.stderr
+    run = RunDir(json.loads(res.stdout)["run_dir"])
+    wait_for(lambda: run.read_manifest()["state"] in FINAL, 120, message="the CPU training run to end")
+    assert run.read_manifest()["state"] == "succeeded" and run.read_manifest()["config"]["device"] == "cpu"

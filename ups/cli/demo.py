@@ -86,10 +86,11 @@ def demo_cmd(
                                   "state": run.read_manifest().get("state")}))
     if code != 0 or train_steps == 0:
         raise typer.Exit(code)
-    typer.echo(f"\ntraining the latent operator on {cache_dir} with {DEMO_RANKS} ranks (torchrun, gloo on CPU)", err=True)
-    kwargs, _ = prepare_train(cache_dir=str(cache_dir), tasks=[DEMO_TRAIN_TASK], config=None, nproc=DEMO_RANKS,
+    kwargs, train_cfg = prepare_train(cache_dir=str(cache_dir), tasks=[DEMO_TRAIN_TASK], config=None, nproc=DEMO_RANKS,
                               steps=train_steps, nnodes=1, node_rank=None, rdzv_endpoint=None, debug=False, inject=None,
                               resume=False, runs_dir=runs_dir)
+    how = "NCCL on GPU" if train_cfg.device.startswith("cuda") else "gloo on CPU"
+    typer.echo(f"\ntraining the latent operator on {cache_dir} with {DEMO_RANKS} ranks (torchrun, {how})", err=True)
     train_run = launch_run(**kwargs)
     code = follow_run(train_run, live=False if json else None)
     if json:

@@ -164,6 +164,7 @@ def prepare_train(
             folder = split_dir(cfg.cache_dir, t, s)
             if not (folder / METADATA_NAME).is_file():
                 raise UpsError(f"{folder}: no latent cache (run `ups launch precompute --tasks {t} --splits {s}` first)")
+    resolve_train_device(cfg, nproc)
     env = dict(DEBUG_ENV) if debug else {}
     if faults:
         env["UPS_FAULTS"] = faults
@@ -174,6 +175,28 @@ def prepare_train(
         extra={"nproc": nproc, "nnodes": nnodes, "world_size": nproc * nnodes},
         files={"config.json": jsonlib.dumps(resolved, indent=1).encode()},
     ), cfg
+
+
+def resolve_train_device(cfg: Any, nproc: int) -> None:
+    """One GPU per rank, decided before anything starts: ``auto`` becomes cuda when this node
+    has a GPU for every rank, else cpu (gloo) with a note; ``cuda`` with more ranks than
+    GPUs is refused. Unknown GPU count (no NVML): left to the job."""
+    from ups.errors import UpsError
+    from ups.gpu import visible_device_count
+
+    if not (cfg.device == "auto" or cfg.device.startswith("cuda")):
+        return
+    gpus = visible_device_count()
+    if gpus is None:
+        return
+    if cfg.device == "auto":
+        cfg.device = "cuda" if 0 < nproc <= gpus else "cpu"
+        if 0 < gpus < nproc:
+            typer.echo(f"device auto: {nproc} ranks but {gpus} GPU(s) on this node: training on CPU (gloo); "
+                       f"--nproc {gpus} trains on the GPU", err=True)
+    elif nproc > gpus:
+        raise UpsError(f"device: {cfg.device} with --nproc {nproc} needs {nproc} GPUs, this node has {gpus} "
+                       f"(use --nproc {gpus}, or device: cpu)")
 
 
 @launch_app.command("train")

@@ -15,6 +15,7 @@ from ups.gpu.snapshot import (
     GpuSnapshot,
     NvmlProvider,
     get_provider,
+    visible_device_count,
 )
 
 __all__ = [
@@ -29,4 +30,5 @@ __all__ = [
     "get_provider",
     "gpu_memory_by_pid",
     "records_for_attribution",
+    "visible_device_count",
 ]

@@ -152,3 +152,18 @@ def get_provider() -> GpuProvider:
         except (OSError, ValueError, TypeError) as exc:
             return FakeProvider(GpuSnapshot(False, f"{ENV_FAKE_GPU}={fake}: unreadable fake GPU file ({exc})", source="fake"))
     return NvmlProvider()
+
+
+def visible_device_count(provider: GpuProvider | None = None) -> int | None:
+    """How many GPUs CUDA in a child process would see: ``CUDA_VISIBLE_DEVICES`` when set
+    (CUDA stops at the first negative id), else NVML's device count; None when unknown."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        count = 0
+        for part in visible.split(","):
+            if not part.strip() or part.strip().startswith("-"):
+                break
+            count += 1
+        return count
+    snap = (provider or get_provider()).snapshot()
+    return len(snap.devices) if snap.available else None
