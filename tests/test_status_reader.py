@@ -36,8 +36,9 @@ def test_valid_record_round_trips(tmp_path):
         (json.dumps({**_record().to_dict(), "schema": SCHEMA_VERSION + 1}).encode(), "future schema"),
         (json.dumps({k: v for k, v in _record().to_dict().items() if k != "pid"}).encode(), "missing required key 'pid'"),
         (json.dumps({**_record().to_dict(), "role": "martian"}).encode(), "unknown role"),
+        (b" " * (3 << 20), "file too large"),
     ],
-    ids=["empty", "torn", "garbage", "not-object", "future-schema", "missing-key", "bad-role"],
+    ids=["empty", "torn", "garbage", "not-object", "future-schema", "missing-key", "bad-role", "huge"],
 )
 def test_bad_files_are_reported_not_raised(tmp_path, content, expected):
     good = _record(name="rank-1", rank=1)
