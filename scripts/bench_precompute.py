@@ -96,7 +96,7 @@ def main() -> None:
         "read_limit_sps": {str(w): round(r, 1) for w, r in reads.items()},
         "encode_limit_sps": round(enc, 1),
         "parallel_best_workers": best_workers,
-        "write_workers": job_mod.PrecomputeJob(cfg, NullReporter(), Faults()).write_worker_count(),
+        "write_workers": job_mod.PrecomputeJob(cfg, NullReporter(), Faults()).write_workers,
         "parallel_best_over_limit": round(best / limit, 3),
         "parallel_best_over_legacy": round(best / rates[0], 3),
         "target_over_limit": 0.9,

@@ -66,6 +66,12 @@ def launch(*args: str, timeout: float = 120):
     return res, run
 
 
+def launch_burgers(config: Path, root: Path, cache: Path, *args: str):
+    """The burgers1d precompute with 2 DataLoader workers, as most drills run it."""
+    return launch("--config", str(config), "--root", str(root), "--tasks", "burgers1d", "--cache-dir", str(cache),
+                  "--num-workers", "2", *args)
+
+
 def events(run: RunDir, name: str) -> list[dict]:
     return [e for e in run.read_events() if e["event"] == name]
 
@@ -97,8 +103,7 @@ def test_parallel_and_legacy_write_identical_latents(data_root, writers_config, 
 
 def test_sigkill_halfway_then_rerun_resumes_without_recomputing(data_root, fast_config, tmp_path, runs_root):
     cache = tmp_path / "cache"
-    res, run = launch("--config", str(fast_config), "--root", str(data_root), "--tasks", "burgers1d", "--cache-dir", str(cache),
-                      "--num-workers", "2", "--inject", "slow_read:delay=0.15", "--detach")
+    res, run = launch_burgers(fast_config, data_root, cache, "--inject", "slow_read:delay=0.15", "--detach")
     assert res.returncode == 0, res.stderr
     run = RunDir(next(runs_root.iterdir()))
     folder = cache / "burgers1d_train"
@@ -108,8 +113,7 @@ def test_sigkill_halfway_then_rerun_resumes_without_recomputing(data_root, fast_
         os.killpg(pgid, signal.SIGKILL)
     before = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in folder.glob("sample_*.pt")}
     assert 0 < len(before) < 24
-    res, run2 = launch("--config", str(fast_config), "--root", str(data_root), "--tasks", "burgers1d", "--cache-dir", str(cache),
-                       "--num-workers", "2")
+    res, run2 = launch_burgers(fast_config, data_root, cache)
     assert res.returncode == 0, res.stderr
     after = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in folder.glob("sample_*.pt")}
     assert len(after) == 24
@@ -119,8 +123,7 @@ def test_sigkill_halfway_then_rerun_resumes_without_recomputing(data_root, fast_
 
 
 def test_injected_worker_hang_is_detected_killed_and_the_job_completes(data_root, fast_config, tmp_path, runs_root):
-    res, run = launch("--config", str(fast_config), "--root", str(data_root), "--tasks", "burgers1d",
-                      "--cache-dir", str(tmp_path / "c"), "--num-workers", "2", "--inject", "worker_hang:worker=1,after=1")
+    res, run = launch_burgers(fast_config, data_root, tmp_path / "c", "--inject", "worker_hang:worker=1,after=1")
     assert res.returncode == 0, res.stderr
     hung = events(run, "worker.hung")
     assert len(hung) == 1 and hung[0]["worker"] == 1
@@ -139,8 +142,7 @@ def test_fifo_shard_is_quarantined_with_its_stack_and_the_rest_is_cached(data_ro
     fifo.unlink()
     os.mkfifo(fifo)  # a read that never returns, inside h5py's open, holding the GIL
     started = time.monotonic()
-    res, run = launch("--config", str(fast_config), "--root", str(root), "--tasks", "burgers1d",
-                      "--cache-dir", str(tmp_path / "c"), "--num-workers", "2")
+    res, run = launch_burgers(fast_config, root, tmp_path / "c")
     elapsed = time.monotonic() - started
     assert res.returncode == 3, res.stderr
     assert elapsed < 60  # well within: 2 s worker timeout, 20 s loader timeout
@@ -157,8 +159,7 @@ def test_fifo_shard_is_quarantined_with_its_stack_and_the_rest_is_cached(data_ro
 
 
 def test_fallback_request_finishes_in_legacy_mode(data_root, fast_config, tmp_path, runs_root):
-    res, _ = launch("--config", str(fast_config), "--root", str(data_root), "--tasks", "burgers1d", "--cache-dir", str(tmp_path / "c"),
-                    "--num-workers", "2", "--inject", "slow_read:delay=0.2", "--detach", "--json")
+    res, _ = launch_burgers(fast_config, data_root, tmp_path / "c", "--inject", "slow_read:delay=0.2", "--detach", "--json")
     run = RunDir(json.loads(res.stdout)["run_dir"])
     wait_for(lambda: (run.status_dir / "rank-0-worker-0.json").exists(), 60, message="workers up")
     res = run_ups("fallback", run.run_id)
@@ -173,8 +174,7 @@ def test_fallback_request_finishes_in_legacy_mode(data_root, fast_config, tmp_pa
 
 @pytest.mark.parametrize("writers", [False, True], ids=["in-process", "writer-processes"])
 def test_failed_write_is_a_clear_error_with_no_partial_file(writers, data_root, fast_config, writers_config, tmp_path, runs_root):
-    res, run = launch("--config", str(writers_config if writers else fast_config), "--root", str(data_root), "--tasks", "burgers1d",
-                      "--cache-dir", str(tmp_path / "c"), "--num-workers", "2", "--inject", "write_enospc:after=5")
+    res, run = launch_burgers(writers_config if writers else fast_config, data_root, tmp_path / "c", "--inject", "write_enospc:after=5")
     assert res.returncode == 1
     m = run.read_manifest()
     assert m["state"] == "failed" and "No space left on device" in m["summary"]
@@ -193,8 +193,7 @@ def test_failed_write_is_a_clear_error_with_no_partial_file(writers, data_root, 
 
 @pytest.mark.parametrize("writers", [False, True], ids=["in-process", "writer-processes"])
 def test_sigterm_stops_cleanly_and_marks_the_run_killed(writers, data_root, fast_config, writers_config, tmp_path, runs_root):
-    res, _ = launch("--config", str(writers_config if writers else fast_config), "--root", str(data_root), "--tasks", "burgers1d",
-                    "--cache-dir", str(tmp_path / "c"), "--num-workers", "2", "--inject", "slow_read:delay=0.2", "--detach", "--json")
+    res, _ = launch_burgers(writers_config if writers else fast_config, data_root, tmp_path / "c", "--inject", "slow_read:delay=0.2", "--detach", "--json")
     run = RunDir(json.loads(res.stdout)["run_dir"])
     wait_for(lambda: (run.status_dir / "rank-0-worker-1.json").exists(), 60, message="workers up")
     pids = [json.loads(p.read_text())["pid"] for p in run.status_dir.glob("*.json")]
@@ -220,8 +219,7 @@ def test_bad_input_is_one_line_and_leaves_no_run(tmp_path, runs_root):
 
 
 def test_worker_crash_is_retried_and_every_sample_cached(data_root, fast_config, tmp_path, runs_root):
-    res, run = launch("--config", str(fast_config), "--root", str(data_root), "--tasks", "burgers1d",
-                      "--cache-dir", str(tmp_path / "c"), "--num-workers", "2", "--inject", "worker_crash:worker=0,after=2,signal=SEGV")
+    res, run = launch_burgers(fast_config, data_root, tmp_path / "c", "--inject", "worker_crash:worker=0,after=2,signal=SEGV")
     assert res.returncode == 0, res.stderr
     died = events(run, "worker.died")
     assert len(died) == 1 and died[0]["worker"] == 0
@@ -233,8 +231,7 @@ def test_worker_crash_is_retried_and_every_sample_cached(data_root, fast_config,
 def test_hung_cache_write_fails_the_job_naming_the_file_instead_of_hanging(data_root, tmp_path, runs_root):
     cfg = tmp_path / "hang.yaml"
     cfg.write_text(FAST.replace("write_workers: 0", "write_workers: 2\nwrite_timeout: 3"))
-    res, run = launch("--config", str(cfg), "--root", str(data_root), "--tasks", "burgers1d",
-                      "--cache-dir", str(tmp_path / "c"), "--num-workers", "2", "--inject", "write_hang:after=6")
+    res, run = launch_burgers(cfg, data_root, tmp_path / "c", "--inject", "write_hang:after=6")
     assert res.returncode == 1, res.stderr
     m = run.read_manifest()
     assert m["state"] == "failed" and "write_timeout" in m["summary"] and "sample_00004.pt" in m["summary"], m["summary"]
@@ -243,8 +240,7 @@ def test_hung_cache_write_fails_the_job_naming_the_file_instead_of_hanging(data_
 
 
 def test_writers_die_with_the_job_process(data_root, writers_config, tmp_path, runs_root):
-    res, _ = launch("--config", str(writers_config), "--root", str(data_root), "--tasks", "burgers1d", "--cache-dir", str(tmp_path / "c"),
-                    "--num-workers", "2", "--inject", "slow_read:delay=0.3", "--detach", "--json")
+    res, _ = launch_burgers(writers_config, data_root, tmp_path / "c", "--inject", "slow_read:delay=0.3", "--detach", "--json")
     run = RunDir(json.loads(res.stdout)["run_dir"])
     pids = wait_for(lambda: events(run, "writers.start") and writer_pids(run), 60, message="writers up")
     job_pid = json.loads((run.status_dir / "rank-0.json").read_text())["pid"]

@@ -190,7 +190,7 @@ def resolve_train_device(cfg: Any, nproc: int) -> None:
     if gpus is None:
         return
     if cfg.device == "auto":
-        cfg.device = "cuda" if 0 < nproc <= gpus else "cpu"
+        cfg.device = "cuda" if nproc <= gpus else "cpu"
         if 0 < gpus < nproc:
             typer.echo(f"device auto: {nproc} ranks but {gpus} GPU(s) on this node: training on CPU (gloo); "
                        f"--nproc {gpus} trains on the GPU", err=True)

@@ -70,14 +70,7 @@ class PrecomputeConfig:
     """A batch of cache files not written after this long fails the job (hung storage)."""
 
     def validate(self) -> PrecomputeConfig:
-        from ups.data.tasks import SPLITS, TASKS
-
-        for t in self.tasks:
-            if t not in TASKS:
-                raise ConfigError(f"tasks: unknown task {t!r} (known: {', '.join(TASKS)})")
-        for s in self.splits:
-            if s not in SPLITS:
-                raise ConfigError(f"splits: unknown split {s!r} (known: {', '.join(SPLITS)})")
+        _check_tasks_and_splits(self.tasks, self.splits)
         if not self.tasks or not self.splits:
             raise ConfigError("tasks and splits must not be empty")
         _check(self.num_workers >= 0, "num_workers", self.num_workers, ">= 0")
@@ -113,6 +106,17 @@ class PrecomputeConfig:
             "stalled_after": self.worker_timeout,
             "startup_grace": max(self.worker_timeout, 10.0),
         }
+
+
+def _check_tasks_and_splits(tasks: list[str], splits: list[str]) -> None:
+    from ups.data.tasks import SPLITS, TASKS
+
+    for t in tasks:
+        if t not in TASKS:
+            raise ConfigError(f"tasks: unknown task {t!r} (known: {', '.join(TASKS)})")
+    for s in splits:
+        if s not in SPLITS:
+            raise ConfigError(f"splits: unknown split {s!r} (known: {', '.join(SPLITS)})")
 
 
 def _check(ok: bool, key: str, value: Any, expected: str) -> None:
@@ -224,14 +228,7 @@ class TrainConfig:
     """No heartbeat for this long (pid alive): unresponsive."""
 
     def validate(self) -> TrainConfig:
-        from ups.data.tasks import SPLITS, TASKS
-
-        for t in self.tasks:
-            if t not in TASKS:
-                raise ConfigError(f"tasks: unknown task {t!r} (known: {', '.join(TASKS)})")
-        for s in self.splits:
-            if s not in SPLITS:
-                raise ConfigError(f"splits: unknown split {s!r} (known: {', '.join(SPLITS)})")
+        _check_tasks_and_splits(self.tasks, self.splits)
         _check(self.steps >= 1, "steps", self.steps, ">= 1")
         _check(self.batch_size >= 1, "batch_size", self.batch_size, ">= 1")
         _check(self.lr > 0, "lr", self.lr, "> 0")

@@ -43,7 +43,7 @@ from ups.data.tasks import get_task
 from ups.errors import UpsError
 from ups.faults import Fault, Faults
 from ups.jobs.config import PrecomputeConfig, parse_job_args
-from ups.jobs.writers import write_batch
+from ups.jobs.writers import CacheWriters, write_batch
 from ups.models.encoder import build_encoder, weights_hash
 from ups.runs.rundir import RunDir
 from ups.status.reporter import ENV_RUN_DIR, NullReporter, Reporter
@@ -290,7 +290,8 @@ class PrecomputeJob:
         self.dtype = torch.float16 if cfg.cache_dtype == "float16" else torch.float32
         self.done_count = 0
         self.total = 0
-        self.writers: Any = None  # ups.jobs.writers.CacheWriters while parallel mode writes through it
+        self.write_workers = cfg.write_workers if cfg.write_workers >= 0 else _auto_write_workers()
+        self.writers: CacheWriters | None = None  # started at the first parallel-mode write
         self._current_sources: dict[str, tuple[str, int]] = {}
         # (split, sample index) or (split, file name) -> (why, stack file) of the last blame
         self._blame_reasons: dict[tuple[str, Any], tuple[str, str | None]] = {}
@@ -518,10 +519,6 @@ class PrecomputeJob:
         self.rep.item(batch["source"][0])
         if writers is not None:
             writers.submit(folder, hash_, batch["index"], latents, batch["params"], batch["bc"], batch["source"], fail_at, hang_at)
-            if not writers.pids_announced:  # a fork pool starts all its processes at the first submit
-                writers.pids_announced = True
-                self.event("writers.start", count=writers.n, pids=writers.pids)
-                self.say(f"{writers.n} cache writer processes (pids {', '.join(map(str, writers.pids))})")
             self.collect_writes(done, keep=writers.window)
             return
 
@@ -534,20 +531,14 @@ class PrecomputeJob:
         write_batch(folder, hash_, batch["index"], latents, batch["params"], batch["bc"], batch["source"], fail_at, hang_at, written)
 
     # -- writer processes (parallel mode) ----------------------------------------------------
-    def write_worker_count(self) -> int:
-        n = self.cfg.write_workers
-        if n < 0:  # auto: only where CPUs are to spare beside the readers and the encoder
-            n = min(4, len(os.sched_getaffinity(0)) // 4) if hasattr(os, "sched_getaffinity") else 0
-        return n
-
-    def writer_pool(self) -> Any:
+    def writer_pool(self) -> CacheWriters | None:
         """The writers, started on first use; None in legacy mode or after a fallback."""
-        if self.state.fallback or self.write_worker_count() == 0:
+        if self.state.fallback or self.write_workers == 0:
             return None
         if self.writers is None:
-            from ups.jobs.writers import CacheWriters
-
-            self.writers = CacheWriters(self.write_worker_count(), self.cfg.write_timeout)
+            self.writers = CacheWriters(self.write_workers, self.cfg.write_timeout)
+            self.event("writers.start", count=self.writers.n, pids=self.writers.pids)
+            self.say(f"{self.writers.n} cache writer processes (pids {', '.join(map(str, self.writers.pids))})")
         return self.writers
 
     def collect_writes(self, done: set[int], keep: int) -> None:
@@ -657,6 +648,11 @@ class PrecomputeJob:
             return EXIT_PARTIAL
         self.say(f"done: {self.total} samples cached")
         return EXIT_OK
+
+
+def _auto_write_workers() -> int:
+    """Writers only where CPUs are to spare beside the readers and the encoder."""
+    return min(4, len(os.sched_getaffinity(0)) // 4) if hasattr(os, "sched_getaffinity") else 0
 
 
 def _on_signal(signum: int, _frame: Any) -> None:

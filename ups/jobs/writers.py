@@ -94,13 +94,10 @@ class CacheWriters:
         self.timeout = timeout
         self.window = 2 * n
         self.pool = cf.ProcessPoolExecutor(n, mp_context=mp.get_context("fork"), initializer=_writer_init)
+        self.pool.submit(os.getpid).result()  # a fork pool starts all its processes at the first submit
+        self.pids = sorted(self.pool._processes)  # noqa: SLF001
         self.pending: deque[tuple[cf.Future, list[int], float, str]] = deque()
         self.submitted = 0
-        self.pids_announced = False
-
-    @property
-    def pids(self) -> list[int]:
-        return sorted((self.pool._processes or {}).keys())  # noqa: SLF001
 
     def submit(self, folder: Path, hash_: str, indices: list[int], latents: Any, params: Any, bc: Any, sources: list[str],
                fail_at: int | None = None, hang_at: int | None = None) -> None:
