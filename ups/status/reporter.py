@@ -228,13 +228,19 @@ class Reporter:
         if unit is not None:
             self._unit = unit
 
-    def phase(self, name: str) -> None:
-        """Enter a phase (``dist.init``, ``data.open``, ``encode`` ...). Written at once."""
+    def phase(self, name: str, *, flush: bool = True) -> None:
+        """Enter a phase (``dist.init``, ``data.open``, ``encode`` ...).
+
+        Written at once by default, so a crash right after the change shows it. Phases that
+        change many times a second (one per sample or per batch) pass ``flush=False``: the
+        heartbeat thread writes them within ``interval``, and the hot path does no I/O.
+        """
         now = time.time()
         self._phase = name
         self._phase_at = now
         self._progress_at = now  # a phase change is progress: the loop moved on
-        self.flush()
+        if flush:
+            self.flush()
 
     def item(self, desc: str | None) -> None:
         """The item being worked on now, e.g. ``"burgers1d_train.h5#17"``."""
