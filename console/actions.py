@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,12 +43,12 @@ def kill_process(run: RunDir, record: StatusRecord, *, force: bool, grace: float
     return ActionResult(r.outcome in ("terminated", "killed", "already gone"), f"{record.label} (pid {r.pid}): {r.outcome}")
 
 
-def kill_run(run: RunDir, records: list[StatusRecord], *, force: bool) -> ActionResult:
-    from ups.cli.runs import kill_run as cli_kill_run
+def kill_run(run: RunDir, *, force: bool) -> ActionResult:
+    from ups.runs.actions import kill_run as core_kill_run
     from ups.runs.view import load_run_view
 
     try:
-        results = cli_kill_run(run, load_run_view(run), actor=ACTOR, reason="operator: kill run from the console", grace=5.0, force=force)
+        results = core_kill_run(run, load_run_view(run), actor=ACTOR, reason="operator: kill run from the console", grace=5.0, force=force)
     except UpsError as exc:
         return ActionResult(False, str(exc))
     return ActionResult(True, f"run {run.run_id}: " + ", ".join(f"{r.name} {r.outcome}" for r in results))
@@ -63,27 +62,24 @@ def stacks(run: RunDir, record: StatusRecord) -> ActionResult:
 
 
 def fallback(run: RunDir) -> ActionResult:
-    m = run.read_manifest()
-    if m.get("kind") != "precompute" or m.get("state") not in ("launching", "running"):
-        return ActionResult(False, "fallback applies to a running precompute")
-    run.put_control("fallback", actor=ACTOR)
+    from ups.runs.actions import request_fallback
+
+    try:
+        request_fallback(run, actor=ACTOR)
+    except UpsError as exc:
+        return ActionResult(False, str(exc))
     return ActionResult(True, f"asked {run.run_id} to fall back to num_workers=0")
 
 
-def relaunch_legacy(run: RunDir, runs_dir: Path) -> ActionResult:
-    """A new precompute with the same config, num_workers=0, resuming from the cache."""
-    m = run.read_manifest()
-    if m.get("kind") != "precompute":
-        return ActionResult(False, "relaunch in legacy mode applies to precompute runs")
-    cfg = dict(m.get("config") or {})
-    args = [sys.executable, "-m", "ups", "launch", "precompute", "--root", cfg.get("root", ""), "--cache-dir",
-            cfg.get("cache_dir", ""), "--legacy", "--detach", "--json", "--runs-dir", str(runs_dir)]
-    for t in cfg.get("tasks", []):
-        args += ["--tasks", t]
-    for s in cfg.get("splits", []):
-        args += ["--splits", s]
-    run.append_event("relaunch", actor=ACTOR, mode="legacy")
-    return launch(args)
+def relaunch(run: RunDir, runs_dir: Path) -> ActionResult:
+    """The same command as a new run with every DataLoader at num_workers=0 (a precompute
+    resumes from its cache); the message is the new run's id."""
+    from ups.launch.relaunch import relaunch as core_relaunch
+
+    try:
+        return ActionResult(True, core_relaunch(run, str(runs_dir), num_workers=0, actor=ACTOR).run_id)
+    except UpsError as exc:
+        return ActionResult(False, str(exc))
 
 
 def launch(args: list[str]) -> ActionResult:

@@ -161,13 +161,13 @@ class UpsConsole(App):
 
         run = RunDir(self.runs_dir / run_id)
         if what == "kill":
-            result = actions.kill_run(run, [], force=force) if record is None else actions.kill_process(run, record, force=force)
+            result = actions.kill_run(run, force=force) if record is None else actions.kill_process(run, record, force=force)
         elif what == "stacks":
             result = actions.stacks(run, record)
         elif what == "fallback":
             result = actions.fallback(run)
         elif what == "relaunch":
-            result = actions.relaunch_legacy(run, self.runs_dir)
+            result = actions.relaunch(run, self.runs_dir)
             if result.ok:
                 self.call_from_thread(self.open_run, result.message)
         else:  # pragma: no cover

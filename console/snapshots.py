@@ -154,10 +154,10 @@ class Poller:
             selected = next((n for n in names if n.startswith("rank-") and "worker" not in n), names[0] if names else None)
         proc = view.process(selected) if selected else None
         if proc is not None and proc.record.role == "rank":
-            from ups.cli.runs import find_logs
+            from ups.runs.actions import find_logs
 
             try:
-                paths = find_logs(view.run, proc.record.rank) if (view.kind == "train") else [view.run.log_path("job")]
+                paths = find_logs(view.run, proc.record.rank) if view.kind in ("train", "torchrun") else [view.run.log_path("job")]
             except Exception:  # noqa: BLE001
                 paths = [view.run.log_path("job")]
         else:

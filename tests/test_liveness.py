@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import textwrap
+import time
 
 import pytest
 from helpers import run_ups, wait_for
@@ -90,6 +91,8 @@ def test_reused_pid_is_dead_and_kill_refuses_it(procs, runs_root):
     """A record naming a live pid with another start time: a stranger, never signalled."""
     run, proc = start_job(procs, runs_root, "sleep")
     path = run.status_dir / "rank-0.json"
+    job_start = StatusRecord.from_json(path.read_text()).pid_start
+    wait_for(lambda: time.time() > job_start + 0.1, 5, message="a later start time for the stranger")
     stranger = procs.python("import time; time.sleep(60)")
     wait_for(lambda: os.path.exists(f"/proc/{stranger.pid}"), 5, message="stranger up")
     proc.send_signal(signal.SIGKILL)

@@ -46,7 +46,7 @@ class RunScreen(Screen):
         Binding("K", "kill_run", "Kill run"),
         Binding("s", "stacks", "Dump stacks"),
         Binding("f", "fallback", "Fallback w=0"),
-        Binding("r", "relaunch", "Relaunch legacy"),
+        Binding("r", "relaunch", "Relaunch w=0"),
     ]
 
     def __init__(self, run_id: str) -> None:
@@ -111,7 +111,7 @@ class RunScreen(Screen):
         d = snap.detail
         view = d.view
         self._set("#run-header", run_header(view, snap.taken_at))
-        ranks = view.ranks() + [p for p in view.processes if p.record.role == "launcher"]
+        ranks = view.ranks() + [p for p in view.processes if p.record.role in ("helper", "agent", "launcher")]
         self.query_one("#ranks", LiveTable).sync([(p.record.name, lambda p=p: rank_cells(p)) for p in ranks])
         sel = view.process(d.selected) if d.selected else None
         rank = sel.record.rank if sel is not None else 0

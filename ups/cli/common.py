@@ -50,3 +50,14 @@ def fail(message: str, code: int = 2) -> typer.Exit:
     """Print ``ups: <message>`` on stderr and return an Exit to raise."""
     typer.echo(f"ups: {message}", err=True)
     return typer.Exit(code)
+
+
+def cli_actor() -> str:
+    """``cli:<user>``: who acted, for a run's event log."""
+    import getpass
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    return f"cli:{user}"

@@ -1,4 +1,4 @@
-"""``ups fallback``: ask a live precompute to continue with num_workers=0."""
+"""``ups fallback`` and ``ups relaunch``: the operator's ways out of hung DataLoader workers."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ from typing import Annotated
 import typer
 
 from ups.cli.app import app
-from ups.cli.common import JsonOption, RunsDirOption, default_runs_dir, print_json
-from ups.errors import UpsError
+from ups.cli.common import JsonOption, RunsDirOption, cli_actor, default_runs_dir, print_json
 
 
 @app.command("fallback")
@@ -23,18 +22,14 @@ def fallback_cmd(
 
     Writes a control request that the job's watchdog picks up within about a second; the
     remaining samples are read by the main process (num_workers=0), nothing is lost. Exit 1
-    when the job did not acknowledge within --wait seconds.
+    when the job did not acknowledge within --wait seconds. For a program of your own, use
+    `ups relaunch RUN --num-workers 0`.
     """
-    from ups.cli.runs import _actor
+    from ups.runs.actions import request_fallback
     from ups.runs.rundir import resolve_run
 
     rd = resolve_run(runs_dir, run)
-    m = rd.read_manifest()
-    if m.get("kind") != "precompute":
-        raise UpsError(f"run {rd.run_id} is a {m.get('kind')} run; fallback applies to precompute runs")
-    if m.get("state") not in ("launching", "running"):
-        raise UpsError(f"run {rd.run_id} is {m.get('state')}; nothing to fall back")
-    path = rd.put_control("fallback", actor=_actor())
+    path = request_fallback(rd, actor=cli_actor())
     deadline = time.monotonic() + wait
     done = path.with_suffix(".done")
     while time.monotonic() < deadline and not done.exists():
@@ -46,3 +41,27 @@ def fallback_cmd(
         typer.echo(f"{rd.run_id}: " + ("the job is falling back to num_workers=0" if acked else f"no acknowledgement within {wait:g} s (is the job alive? `ups status {rd.run_id}`)"))
     if not acked:
         raise typer.Exit(1)
+
+
+@app.command("relaunch")
+def relaunch_cmd(
+    run: Annotated[str, typer.Argument(help="Run id, unique prefix, or path.")],
+    num_workers: Annotated[int | None, typer.Option("--num-workers", help="Force every DataLoader of the new run to this many workers (0: load in the main process).")] = None,
+    grace: Annotated[float, typer.Option(help="Seconds between SIGTERM and SIGKILL when the run is still alive.")] = 5.0,
+    detach: Annotated[bool, typer.Option("--detach", help="Start the new run and return at once.")] = False,
+    runs_dir: RunsDirOption = default_runs_dir(),
+    json: JsonOption = False,
+) -> None:
+    """Run a run's command again as a new run (stopping the old one first if it is alive).
+
+    With --num-workers 0 every DataLoader of the new run loads in its main process (the
+    instrumentation overrides num_workers and drops persistent_workers / prefetch_factor):
+    the way out when workers hang or die and the program is not yours to change. A
+    precompute resumes from its cache. Both runs record the relaunch in their events.
+    """
+    from ups.cli.launch import start_and_follow
+    from ups.launch.relaunch import relaunch
+    from ups.runs.rundir import resolve_run
+
+    new = relaunch(resolve_run(runs_dir, run), str(runs_dir), num_workers=num_workers, actor=cli_actor(), grace=grace)
+    start_and_follow(new, detach=detach, json_out=json)

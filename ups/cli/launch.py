@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from typer.core import TyperCommand
 
 from ups.cli.common import JsonOption, RunsDirOption, default_runs_dir, print_json
+from ups.errors import UpsError
 
 launch_app = typer.Typer(
     help="Start a job detached from this terminal and follow it (Ctrl-C stops following only).",
@@ -174,6 +176,7 @@ def prepare_train(
         argv=["ups", *sys.argv[1:]], config=resolved, env=env, thresholds=cfg.thresholds(),
         extra={"nproc": nproc, "nnodes": nnodes, "world_size": nproc * nnodes},
         files={"config.json": jsonlib.dumps(resolved, indent=1).encode()},
+        instrument="agent",  # torchrun's agent, the ranks and any helper report as a user's program does
     ), cfg
 
 
@@ -271,3 +274,141 @@ def launch_pipeline(
         files={"pipeline.json": jsonlib.dumps(plan, indent=1).encode()},
     )
     start_and_follow(run, detach=detach, json_out=json)
+
+
+# ------------------------------------------------------------- any program, unchanged
+class PassThroughCommand(TyperCommand):
+    """``ups``'s own options first; from the first token that is not one of them, everything
+    passes through untouched (the user's torchrun or python line, ``--`` included)."""
+
+    def parse_args(self, ctx, args):  # type: ignore[override]
+        flags, valued = set(ctx.help_option_names), set()
+        for param in self.get_params(ctx):
+            if getattr(param, "param_type_name", "") == "option":  # typer vendors its own click
+                (flags if param.is_flag else valued).update(param.opts)
+        ours: list[str] = []
+        i = 0
+        while i < len(args):
+            tok = args[i]
+            name = tok.split("=", 1)[0]
+            if tok in flags:
+                ours.append(tok)
+                i += 1
+            elif name in valued:
+                take = 1 if "=" in tok else 2
+                ours.extend(args[i : i + take])
+                i += take
+            else:
+                break
+        super().parse_args(ctx, ours)
+        ctx.args = list(args[i:])
+        return ctx.args
+
+
+PROGRAM_SETTINGS = {"ignore_unknown_options": True, "allow_extra_args": True, "allow_interspersed_args": False}
+NameOption = Annotated[str | None, typer.Option("--name", help="Readable part of the run id (default: the script's name).")]
+TotalStepsOption = Annotated[int | None, typer.Option("--total-steps", help="Optimizer steps the program will make: gives progress a total and an ETA.")]
+StalledOption = Annotated[float | None, typer.Option("--stalled-after", help="Seconds without progress (heartbeat alive) before a process counts as stalled [default: 60].")]
+UnresponsiveOption = Annotated[float | None, typer.Option("--unresponsive-after", help="Seconds without a heartbeat (pid alive) before a process counts as unresponsive [default: 10].")]
+
+
+def launch_program(ctx: typer.Context, launcher: str, *, name: str | None, total_steps: int | None, detach: bool,
+                   runs_dir: Path, json_out: bool, stalled_after: float | None, unresponsive_after: float | None) -> None:
+    from ups.launch import programs
+    from ups.launch.spawn import launch_run
+
+    line_args = list(ctx.args)
+    if not line_args:
+        raise UpsError(f"nothing to run: give your {launcher} line after `ups launch {launcher}` "
+                       f"(e.g. `ups launch {launcher} {'--nproc-per-node 2 ' if launcher == 'torchrun' else ''}train.py`)")
+    if total_steps is not None and total_steps < 1:
+        raise UpsError("--total-steps must be >= 1")
+    thresholds: dict[str, Any] = {"phase_stalled_after": {"agent": None, "helper": None}}
+    for key, value in (("stalled_after", stalled_after), ("unresponsive_after", unresponsive_after)):
+        if value is not None:
+            if value <= 0:
+                raise UpsError(f"--{key.replace('_', '-')} must be > 0 seconds")
+            thresholds[key] = value
+    if launcher == "torchrun":
+        line = programs.parse_torchrun(line_args)
+        command = programs.torchrun_command(line)
+        top_role = "agent"
+        extra: dict[str, Any] = {"world_size": programs.world_size(line), "nproc": line.values.get("nproc_per_node"),
+                                 "nnodes": line.values.get("nnodes") or 1}
+    else:
+        line = programs.parse_python(line_args)
+        command = [programs.python_executable(), *line_args]
+        top_role = "rank"
+        extra = {"world_size": 1}
+    programs.check_script(line)
+    extra["program"] = {"launcher": launcher, "line": line_args, "target": line.target, "args": line.args}
+    env = {"UPS_TOTAL_STEPS": str(total_steps)} if total_steps else {}
+    run = launch_run(runs_dir, launcher, command, argv=["ups", *sys.argv[1:]], env=env, extra=extra,
+                     name=name or line.name, instrument=top_role, thresholds=thresholds)
+    start_and_follow(run, detach=detach, json_out=json_out)
+
+
+@launch_app.command("torchrun", cls=PassThroughCommand, context_settings=PROGRAM_SETTINGS,
+                    options_metavar="[UPS OPTIONS] [TORCHRUN OPTIONS] SCRIPT|-m MODULE [ARGS]...")
+def launch_torchrun(
+    ctx: typer.Context,
+    name: NameOption = None,
+    total_steps: TotalStepsOption = None,
+    stalled_after: StalledOption = None,
+    unresponsive_after: UnresponsiveOption = None,
+    detach: DetachOption = False,
+    runs_dir: RunsDirOption = default_runs_dir(),
+    json: JsonOption = False,
+) -> None:
+    """Run your own torchrun line, unchanged, watched by ups: put `ups launch` in front of it.
+
+    \b
+        torchrun --nproc-per-node 2 train.py --lr 3e-4
+        ups launch torchrun --nproc-per-node 2 train.py --lr 3e-4
+
+    ups's options (below) go first; from the first torchrun option on, everything passes to
+    torchrun untouched, `--` included. torchrun gets --standalone when you gave no
+    rendezvous option (a busy port 29500 never matters), and its --log-dir, --redirects and
+    --tee inside the run when you gave none.
+
+    No code change: every Python process of the job (torchrun's agent, each rank, each
+    DataLoader worker, any helper) gets a status record, stack dumps (`ups stacks`), phases
+    (dist.init, ddp.wrap, data, train, checkpoint, collective:<op> ...), progress (optimizer
+    steps) and, on an uncaught exception, the error and file:line (also as torchrun's error
+    file). The run succeeds only when torchrun exits 0 and every rank ended normally; a rank
+    that leaves with os._exit or a signal while its peers run is named as the root cause.
+    UPS_INSTRUMENT=0 turns the instrumentation off.
+
+    Exit codes (when following): 0 succeeded, 1 failed or killed, 2 bad input.
+    """
+    launch_program(ctx, "torchrun", name=name, total_steps=total_steps, detach=detach, runs_dir=runs_dir, json_out=json,
+                   stalled_after=stalled_after, unresponsive_after=unresponsive_after)
+
+
+@launch_app.command("python", cls=PassThroughCommand, context_settings=PROGRAM_SETTINGS,
+                    options_metavar="[UPS OPTIONS] [PYTHON OPTIONS] SCRIPT|-m MODULE [ARGS]...")
+def launch_python(
+    ctx: typer.Context,
+    name: NameOption = None,
+    total_steps: TotalStepsOption = None,
+    stalled_after: StalledOption = None,
+    unresponsive_after: UnresponsiveOption = None,
+    detach: DetachOption = False,
+    runs_dir: RunsDirOption = default_runs_dir(),
+    json: JsonOption = False,
+) -> None:
+    """Run your own python line (a data script, a single-GPU training), watched by ups.
+
+    \b
+        python prepare.py --split train
+        ups launch python prepare.py --split train
+
+    The `python` your shell would run is used, in this folder, with your environment. Every
+    Python process of the job reports (the script, each DataLoader worker, any helper) with
+    no code change; see `ups launch torchrun --help`. `ups relaunch RUN --num-workers 0`
+    reruns it with every DataLoader loading in the main process.
+
+    Exit codes (when following): 0 succeeded, 1 failed or killed, 2 bad input.
+    """
+    launch_program(ctx, "python", name=name, total_steps=total_steps, detach=detach, runs_dir=runs_dir, json_out=json,
+                   stalled_after=stalled_after, unresponsive_after=unresponsive_after)

@@ -6,16 +6,21 @@ Thin: resolve the run, build a :class:`~ups.runs.view.RunView`, render or act th
 
 from __future__ import annotations
 
-import os
 import sys
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from ups.cli.app import app
-from ups.cli.common import JsonOption, RunArgument, RunsDirOption, default_runs_dir, print_json
+from ups.cli.common import (
+    JsonOption,
+    RunArgument,
+    RunsDirOption,
+    cli_actor,
+    default_runs_dir,
+    print_json,
+)
 from ups.errors import UpsError
 from ups.format import (
     HEALTH_STYLES,
@@ -28,7 +33,6 @@ from ups.format import (
 )
 
 if TYPE_CHECKING:  # the run/status modules load only when a command runs (fast --help)
-    from ups.runs.rundir import RunDir
     from ups.runs.view import ProcessView, RunView
     from ups.status.record import StatusRecord
 
@@ -36,16 +40,6 @@ RankOption = Annotated[int | None, typer.Option("--rank", "-r", help="Rank to ta
 WorkerOption = Annotated[
     int | None, typer.Option("--worker", "-w", help="DataLoader worker id of that rank (rank 0 if no --rank).")
 ]
-
-
-def _actor() -> str:
-    import getpass
-
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = str(os.getuid())
-    return f"cli:{user}"
 
 
 def _console(stderr: bool = False):  # rich is imported lazily: ~30 ms we only pay when drawing
@@ -278,26 +272,6 @@ def select_records(view: RunView, rank: int | None, worker: int | None) -> list[
     return [p.record for p in view.processes]
 
 
-def kill_run(rd: RunDir, view: RunView, *, actor: str, reason: str, grace: float, force: bool):
-    """Stop a whole run: ask the launcher first (it stops the job group), then make sure."""
-    from ups.runs.signals import KillResult, is_alive, terminate
-    from ups.runs.view import load_run_view
-
-    rd.append_event("kill", actor=actor, target="run", reason=reason, force=force)
-    launcher = [p.record for p in view.processes if p.record.role == "launcher"]
-    results: list[KillResult] = []
-    if launcher and is_alive(launcher[0]) and not force:
-        results += terminate(rd, launcher, actor=actor, reason=reason, grace=grace + 5.0)
-    rest = [r for r in load_run_view(rd).processes if r.record.role != "launcher" and is_alive(r.record)]
-    results += terminate(rd, [p.record for p in rest], actor=actor, reason=reason, grace=grace, force=force)
-    if force and launcher:
-        results += terminate(rd, launcher, actor=actor, reason=reason, grace=grace, force=True)
-    manifest = rd.read_manifest()
-    if manifest.get("state") not in ("succeeded", "partial", "failed", "killed"):
-        rd.set_state("killed", summary=f"killed by {actor}: {reason}")
-    return results
-
-
 @app.command("kill")
 def kill_cmd(
     run: Annotated[str, typer.Argument(help="Run id, unique prefix, or path.")],
@@ -316,13 +290,14 @@ def kill_cmd(
     SIGKILL after --grace seconds. Without --rank/--worker the whole run is stopped and
     marked killed. Every signal is written to the run's events.jsonl.
     """
+    from ups.runs.actions import kill_run
     from ups.runs.rundir import resolve_run
     from ups.runs.signals import check_identity, terminate
     from ups.runs.view import load_run_view
 
     rd = resolve_run(runs_dir, run)
     view = load_run_view(rd)
-    actor = _actor()
+    actor = cli_actor()
     if rank is None and worker is None:
         results = kill_run(rd, view, actor=actor, reason=reason, grace=grace, force=force)
     else:
@@ -371,7 +346,7 @@ def stacks_cmd(
         typer.echo(f"--- {rec.label} (pid {rec.pid}, phase {rec.phase}) ---")
         if rec.state == "running" and is_alive(rec):
             try:
-                typer.echo(dump_stacks(rd, rec, actor=_actor(), timeout=timeout).rstrip())
+                typer.echo(dump_stacks(rd, rec, actor=cli_actor(), timeout=timeout).rstrip())
                 continue
             except RefusedSignal as exc:
                 typer.echo(f"ups: {exc}", err=True)
@@ -383,20 +358,6 @@ def stacks_cmd(
 
 
 # ---------------------------------------------------------------------------------- logs
-def find_logs(rd: RunDir, rank: int | None) -> list[Path]:
-    """The job log, or one rank's logs (``logs/rank-R.log`` or torchrun's stdout + stderr)."""
-    if rank is None:
-        return [rd.log_path("job")]
-    direct = rd.log_path(f"rank-{rank}")
-    if direct.exists():
-        return [direct]
-    # torchrun --log-dir layout: logs/torchrun/<id>/attempt_N/<rank>/{stdout,stderr}.log
-    attempts = sorted(rd.logs_dir.glob(f"**/attempt_*/{rank}"), key=lambda p: p.stat().st_mtime)
-    if attempts:
-        return [p for p in (attempts[-1] / "stdout.log", attempts[-1] / "stderr.log") if p.exists()]
-    raise UpsError(f"run {rd.run_id} has no log for rank {rank} under {rd.logs_dir}")
-
-
 @app.command("logs")
 def logs_cmd(
     run: RunArgument = None,
@@ -406,6 +367,7 @@ def logs_cmd(
     runs_dir: RunsDirOption = default_runs_dir(),
 ) -> None:
     """Print the job's log (or one rank's with --rank)."""
+    from ups.runs.actions import find_logs
     from ups.runs.rundir import resolve_run
 
     rd = resolve_run(runs_dir, run)

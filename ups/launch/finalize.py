@@ -10,10 +10,11 @@ Job kinds may register their own rule (e.g. precompute maps exit code 3 to ``par
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ups.launch.exits import ProcessExit
 from ups.runs.view import RunView
 from ups.status.record import StatusRecord
 
@@ -26,7 +27,16 @@ class Outcome:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-Finalizer = Callable[[RunView, int, bool], Outcome]
+@dataclass(frozen=True)
+class End:
+    """How the job's top process ended, and what the supervisor saw of every other one."""
+
+    returncode: int
+    terminated: bool = False  # the operator (or a signal to the launcher) stopped it
+    exits: Mapping[str, ProcessExit] = field(default_factory=dict)
+
+
+Finalizer = Callable[[RunView, End], Outcome]
 _FINALIZERS: dict[str, Finalizer] = {}
 
 
@@ -71,8 +81,9 @@ def failure_dict(rec: StatusRecord | None) -> dict[str, Any] | None:
     }
 
 
-def default_finalizer(view: RunView, returncode: int, terminated: bool) -> Outcome:
-    if terminated:
+def default_finalizer(view: RunView, end: End) -> Outcome:
+    returncode = end.returncode
+    if end.terminated:
         return Outcome("killed", f"stopped by request ({describe_returncode(returncode)})")
     ranks = view.ranks()
     not_done = [p.record for p in ranks if p.record.state != "done"]
@@ -95,6 +106,6 @@ def default_finalizer(view: RunView, returncode: int, terminated: bool) -> Outco
     return Outcome("failed", what)
 
 
-def finalize(view: RunView, returncode: int, terminated: bool) -> Outcome:
+def finalize(view: RunView, end: End) -> Outcome:
     kind = view.kind or ""
-    return _FINALIZERS.get(kind, default_finalizer)(view, returncode, terminated)
+    return _FINALIZERS.get(kind, default_finalizer)(view, end)

@@ -1,33 +1,47 @@
-"""How each job kind's end maps to a run state (registered with ups.launch.finalize)."""
+"""How each job kind's end maps to a run state (registered with ups.launch.finalize).
+
+torchrun runs (our ``train`` and any ``ups launch torchrun``) share one rule, and so do
+single-process runs: a run is ``succeeded`` only when the top process exited 0 **and** every
+rank's final record says done, i.e. every rank left through a normal interpreter exit.
+"""
 
 from __future__ import annotations
 
+import math
 import re
 import signal
+from typing import Any
 
-from ups.launch.finalize import Outcome, default_finalizer, describe_returncode, register_finalizer
+from ups.launch.finalize import (
+    End,
+    Outcome,
+    default_finalizer,
+    describe_returncode,
+    register_finalizer,
+)
 from ups.runs.view import RunView
 
 PRECOMPUTE_PARTIAL = 3
 STOPPED_CODES = (130, 143)  # exited after SIGINT / SIGTERM
+NO_NORMAL_EXIT = "ended without a normal interpreter exit (os._exit or a signal)"
 
 
 @register_finalizer("precompute")
-def precompute_outcome(view: RunView, returncode: int, terminated: bool) -> Outcome:
+def precompute_outcome(view: RunView, end: End) -> Outcome:
     summary = (view.manifest or {}).get("precompute") or {}
-    if terminated or returncode in STOPPED_CODES:
-        return Outcome("killed", f"stopped ({describe_returncode(returncode)}); rerun to resume from the cache")
-    if returncode == PRECOMPUTE_PARTIAL:
+    if end.terminated or end.returncode in STOPPED_CODES:
+        return Outcome("killed", f"stopped ({describe_returncode(end.returncode)}); rerun to resume from the cache")
+    if end.returncode == PRECOMPUTE_PARTIAL:
         q = summary.get("quarantined") or []
         names = ", ".join(f"{x['task_split']}:{x['source']}" for x in q[:5]) + (" ..." if len(q) > 5 else "")
         return Outcome("partial", f"{summary.get('cached', '?')}/{summary.get('total', '?')} samples cached; {len(q)} quarantined: {names}")
-    outcome = default_finalizer(view, returncode, terminated)
+    outcome = default_finalizer(view, end)
     if outcome.state == "succeeded" and summary:
         return Outcome("succeeded", f"{summary.get('cached')}/{summary.get('total')} samples cached")
     return outcome
 
 
-# ---------------------------------------------------------------------------- train
+# --------------------------------------------------------------------------- torchrun
 _FAILURE_RE = re.compile(
     r"rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(?P<code>-?\d+)\s*\(pid:\s*(?P<pid>\d+)\)"
 )
@@ -52,40 +66,89 @@ def _signal_of(code: int | None) -> str | None:
         return f"signal {-code}"
 
 
+def _first_line(text: str | None, limit: int = 160) -> str:
+    line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _log_tail(view: RunView) -> str:
+    try:
+        return view.run.log_path("job").read_text(errors="replace")[-200_000:]
+    except OSError:
+        return ""
+
+
 @register_finalizer("train")
-def train_outcome(view: RunView, returncode: int, terminated: bool) -> Outcome:
+@register_finalizer("torchrun")
+def torchrun_outcome(view: RunView, end: End) -> Outcome:
     m = view.manifest or {}
     world = int(m.get("world_size") or 0)
-    try:
-        log = view.run.log_path("job").read_text(errors="replace")[-200_000:]
-    except OSError:
-        log = ""
-    codes, root = torchrun_failures(log)
+    log = _log_tail(view)
+    codes, torchrun_root = torchrun_failures(log)
     records = {p.record.rank: p.record for p in view.ranks()}
-    ranks: dict[str, dict] = {}
+    ranks: dict[str, dict[str, Any]] = {}
     for r in sorted(set(range(world)) | set(records) | set(codes)):
         rec = records.get(r)
-        code = codes.get(r, 0 if rec is not None and rec.state == "done" else None)
+        ex = end.exits.get(rec.name) if rec is not None else None
+        state = rec.state if rec is not None else "no record"
+        code = codes.get(r)
+        if code is None and rec is not None and rec.state != "running":
+            code = rec.exit_code
         ranks[str(r)] = {
             "exit_code": code if code is None or code >= 0 else None,
             "signal": _signal_of(code),
             "phase": rec.phase if rec else None,
-            "state": rec.state if rec else "no record",
+            "step": rec.step if rec else None,
+            "state": state,
+            "clean": None if rec is None else state != "running",
+            "ended_at": ex.at if ex is not None else None,
             "error": rec.error if rec else None,
+            "error_site": rec.error_site if rec else None,
         }
     extra = {"ranks": ranks}
-    if terminated or returncode in STOPPED_CODES:
-        return Outcome("killed", f"stopped ({describe_returncode(returncode)})", extra=extra)
-    all_done = bool(records) and all(v["state"] == "done" for v in ranks.values()) and (not world or len(records) == world)
-    if returncode == 0 and all_done:
+    if end.terminated or end.returncode in STOPPED_CODES:
+        return Outcome("killed", f"stopped ({describe_returncode(end.returncode)})", extra=extra)
+
+    def abnormal(v: dict[str, Any]) -> bool:
+        return v["state"] != "done" or bool(v["exit_code"]) or v["signal"] is not None
+
+    bad_ranks = [r for r, v in ranks.items() if abnormal(v)]
+    if end.returncode == 0 and records and not bad_ranks and (not world or len(records) == world):
         return Outcome("succeeded", f"{len(records)} rank(s) done", extra=extra)
-    bad = root if root is not None else next((int(r) for r, v in ranks.items() if v["state"] != "done" or v["exit_code"]), None)
-    if bad is None:
-        return Outcome("failed", describe_returncode(returncode), extra=extra)
+
+    def ended(r: str) -> float:
+        v, rec = ranks[r], records.get(int(r))
+        if v["ended_at"] is not None:
+            return v["ended_at"]
+        return rec.heartbeat_at if rec is not None else math.inf
+
+    if not bad_ranks:
+        agent = next((p.record for p in view.processes if p.record.role == "agent"), None)
+        why = f": {agent.error}" if agent is not None and agent.error else ""
+        return Outcome("failed", f"torchrun {describe_returncode(end.returncode)}{why}", extra=extra)
+    # The root cause is the rank that ended abnormally first, by the supervisor's clock.
+    bad_ranks.sort(key=ended)
+    bad = int(bad_ranks[0])
     info = ranks[str(bad)]
-    how = f"killed by {info['signal']}" if info["signal"] else (info["error"] or f"exit code {info['exit_code']}")
-    failure = {"rank": bad, "signal": info["signal"], "exit_code": info["exit_code"], "phase": info["phase"], "error": info["error"]}
+    if info["signal"]:
+        how = f"killed by {info['signal']}"
+    elif info["state"] == "running":
+        how = NO_NORMAL_EXIT + (f", exit code {info['exit_code']}" if info["exit_code"] is not None else "")
+    elif info["state"] == "no record":
+        how = f"exit code {info['exit_code']} before it wrote a status record" if info["exit_code"] is not None else "never wrote a status record"
+    else:
+        how = f"failed: {info['error']}," if info["error"] else f"failed with exit code {info['exit_code']}"
     summary = f"rank {bad} {how} in phase {info['phase']}"
+    if info["state"] == "running" and not info["signal"]:
+        still = [r for r in ranks if r != str(bad) and ended(r) > ended(str(bad))]
+        summary += f" at step {info['step']}" + (f", while rank {', '.join(still)} still ran" if still else "")
+    if torchrun_root is not None and torchrun_root != bad:
+        summary += f" (torchrun blamed rank {torchrun_root}, which failed after it)"
+    failure: dict[str, Any] = {"rank": bad, "signal": info["signal"], "exit_code": info["exit_code"], "phase": info["phase"],
+                               "error": info["error"], "error_site": info["error_site"], "clean": info["clean"],
+                               "step": info["step"], "torchrun_root": torchrun_root,
+                               "followed_by": [{"rank": int(r), "state": ranks[r]["state"], "signal": ranks[r]["signal"],
+                                                "error": _first_line(ranks[r]["error"])} for r in bad_ranks[1:]]}
     if "collective mismatch" in log or "doesn't match expected size" in log:
         # The rank that crashes is the one that noticed, not always the one that skipped:
         # show where every rank was, so the odd one out stands out.
@@ -95,12 +158,37 @@ def train_outcome(view: RunView, returncode: int, terminated: bool) -> Outcome:
     return Outcome("failed", summary, failure, extra=extra)
 
 
+# ------------------------------------------------------------------------- python
+@register_finalizer("python")
+def python_outcome(view: RunView, end: End) -> Outcome:
+    """A single-process program: the supervisor's own child is rank 0."""
+    rc = end.returncode
+    if end.terminated or rc in STOPPED_CODES:
+        return Outcome("killed", f"stopped ({describe_returncode(rc)})")
+    rec = next((p.record for p in view.ranks() if p.record.rank == 0), None)
+    if rec is None:
+        if not (view.manifest or {}).get("instrument", True):
+            return Outcome("succeeded" if rc == 0 else "failed", f"{describe_returncode(rc)} (not instrumented: UPS_INSTRUMENT=0)")
+        return Outcome("failed", f"{describe_returncode(rc)}; the program wrote no status record "
+                                 "(python -I, -E or -S skip the instrumentation)")
+    where = f"in phase {rec.phase}"
+    failure = {"rank": 0, "pid": rec.pid, "phase": rec.phase, "error": rec.error, "error_site": rec.error_site,
+               "exit_code": rc if rc >= 0 else None, "signal": _signal_of(rc), "step": rec.step}
+    if rc == 0 and rec.state == "done":
+        return Outcome("succeeded", f"exited 0 after {rec.step} {rec.unit}")
+    if rc < 0:
+        return Outcome("failed", f"killed by {_signal_of(rc)} {where} at step {rec.step}", failure)
+    if rec.state == "running":
+        return Outcome("failed", f"{NO_NORMAL_EXIT}, exit code {rc}, {where} at step {rec.step}", failure)
+    return Outcome("failed", f"{rec.error or describe_returncode(rc)} {where}", failure)
+
+
 @register_finalizer("pipeline")
-def pipeline_outcome(view: RunView, returncode: int, terminated: bool) -> Outcome:
+def pipeline_outcome(view: RunView, end: End) -> Outcome:
     stages = (view.manifest or {}).get("stages") or []
     text = ", ".join(f"{s['stage']} {s.get('state')}" for s in stages)
-    if terminated or returncode in STOPPED_CODES:
+    if end.terminated or end.returncode in STOPPED_CODES:
         return Outcome("killed", f"stopped; {text}")
-    if returncode == 0 and stages and all(s.get("state") == "succeeded" for s in stages):
+    if end.returncode == 0 and stages and all(s.get("state") == "succeeded" for s in stages):
         return Outcome("succeeded", text)
-    return Outcome("failed", text or describe_returncode(returncode))
+    return Outcome("failed", text or describe_returncode(end.returncode))

@@ -23,23 +23,33 @@ def launch_run(
     thresholds: Thresholds | dict[str, Any] | None = None,
     extra: dict[str, Any] | None = None,
     files: dict[str, bytes] | None = None,
+    name: str | None = None,
+    instrument: str | None = None,
+    cwd: str | None = None,
 ) -> RunDir:
     """Write ``runs_root/<id>/`` with the job command, and start the supervisor.
 
     ``files`` are written into the run folder before anything starts (``{RUN}`` in the
-    command is replaced by the run folder's path). The supervisor runs in a new session: no controlling terminal, its own process group,
-    so Ctrl-C in the launching shell, closing the console or losing SSH never stops the job.
+    command is replaced by the run folder's path). ``instrument`` names the role of the
+    job's top process (``agent`` for torchrun, ``rank`` for one process) when every Python
+    process of the job is to report through ups.instrument; ``UPS_INSTRUMENT=0`` in the
+    launching environment turns that off. The supervisor runs in a new session: no
+    controlling terminal, its own process group, so Ctrl-C in the launching shell, closing
+    the console or losing SSH never stops the job.
     """
     if isinstance(thresholds, Thresholds):
         thresholds = thresholds.to_dict()
     fields: dict[str, Any] = {
         "command": [str(c) for c in command],  # "{RUN}" is filled in below
+        "command_template": [str(c) for c in command],  # as given: what a relaunch runs again
         "env": env or {},
-        "cwd": os.getcwd(),
+        "cwd": cwd or os.getcwd(),
         "thresholds": thresholds or {},
+        "instrument": bool(instrument) and os.environ.get("UPS_INSTRUMENT", "1").lower() not in ("0", "false", "no", "off"),
+        "top_role": instrument,
     }
     fields.update(extra or {})
-    run = RunDir.create(runs_root, kind, argv=argv if argv is not None else sys.argv, config=config, extra=fields)
+    run = RunDir.create(runs_root, kind, argv=argv if argv is not None else sys.argv, config=config, extra=fields, name=name)
     for name, data in (files or {}).items():  # e.g. the resolved config the job reads
         (run.path / name).write_bytes(data)
     if any("{RUN}" in c for c in fields["command"]):

@@ -16,7 +16,8 @@ import time
 from typing import Any
 
 from ups.launch import kinds as _kinds  # noqa: F401 - registers the per-kind finalizers
-from ups.launch.finalize import describe_returncode, finalize
+from ups.launch.exits import ExitWatcher
+from ups.launch.finalize import End, describe_returncode, finalize
 from ups.runs.rundir import RunDir
 from ups.runs.signals import signal_name
 from ups.runs.view import load_run_view
@@ -39,6 +40,7 @@ class Supervisor:
         self.manifest = run.read_manifest()
         self.child: subprocess.Popen[bytes] | None = None
         self.terminate_requested: str | None = None
+        self.exits = ExitWatcher(run, actor=ACTOR)
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         name = signal_name(signum) or str(signum)
@@ -58,6 +60,12 @@ class Supervisor:
         env[ENV_RUN_DIR] = str(self.run.path.resolve())
         env[ENV_RUN_ID] = self.run.run_id
         env.setdefault("PYTHONUNBUFFERED", "1")
+        top_role = self.manifest.get("top_role")
+        if self.manifest.get("instrument") and top_role:
+            # Every Python process of the job reports through ups.instrument (sitecustomize).
+            from ups.instrument import job_environment
+
+            env.update(job_environment(env.get("PYTHONPATH"), top_role=top_role))
         return env
 
     def start(self) -> None:
@@ -78,6 +86,7 @@ class Supervisor:
             job={"pid": self.child.pid, "pgid": self.child.pid, "command": command},
         )
         self.run.append_event("start", actor=ACTOR, pid=self.child.pid, command=command)
+        self.exits.start()
 
     def wait(self, reporter: Reporter | Any) -> int:
         assert self.child is not None
@@ -99,8 +108,9 @@ class Supervisor:
     def finish(self, returncode: int) -> int:
         # Give the job's processes a moment to write their final records.
         time.sleep(0.2)
+        self.exits.stop()
         view = load_run_view(self.run)
-        outcome = finalize(view, returncode, self.terminate_requested is not None)
+        outcome = finalize(view, End(returncode, self.terminate_requested is not None, dict(self.exits.exits)))
         self.run.set_state(
             outcome.state,
             exit_code=returncode if returncode >= 0 else None,

@@ -34,8 +34,10 @@ SUBDIRS = ("status", "stacks", "logs", "control")
 
 
 def new_run_id(kind: str, now: float | None = None) -> str:
+    """``<date>-<time>-<kind or name>-<4 hex>``; a name is cut to 40 safe characters."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now if now is not None else time.time()))
-    return f"{stamp}-{kind}-{os.urandom(2).hex()}"
+    label = "".join(c if c.isalnum() or c in "._-" else "-" for c in kind).strip(".-")[:40] or "run"
+    return f"{stamp}-{label}-{os.urandom(2).hex()}"
 
 
 class RunDir:
@@ -92,15 +94,18 @@ class RunDir:
         argv: list[str] | None = None,
         config: dict[str, Any] | None = None,
         extra: dict[str, Any] | None = None,
+        name: str | None = None,
     ) -> RunDir:
-        """Make ``<runs_root>/<new id>/`` with its sub-folders and a ``launching`` manifest."""
+        """Make ``<runs_root>/<new id>/`` with its sub-folders and a ``launching`` manifest.
+
+        ``name`` (default: the kind) is the readable part of the id."""
         root = Path(runs_root)
         try:
             root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise UpsError(f"cannot create runs folder {root}: {exc.strerror or exc}") from None
         for _ in range(20):
-            run = cls(root / new_run_id(kind))
+            run = cls(root / new_run_id(name or kind))
             try:
                 run.path.mkdir()
                 break
@@ -114,6 +119,7 @@ class RunDir:
             "schema": MANIFEST_SCHEMA,
             "id": run.run_id,
             "kind": kind,
+            "name": name or kind,
             "state": "launching",
             "created_at": time.time(),
             "ended_at": None,

@@ -69,9 +69,10 @@ class Thresholds:
     stalled_after: float = 60.0
     """No progress for this long while heartbeats continue: the main loop is stuck."""
     phase_stalled_after: Mapping[str, float | None] = field(
-        default_factory=lambda: {"idle": None, "supervise": None, "done": None}
+        default_factory=lambda: {"idle": None, "supervise": None, "done": None, "agent": None, "helper": None}
     )
-    """Per-phase stall limits; None means the phase never counts as stalled."""
+    """Per-phase stall limits; None means the phase never counts as stalled (a torchrun agent,
+    a helper process and an idle DataLoader worker make no progress of their own)."""
     startup_grace: float = 30.0
     """A process with no progress yet is 'starting' (not stalled) for this long."""
     slow_ratio: float = 0.5

@@ -104,12 +104,16 @@ def read_status_dir(
     return StatusSnapshot(tuple(records), tuple(problems), time.time())
 
 
-def _record_order(r: StatusRecord) -> tuple[int, int, int, str]:
-    role_order = {"launcher": 0, "rank": 1, "worker": 2}.get(r.role, 3)
+def _record_order(r: StatusRecord) -> tuple[int, int, int, int, int, int, str]:
+    """Launcher and agents first (by node), then each rank followed by its workers and helpers."""
+    per_node = r.role in ("launcher", "agent")
     return (
-        0 if role_order == 0 else 1,
-        r.rank if r.rank is not None else -1,
+        0 if per_node else 1,
+        (r.node or 0) if per_node else (r.rank if r.rank is not None else -1),
+        {"launcher": 0, "agent": 1, "rank": 0, "worker": 1, "helper": 2}.get(r.role, 3),
+        r.loader or 0,
         -1 if r.worker is None else r.worker,
+        r.pid if r.role == "helper" else 0,
         r.name,
     )
 

@@ -18,11 +18,16 @@ import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-SCHEMA_VERSION = 1
+from ups.status.schema import (
+    FINAL_STATES,
+    ROLES,
+    SCHEMA_VERSION,
+    STATES,
+    process_label,
+    process_name,
+)
 
-ROLES = ("launcher", "rank", "worker")
-STATES = ("running", "done", "failed")
-FINAL_STATES = ("done", "failed")
+__all__ = ["FINAL_STATES", "ROLES", "SCHEMA_VERSION", "STATES", "GpuMemory", "RecordError", "StatusRecord", "process_name"]
 
 
 class RecordError(ValueError):
@@ -49,7 +54,7 @@ class StatusRecord:
     """
 
     run_id: str
-    role: str  # launcher | rank | worker
+    role: str  # launcher | agent | rank | worker | helper
     name: str  # file stem in status/: "launcher", "rank-0", "rank-0-worker-1"
     pid: int
     pid_start: float  # process start time (psutil create_time), guards against pid reuse
@@ -77,6 +82,19 @@ class StatusRecord:
     stack_file: str | None = None  # path relative to the run dir, e.g. "stacks/rank-0.txt"
     stack_signal: int | None = None  # signal that makes faulthandler dump; None: not registered
     exit_code: int | None = None
+    error_site: str | None = None  # "train.py:42": the innermost frame of the program's own code
+    loader: int | None = None  # workers: which DataLoader of their rank (0 = the first one)
+    node: int | None = None  # multi-node runs: the node rank of a per-node process
+    collective: dict[str, Any] | None = None  # now inside: {"op", "seq", "site", "since"}
+    coll_seq: int = 0  # collectives entered so far (per-rank sequence number)
+    command: str | None = None  # agents and helpers: what runs there ("torchrun ...")
+    # Clocks (issue: wall clocks jump). CLOCK_MONOTONIC is shared by every process of one boot
+    # of one host, so readers on the same boot judge ages with it; wall time across hosts.
+    boot_id: str | None = None
+    started_mono: float | None = None
+    progress_mono: float | None = None
+    heartbeat_mono: float | None = None
+    phase_mono: float | None = None
 
     # -- conversion -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -109,6 +127,8 @@ class StatusRecord:
             kwargs["gpu"] = None
         if not isinstance(kwargs.get("metrics", {}), dict):
             kwargs["metrics"] = {}
+        if not isinstance(kwargs.get("collective"), dict | None):
+            kwargs["collective"] = None
         try:
             return cls(**kwargs)
         except TypeError as exc:  # pragma: no cover - defensive
@@ -133,21 +153,7 @@ class StatusRecord:
     @property
     def label(self) -> str:
         """Short human label: 'launcher', 'rank 1', 'rank 0 / worker 3'."""
-        if self.role == "launcher":
-            return "launcher"
-        if self.role == "worker":
-            return f"rank {self.rank if self.rank is not None else 0} / worker {self.worker}"
-        return f"rank {self.rank}"
+        return process_label(self.role, self.rank, self.worker, loader=self.loader, pid=self.pid, node=self.node)
 
 
 _FIELD_NAMES = frozenset(f.name for f in fields(StatusRecord))
-
-
-def process_name(role: str, rank: int | None = None, worker: int | None = None) -> str:
-    """The file stem of a process's record and stack file."""
-    if role == "launcher":
-        return "launcher"
-    r = 0 if rank is None else rank
-    if role == "worker":
-        return f"rank-{r}-worker-{worker}"
-    return f"rank-{r}"

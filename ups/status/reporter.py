@@ -1,37 +1,39 @@
-"""Reporter: the status writer used inside jobs.
+"""Reporter: the status writer used inside jobs (and, through ups.instrument, any program).
 
 Design points (see DESIGN.md, "the run directory"):
 
 * ``advance()`` only bumps counters in memory (it costs well under 2 µs); a daemon thread
   writes the record about once a second. Heartbeat (the write) and progress (``advance``)
   are separate clocks, so a stuck main loop shows as fresh heartbeat + stale progress.
-* ``phase()`` writes at once, so a crash right after a phase change shows that phase.
+* ``phase()`` writes at once (unless ``flush=False``), so a crash right after a phase change
+  shows that phase.
 * Writes are atomic (temp file in the same folder, then ``os.replace``): readers never see
   a torn record, and a process that dies leaves its last record behind.
 * Reporting never kills or blocks the job: any OSError (run folder gone, disk full) is
   reported once on stderr and the write is retried on the next tick.
 * faulthandler is registered for fatal signals and for a user signal (SIGUSR1 by default),
   writing to ``stacks/<name>.txt``; the record says which signal, so tools only send it to
-  processes that registered it (by default that signal kills a Python process).
+  processes that registered it (by default that signal kills a Python process). If the
+  program later installs its own handler for that signal, the record stops naming it.
+* Every instrumented process pays for importing this module, so it imports only the
+  standard library's light modules and :mod:`ups.status.schema` (no dataclasses, pathlib,
+  psutil): the record is written as a dict with the keys of
+  :class:`ups.status.record.StatusRecord` (a test keeps the two the same).
 """
 
 from __future__ import annotations
 
-import collections
 import faulthandler
+import json
 import os
 import signal
-import socket
 import sys
 import threading
 import time
-import traceback
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+from collections import deque
 
-from ups.status.procs import this_process_start
-from ups.status.record import GpuMemory, StatusRecord, process_name
+from ups.status.procs import process_start_time
+from ups.status.schema import SCHEMA_VERSION, process_name
 
 ENV_RUN_DIR = "UPS_RUN_DIR"
 ENV_RUN_ID = "UPS_RUN_ID"
@@ -40,6 +42,11 @@ ENV_ROLE = "UPS_ROLE"
 ENV_STACK_SIGNAL = "UPS_STACK_SIGNAL"
 DEFAULT_STACK_SIGNAL = signal.SIGUSR1
 RATE_WINDOW_S = 10.0
+
+TYPE_CHECKING = False  # typing costs ~10 ms to import; annotations here are strings
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
 
 
 def _env_int(name: str) -> int | None:
@@ -52,13 +59,30 @@ def _env_int(name: str) -> int | None:
         return None
 
 
-def write_atomic(path: Path, data: bytes, *, write: Callable[[int, Any], int] = os.write) -> None:
+def boot_id() -> str | None:
+    """This boot of this host (Linux): records with the same boot id share CLOCK_MONOTONIC."""
+    global _BOOT_ID
+    if _BOOT_ID is None:
+        try:
+            with open("/proc/sys/kernel/random/boot_id") as fh:
+                _BOOT_ID = fh.read().strip() or ""
+        except OSError:
+            _BOOT_ID = ""
+    return _BOOT_ID or None
+
+
+_BOOT_ID: str | None = None
+
+
+def write_atomic(path: str | os.PathLike[str], data: bytes, *, write: Callable[[int, Any], int] = os.write) -> None:
     """Write ``data`` to ``path`` via a temp file in the same folder and ``os.replace``.
 
     On failure the temp file is removed and the OSError propagates; ``path`` keeps its old
     content. ``write`` is the low-level write call (fault injection replaces it).
     """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    path = os.fspath(path)
+    head, tail = os.path.split(path)
+    tmp = os.path.join(head, f".{tail}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
@@ -84,6 +108,8 @@ class Reporter:
     an exception marks it ``failed`` with the exception text.
     """
 
+    _current: Reporter | None = None  # the process's own record (see register_current)
+
     def __init__(
         self,
         run_dir: str | os.PathLike[str],
@@ -94,51 +120,66 @@ class Reporter:
         local_rank: int | None = None,
         world_size: int | None = None,
         worker: int | None = None,
+        loader: int | None = None,
+        node: int | None = None,
         total: int | None = None,
         unit: str = "items",
         phase: str = "start",
         interval: float = 1.0,
         stack_signal: int | None = DEFAULT_STACK_SIGNAL,
-        gpu_sampler: Callable[[], GpuMemory | None] | None = None,
+        gpu_sampler: Callable[[], Any] | None = None,
         stderr: Any = None,
+        command: str | None = None,
+        name: str | None = None,
     ) -> None:
-        self.run_dir = Path(run_dir)
+        self.run_dir = os.fspath(run_dir)
         self.role = role
-        self.name = process_name(role, rank, worker)
-        self.path = self.run_dir / "status" / f"{self.name}.json"
+        pid = os.getpid()
+        self.name = name or process_name(role, rank, worker, loader=loader, pid=pid, node=node)
+        self.path = os.path.join(self.run_dir, "status", f"{self.name}.json")
         self.interval = interval
-        self._stderr = stderr if stderr is not None else sys.stderr
+        self._stderr = stderr
         self._gpu_sampler = gpu_sampler
-        now = time.time()
+        now, mono = time.time(), time.monotonic()
         self._static = dict(
-            run_id=run_id or os.environ.get(ENV_RUN_ID) or self.run_dir.name,
+            schema=SCHEMA_VERSION,
+            run_id=run_id or os.environ.get(ENV_RUN_ID) or os.path.basename(os.path.normpath(self.run_dir)),
             role=role,
             name=self.name,
-            pid=os.getpid(),
-            pid_start=this_process_start(),
-            host=socket.gethostname(),
+            pid=pid,
+            pid_start=process_start_time(pid) or 0.0,
+            host=os.uname().nodename,
             rank=rank,
             local_rank=local_rank,
             world_size=world_size,
             worker=worker,
+            loader=loader,
+            node=node,
             started_at=now,
             heartbeat_interval=interval,
+            command=command,
+            boot_id=boot_id(),
+            started_mono=mono,
         )
         # Mutable state: plain attributes, updated by the job's thread, read by the writer.
         self._phase = phase
-        self._phase_at = now
+        self._phase_at, self._phase_mono = now, mono
         self._state = "running"
         self._step = 0
+        self._explicit = False  # the job reports its own progress: automatic counting stops
         self._total = total
         self._unit = unit
-        self._progress_at = now
+        self._progress_at, self._progress_mono = now, mono
         self._item: str | None = None
         self._metrics: dict[str, Any] = {}
-        self._gpu: GpuMemory | None = None
+        self._gpu: Any = None
         self._error: str | None = None
+        self._error_site: str | None = None
         self._exit_code: int | None = None
         self._rate: float | None = None
-        self._samples: collections.deque[tuple[float, int]] = collections.deque()
+        self._collective: dict[str, Any] | None = None
+        self._coll_seq = 0
+        self._samples: deque[tuple[float, int]] = deque()
         # Writer machinery.
         self._lock = threading.Lock()
         self._dirty = False
@@ -146,12 +187,24 @@ class Reporter:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._warned = False
+        self._written_mono = 0.0
         self._stack_fh: Any = None
         self._stack_signal: int | None = None
         self._stack_rel: str | None = None
         if stack_signal is not None:
             env_sig = _env_int(ENV_STACK_SIGNAL)
             self._install_stack_dumps(env_sig if env_sig is not None else stack_signal)
+
+    # -- the process's own reporter ------------------------------------------------------
+    @classmethod
+    def current(cls) -> Reporter | None:
+        """The reporter that describes this process (set by ups.instrument), if any."""
+        rep = cls._current
+        return rep if rep is not None and rep.pid == os.getpid() else None
+
+    def register_current(self) -> Reporter:
+        type(self)._current = self
+        return self
 
     # -- construction from the environment ----------------------------------------------
     @classmethod
@@ -162,8 +215,9 @@ class Reporter:
         worker: int | None = None,
         **kwargs: Any,
     ) -> Reporter | NullReporter:
-        """A Reporter for this process from ``UPS_RUN_DIR``, ``RANK``, ``LOCAL_RANK``,
-        ``WORLD_SIZE`` (and ``UPS_WORKER_ID`` or ``worker`` for DataLoader workers).
+        """The Reporter for this process: the one ups.instrument already started (adjusted to
+        ``unit``, ``total`` and ``interval``), else a new one from ``UPS_RUN_DIR``, ``RANK``,
+        ``LOCAL_RANK``, ``WORLD_SIZE`` (and ``UPS_WORKER_ID`` or ``worker`` for workers).
 
         Without ``UPS_RUN_DIR`` (a job run by hand, outside ``ups launch``) this returns a
         :class:`NullReporter` with the same methods, so job code never needs a branch.
@@ -171,6 +225,13 @@ class Reporter:
         run_dir = os.environ.get(ENV_RUN_DIR)
         if not run_dir:
             return NullReporter()
+        current = cls.current()
+        if current is not None and worker is None and role in (None, current.role):
+            if "total" in kwargs or "unit" in kwargs:
+                current.set_total(kwargs.get("total"), kwargs.get("unit"))
+            if "interval" in kwargs:
+                current.interval = current._static["heartbeat_interval"] = kwargs["interval"]
+            return current
         if worker is None:
             worker = _env_int(ENV_WORKER_ID)
         if role is None:
@@ -185,10 +246,10 @@ class Reporter:
 
     # -- faulthandler ---------------------------------------------------------------------
     def _install_stack_dumps(self, signum: int) -> None:
-        stacks = self.run_dir / "stacks"
+        stacks = os.path.join(self.run_dir, "stacks")
         try:
-            stacks.mkdir(parents=True, exist_ok=True)
-            self._stack_fh = open(stacks / f"{self.name}.txt", "a", buffering=1)  # noqa: SIM115
+            os.makedirs(stacks, exist_ok=True)
+            self._stack_fh = open(os.path.join(stacks, f"{self.name}.txt"), "a", buffering=1)  # noqa: SIM115
             # disable() first: after a fork (DataLoader workers) faulthandler still believes it
             # is enabled and enable() would keep whatever SIGSEGV handler was set since (torch
             # installs its own in workers), so the crash traceback would never be written.
@@ -201,6 +262,37 @@ class Reporter:
             return
         self._stack_signal = int(signum)
         self._stack_rel = f"stacks/{self.name}.txt"
+
+    def rearm_fatal_handler(self) -> None:
+        """Put faulthandler back in front for fatal signals, after a library (``import torch``)
+        installed its own SIGSEGV handler over it. faulthandler dumps, then hands the signal
+        on to the handler it replaced."""
+        if self._stack_fh is None:
+            return
+        try:
+            faulthandler.disable()
+            faulthandler.enable(file=self._stack_fh, all_threads=True)
+        except (OSError, ValueError, RuntimeError):
+            pass
+
+    def append_stack_text(self, text: str) -> None:
+        """Append text (a traceback) to this process's stack file; never raises."""
+        if self._stack_fh is None:
+            return
+        try:
+            self._stack_fh.write(text if text.endswith("\n") else text + "\n")
+            self._stack_fh.flush()
+        except (OSError, ValueError):
+            pass
+
+    def _check_stack_handler(self) -> None:
+        """A program that installs its own Python handler for our signal replaces faulthandler's;
+        from then on the signal is theirs, and the record must stop inviting tools to send it."""
+        sig = self._stack_signal
+        if sig is not None and threading.current_thread() is not threading.main_thread():
+            handler = signal.getsignal(sig)
+            if callable(handler):
+                self._stack_signal = None
 
     # -- the job-facing API ---------------------------------------------------------------
     def start(self) -> Reporter:
@@ -215,18 +307,41 @@ class Reporter:
 
     def advance(self, n: int = 1) -> None:
         """Count ``n`` units of work done. Cheap: no I/O, no lock."""
+        self._explicit = True
         self._step += n
-        self._progress_at = time.time()
+        self._progress_at, self._progress_mono = time.time(), time.monotonic()
 
     def set_step(self, step: int) -> None:
         """Set the absolute step (e.g. after resuming); counts as progress."""
+        self._explicit = True
         self._step = step
-        self._progress_at = time.time()
+        self._progress_at, self._progress_mono = time.time(), time.monotonic()
+
+    def auto_progress(self, *, step: int | None = None, add: int = 0, unit: str | None = None) -> None:
+        """Progress seen by the instrumentation (an optimizer step, a batch, samples fetched).
+
+        It sets the count only while the job has reported none of its own (``advance``,
+        ``set_step``): a job that counts its own steps (resumed from a checkpoint, skipping
+        OOM steps) knows better. It always counts as progress in time."""
+        if not self._explicit:
+            if step is not None:
+                self._step = step
+            self._step += add
+            if unit is not None:
+                self._unit = unit
+        self._progress_at, self._progress_mono = time.time(), time.monotonic()
 
     def set_total(self, total: int | None, unit: str | None = None) -> None:
         self._total = total
         if unit is not None:
             self._unit = unit
+
+    def set_unit(self, unit: str) -> None:
+        self._unit = unit
+
+    def set_world(self, world_size: int) -> None:
+        """The world size learnt after start (``init_process_group``)."""
+        self._static["world_size"] = world_size
 
     def phase(self, name: str, *, flush: bool = True) -> None:
         """Enter a phase (``dist.init``, ``data.open``, ``encode`` ...).
@@ -235,12 +350,17 @@ class Reporter:
         change many times a second (one per sample or per batch) pass ``flush=False``: the
         heartbeat thread writes them within ``interval``, and the hot path does no I/O.
         """
-        now = time.time()
+        now, mono = time.time(), time.monotonic()
         self._phase = name
-        self._phase_at = now
-        self._progress_at = now  # a phase change is progress: the loop moved on
+        # A phase change is progress: the loop moved on.
+        self._phase_at = self._progress_at = now
+        self._phase_mono = self._progress_mono = mono
         if flush:
             self.flush()
+
+    @property
+    def current_phase(self) -> str:
+        return self._phase
 
     def item(self, desc: str | None) -> None:
         """The item being worked on now, e.g. ``"burgers1d_train.h5#17"``."""
@@ -250,14 +370,28 @@ class Reporter:
         """Merge free-form metrics (loss, lr, ...) into the record."""
         self._metrics.update(values)
 
-    def gpu_memory(self, gpu: GpuMemory | None) -> None:
+    def gpu_memory(self, gpu: Any) -> None:
         self._gpu = gpu
 
-    def fail(self, error: str | BaseException, exit_code: int | None = None) -> None:
+    def set_gpu_sampler(self, sampler: Callable[[], Any] | None) -> None:
+        self._gpu_sampler = sampler
+
+    def collective(self, op: str | None, site: str | None = None) -> None:
+        """Enter (``op``) or leave (None) a collective; entering counts the per-rank sequence."""
+        if op is None:
+            self._collective = None
+            return
+        self._coll_seq += 1
+        self._collective = {"op": op, "seq": self._coll_seq, "site": site, "since": time.time(),
+                            "since_mono": time.monotonic()}
+
+    def fail(self, error: str | BaseException, exit_code: int | None = None, *, site: str | None = None) -> None:
         """Mark the process failed with ``error`` and write the record at once."""
         if isinstance(error, BaseException):
-            error = _describe_exception(error)
+            error, exc_site = describe_exception(error)
+            site = site or exc_site
         self._error = error
+        self._error_site = site
         self._state = "failed"
         self._exit_code = exit_code
         self.flush()
@@ -272,14 +406,15 @@ class Reporter:
                 self._rate = self._step / elapsed  # the whole run's average, for the summary
             if self._phase != "done":
                 self._phase = "done"
-                self._phase_at = time.time()
+                self._phase_at, self._phase_mono = time.time(), time.monotonic()
+            self._collective = None
         self.flush()
 
     def close(self) -> None:
         """Stop the heartbeat thread and write the final record (state as set)."""
         self._stop.set()
         self._wake.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
+        if self._thread is not None and self._thread is not threading.current_thread() and self._thread.is_alive():
             self._thread.join(timeout=2 * self.interval + 1)
         self.flush()
 
@@ -304,30 +439,56 @@ class Reporter:
         return self._step
 
     @property
+    def state(self) -> str:
+        return self._state
+
+    @property
     def stack_signal(self) -> int | None:
         return self._stack_signal
 
-    def snapshot(self) -> StatusRecord:
-        """The record as it would be written now."""
-        return StatusRecord(
+    @property
+    def pid(self) -> int:
+        return self._static["pid"]
+
+    @property
+    def rank(self) -> int | None:
+        return self._static["rank"]
+
+    def record_dict(self) -> dict[str, Any]:
+        """The record as it would be written now (the keys of StatusRecord)."""
+        gpu = self._gpu
+        return {
             **self._static,
-            phase=self._phase,
-            phase_at=self._phase_at,
-            state=self._state,
-            step=self._step,
-            total=self._total,
-            unit=self._unit,
-            rate=self._rate,
-            progress_at=self._progress_at,
-            heartbeat_at=time.time(),
-            item=self._item,
-            gpu=self._gpu,
-            metrics=dict(self._metrics),
-            error=self._error,
-            stack_file=self._stack_rel,
-            stack_signal=self._stack_signal,
-            exit_code=self._exit_code,
-        )
+            "phase": self._phase,
+            "phase_at": self._phase_at,
+            "phase_mono": self._phase_mono,
+            "state": self._state,
+            "step": self._step,
+            "total": self._total,
+            "unit": self._unit,
+            "rate": self._rate,
+            "progress_at": self._progress_at,
+            "progress_mono": self._progress_mono,
+            "heartbeat_at": time.time(),
+            "heartbeat_mono": time.monotonic(),
+            "item": self._item,
+            "gpu": None if gpu is None else {"device": gpu.device, "allocated": gpu.allocated,
+                                             "reserved": gpu.reserved, "peak": gpu.peak},
+            "metrics": dict(self._metrics),
+            "error": self._error,
+            "error_site": self._error_site,
+            "stack_file": self._stack_rel,
+            "stack_signal": self._stack_signal,
+            "exit_code": self._exit_code,
+            "collective": self._collective,
+            "coll_seq": self._coll_seq,
+        }
+
+    def snapshot(self) -> Any:
+        """The record as a :class:`~ups.status.record.StatusRecord` (tests, benchmarks)."""
+        from ups.status.record import StatusRecord
+
+        return StatusRecord.from_dict(self.record_dict())
 
     # -- writing ----------------------------------------------------------------------------
     def flush(self) -> bool:
@@ -343,16 +504,24 @@ class Reporter:
         finally:
             self._lock.release()
 
+    def flush_if_older(self, seconds: float) -> bool:
+        """Write now unless the record was written less than ``seconds`` ago: for a call that
+        may block with the GIL held (a file write), at a bounded cost when it is frequent."""
+        if time.monotonic() - self._written_mono < seconds:
+            return False
+        return self.flush()
+
     def _write(self) -> bool:
+        self._written_mono = time.monotonic()
         try:
-            data = self.snapshot().to_json().encode()
+            data = json.dumps(self.record_dict(), separators=(",", ":"), default=str).encode()
             try:
                 write_atomic(self.path, data)
             except FileNotFoundError:
                 # status/ may not exist yet for a fresh run dir; never recreate a vanished run.
-                if not self.run_dir.is_dir():
+                if not os.path.isdir(self.run_dir):
                     raise
-                self.path.parent.mkdir(exist_ok=True)
+                os.makedirs(os.path.dirname(self.path), exist_ok=True)
                 write_atomic(self.path, data)
         except Exception as exc:  # noqa: BLE001 - reporting must never kill the job
             self._warn(f"cannot write status record {self.path}: {exc}; the job continues")
@@ -385,8 +554,9 @@ class Reporter:
             self._wake.clear()
             if self._stop.is_set():
                 break
-            self._update_rate(time.time())
+            self._update_rate(time.monotonic())
             self._sample_gpu()
+            self._check_stack_handler()
             with self._lock:
                 self._dirty = False
                 self._write()
@@ -398,7 +568,7 @@ class Reporter:
 
     def _say(self, message: str) -> None:
         try:
-            print(f"ups: {message}", file=self._stderr, flush=True)
+            print(f"ups: {message}", file=self._stderr or sys.stderr, flush=True)
         except Exception:  # noqa: BLE001
             pass
 
@@ -408,7 +578,9 @@ class NullReporter:
 
     name = "null"
     step = 0
+    state = "running"
     stack_signal = None
+    current_phase = "start"
 
     def __getattr__(self, _name: str) -> Callable[..., None]:
         return lambda *a, **k: None
@@ -423,15 +595,45 @@ class NullReporter:
         return None
 
 
-def _describe_exception(exc: BaseException) -> str:
-    """``Type: message`` plus the innermost frame, short enough for a table cell."""
-    text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+# Frames of these packages are never "the program's own code" when naming where an error was.
+_LIBRARY_MARKERS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep,
+                    os.sep + "lib" + os.sep + "python3", os.sep + "ups" + os.sep + "instrument" + os.sep)
+
+
+def is_library_file(filename: str) -> bool:
+    return filename.startswith("<") or any(m in filename for m in _LIBRARY_MARKERS)
+
+
+MAX_ERROR_CHARS = 300
+
+
+def short_message(exc: BaseException) -> str:
+    """``Type: first line of the message`` (separator lines skipped), at most 300 characters:
+    torchrun's ChildFailedError carries its whole failure report as the message."""
+    lines = [ln.strip() for ln in str(exc).splitlines()]
+    lines = [ln for ln in lines if ln and ln.strip("=-*_ ")]
+    text = type(exc).__name__ + (f": {lines[0]}" if lines else "")
+    if len(lines) > 1 or len(text) > MAX_ERROR_CHARS:
+        text = text[: MAX_ERROR_CHARS - 2].rstrip() + " …"
+    return text
+
+
+def describe_exception(exc: BaseException) -> tuple[str, str | None]:
+    """``Type: message (at file:line in func)`` and ``file:line``, short enough for a table cell.
+
+    The frame named is the innermost one of the program's own code (not torch's, not the
+    standard library's), else the innermost of all."""
+    text = short_message(exc)
     tb = exc.__traceback__
-    last = None
+    last = own = None
     while tb is not None:
         last = tb
+        if not is_library_file(tb.tb_frame.f_code.co_filename):
+            own = tb
         tb = tb.tb_next
-    if last is not None:
-        code = last.tb_frame.f_code
-        text += f" (at {Path(code.co_filename).name}:{last.tb_lineno} in {code.co_name})"
-    return text
+    pick = own or last
+    if pick is None:
+        return text, None
+    code = pick.tb_frame.f_code
+    site = f"{os.path.basename(code.co_filename)}:{pick.tb_lineno}"
+    return f"{text} (at {site} in {code.co_name})", site

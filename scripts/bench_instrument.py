@@ -1,0 +1,141 @@
+"""Cost of the zero-code-change instrumentation (`ups launch torchrun|python`). One JSON line.
+
+- step_ratio_paired_median: a small model's training step (DataLoader batch, forward,
+  backward, optimizer step, one all_reduce on a 1-rank gloo group) with the instrumentation
+  on (every torch hook patched in, the process's record written by its heartbeat thread)
+  over off (torch's own functions, no record), in alternating blocks in one process (ABBA),
+  median over block pairs. Target <= 1.01.
+- startup_added_ms: `python -c pass` started with the instrumentation's environment minus
+  the same without (median of 25 alternating runs each): what every Python process of a job
+  pays, torch or not. Target <= 30 ms. torch_import_added_ms: the same for `import torch`
+  (post-import patching), for information.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+BLOCK_STEPS = 60
+PAIRS = 12
+STARTS = 25
+
+
+def child_env(run_dir: str | None) -> dict[str, str]:
+    from ups.instrument import SITE_DIR
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UPS_")}
+    env["PYTHONPATH"] = str(REPO)
+    if run_dir is not None:
+        env.update(UPS_RUN_DIR=run_dir, UPS_TOP_ROLE="rank", PYTHONPATH=os.pathsep.join([SITE_DIR, str(REPO)]))
+    return env
+
+
+def startup_ms(code: str, run_dir: str) -> tuple[float, float]:
+    on, off = [], []
+    for _ in range(STARTS):
+        for env, out in ((child_env(run_dir), on), (child_env(None), off)):
+            t = time.perf_counter()
+            subprocess.run([sys.executable, "-c", code], env=env, check=True)
+            out.append((time.perf_counter() - t) * 1000)
+    return statistics.median(on), statistics.median(off)
+
+
+STEP_BENCH = r"""
+import json, os, statistics, sys, time
+import torch, torch.distributed as dist
+from ups.instrument import boot, torch_hooks
+
+torch.manual_seed(0)
+torch.set_num_threads(1)
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+data = torch.utils.data.TensorDataset(torch.randn(4096, 128), torch.randn(4096, 128))
+loader = torch.utils.data.DataLoader(data, batch_size=64, shuffle=True)
+model = torch.nn.Sequential(torch.nn.Linear(128, 512), torch.nn.GELU(), torch.nn.Linear(512, 128))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+rep = boot.state.rep
+batches = iter(loader)
+
+def block(n):
+    global batches
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        try:
+            x, y = next(batches)
+        except StopIteration:
+            batches = iter(loader)
+            x, y = next(batches)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        logged = loss.detach().clone()
+        dist.all_reduce(logged)
+        out.append(time.perf_counter() - t)
+    return statistics.median(out)
+
+def condition(on):
+    # on: torch hooks patched in and the heartbeat thread writing; off: neither.
+    torch_hooks.set_enabled(on)
+    if on and rep._thread is None:
+        rep._stop.clear()
+        rep.start()
+    elif not on and rep._thread is not None:
+        rep._stop.set()
+        rep._wake.set()
+        rep._thread.join()
+        rep._thread = None
+    return block(BLOCK)
+
+BLOCK, PAIRS = int(sys.argv[1]), int(sys.argv[2])
+assert rep is not None, "the instrumentation did not start"
+block(BLOCK)  # warm-up
+ratios, on_ms, off_ms = [], [], []
+for k in range(PAIRS):
+    order = (True, False) if k % 2 == 0 else (False, True)  # ABBA
+    res = {}
+    for on in order:
+        res[on] = condition(on)
+    ratios.append(res[True] / res[False])
+    on_ms.append(res[True] * 1000)
+    off_ms.append(res[False] * 1000)
+print(json.dumps({"ratio": statistics.median(ratios), "on_ms": statistics.median(on_ms), "off_ms": statistics.median(off_ms),
+                  "record_step": rep.step, "coll_seq": rep._coll_seq}))
+"""
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Path(tmp) / "run"
+        (run / "status").mkdir(parents=True)
+        on, off = startup_ms("pass", str(run))
+        t_on, t_off = startup_ms("import torch", str(run))
+        res = subprocess.run([sys.executable, "-c", STEP_BENCH, str(BLOCK_STEPS), str(PAIRS)], env=child_env(str(run)),
+                             capture_output=True, text=True, check=True)
+        step = json.loads(res.stdout.strip().splitlines()[-1])
+    print(json.dumps({
+        "step_ratio_paired_median": round(step["ratio"], 4),
+        "step_ms_on": round(step["on_ms"], 3),
+        "step_ms_off": round(step["off_ms"], 3),
+        "steps_seen_by_record": step["record_step"],
+        "collectives_seen_by_record": step["coll_seq"],
+        "startup_ms_on": round(on, 1),
+        "startup_ms_off": round(off, 1),
+        "startup_added_ms": round(on - off, 1),
+        "torch_import_added_ms": round(t_on - t_off, 1),
+        "targets": {"step_ratio_paired_median": 1.01, "startup_added_ms": 30},
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,308 @@
+"""Any PyTorch program, watched with no code change: `ups launch torchrun|python`.
+
+Real torchrun ranks and real DataLoader workers (fork and spawn) running the scripts in
+tests/programs/, which know nothing of ups. What is checked is what a user checks:
+`ups status --json`, `ups stacks`, run.json's state and summary, the event log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from helpers import run_ups, wait_for
+
+from ups.instrument import SITE_DIR
+from ups.runs.rundir import RunDir
+from ups.status.reader import read_status_dir
+
+PROGRAMS = Path(__file__).parent / "programs"
+DDP = str(PROGRAMS / "ddp_train.py")
+FINAL = ("succeeded", "partial", "failed", "killed")
+FAST_HEARTBEAT = {"UPS_HEARTBEAT_INTERVAL": "0.3"}
+
+
+def launched(res: subprocess.CompletedProcess) -> RunDir:
+    """The run a `ups launch ... --json` created."""
+    assert res.stdout.strip(), res.stderr
+    return RunDir(json.loads(res.stdout)["run_dir"])
+
+
+def records(run: RunDir) -> dict:
+    return {r.name: r for r in read_status_dir(run.status_dir).records}
+
+
+def status(run: RunDir) -> dict:
+    res = run_ups("status", str(run.path), "--json")
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def by_name(data: dict) -> dict:
+    return {p["name"]: p for p in data["processes"]}
+
+
+def wait_final(run: RunDir, timeout: float = 120) -> dict:
+    wait_for(lambda: run.read_manifest()["state"] in FINAL, timeout, interval=0.2, message="the run to end")
+    return run.read_manifest()
+
+
+# ---------------------------------------------------------------------- torchrun
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_ddp_script_is_watched_with_no_code_change(runs_root, tmp_path, start_method):
+    ckpt = tmp_path / "model.pt"
+    res = run_ups("launch", "torchrun", "--total-steps", "24", "--json", "--nproc-per-node", "2", DDP,
+                  "--steps", "24", "--workers", "2", "--start-method", start_method, "--step-time", "0.1",
+                  "--ckpt", str(ckpt), env=FAST_HEARTBEAT, timeout=240, cwd=tmp_path)
+    run = launched(res)
+    assert res.returncode == 0, res.stderr + run.log_path("job").read_text()[-3000:]
+    m = run.read_manifest()
+    assert m["state"] == "succeeded" and m["kind"] == "torchrun"
+    assert "--standalone" in m["command"] and m["cwd"] == str(tmp_path)
+    line = ["--nproc-per-node", "2", DDP, "--steps", "24", "--workers", "2", "--start-method", start_method,
+            "--step-time", "0.1", "--ckpt", str(ckpt)]
+    assert m["command"][-len(line):] == line  # the user's line, untouched, after our additions
+    procs = by_name(status(run))
+    assert procs["agent"]["role"] == "agent" and procs["agent"]["health"] == "done"
+    for rank in (0, 1):
+        r = procs[f"rank-{rank}"]
+        assert (r["role"], r["rank"], r["world_size"], r["health"]) == ("rank", rank, 2, "done")
+        assert (r["step"], r["total"], r["unit"]) == (24, 24, "steps")  # optimizer steps, total from --total-steps
+        assert r["metrics"]["epoch"] >= 0  # DistributedSampler.set_epoch
+        workers = [p for p in procs.values() if p["role"] == "worker" and p["rank"] == rank]
+        assert sorted(w["worker"] for w in workers) == [0, 1]
+        assert all(w["step"] > 0 and w["item"].startswith("index") for w in workers)  # samples fetched, index in flight
+    recs = records(run)
+    assert recs["rank-0"].coll_seq >= 24 and recs["rank-0"].collective is None  # one logged all_reduce per step
+    assert ckpt.exists()
+    ends = [e for e in run.read_events() if e["event"] == "process.exit"]
+    assert {e["name"] for e in ends} >= {"rank-0", "rank-1", "agent"} and all(e["clean"] for e in ends)
+
+
+def test_live_run_shows_phases_collectives_workers_and_stacks(runs_root, tmp_path):
+    res = run_ups("launch", "torchrun", "--detach", "--json", "--nproc-per-node", "2", DDP, "--steps", "400",
+                  "--workers", "2", "--step-time", "0.05", env=FAST_HEARTBEAT, cwd=tmp_path)
+    run = launched(res)
+
+    def training():
+        procs = by_name(status(run))
+        ranks = [procs.get(f"rank-{r}") for r in (0, 1)]
+        workers = [p for p in procs.values() if p["role"] == "worker"]
+        ok = all(r and r["unit"] == "steps" and r["step"] > 3 and r["health"] == "ok" for r in ranks) and len(workers) == 4
+        return ok and procs
+
+    procs = wait_for(training, 90, interval=0.3, message="both ranks training, four workers")
+    assert procs["rank-0"]["phase"] in ("train", "data", "collective:all_reduce")
+    assert all(w["health"] == "ok" and w["heartbeat_age"] < 3 for w in procs.values() if w["role"] == "worker")
+    stacks = run_ups("stacks", str(run.path), "--rank", "1", "--worker", "0")
+    assert stacks.returncode == 0, stacks.stderr
+    assert "(most recent call first)" in stacks.stdout and "ups-reporter" not in stacks.stdout.split("---")[0]
+    assert run_ups("kill", str(run.path), "--grace", "3").returncode == 0
+    assert wait_final(run)["state"] == "killed"
+
+
+def test_exception_on_rank1_is_named_with_file_and_line(runs_root, tmp_path):
+    res = run_ups("launch", "torchrun", "--json", "--nproc-per-node", "2", DDP, "--steps", "30", "--workers", "0",
+                  "--fail", "raise", "--fail-step", "5", env=FAST_HEARTBEAT, timeout=180, cwd=tmp_path)
+    run = launched(res)
+    assert res.returncode == 1
+    m = run.read_manifest()
+    assert m["state"] == "failed" and m["failure"]["rank"] == 1
+    assert m["summary"].startswith("rank 1 failed: FloatingPointError: loss is NaN at step 5 (at ddp_train.py:")
+    assert m["failure"]["error_site"].startswith("ddp_train.py:")
+    assert "in main" in m["summary"]
+    # torchrun's own report names it too: the error file was written without @record.
+    log = run.log_path("job").read_text()
+    assert "FloatingPointError: loss is NaN at step 5" in log and "error_file: <N/A>" not in log
+    assert "Traceback" in (run.path / "stacks" / "rank-1.txt").read_text()
+    assert records(run)["rank-1"].state == "failed"
+
+
+def test_rank_that_calls_os_exit_is_the_root_cause_not_the_rank_torchrun_blames(runs_root, tmp_path):
+    res = run_ups("launch", "torchrun", "--json", "--nproc-per-node", "2", DDP, "--steps", "40", "--workers", "0",
+                  "--fail", "exit", "--fail-step", "8", env=FAST_HEARTBEAT, timeout=180, cwd=tmp_path)
+    run = launched(res)
+    assert res.returncode == 1
+    m = run.read_manifest()
+    assert m["state"] == "failed"
+    assert m["failure"]["rank"] == 1 and m["failure"]["clean"] is False
+    assert "rank 1 ended without a normal interpreter exit" in m["summary"] and "while rank 0 still ran" in m["summary"]
+    assert m["failure"]["torchrun_root"] == 0  # what torchrun alone would have said
+    assert m["ranks"]["1"]["exit_code"] in (0, None) and m["ranks"]["0"]["state"] == "failed"
+    exits = {e["name"]: e for e in run.read_events() if e["event"] == "process.exit"}
+    assert exits["rank-1"]["clean"] is False and exits["rank-1"]["at"] < exits["rank-0"]["at"]
+
+
+def test_rank_stuck_in_its_own_code_is_stalled_and_its_stack_says_where(runs_root, tmp_path):
+    res = run_ups("launch", "torchrun", "--detach", "--json", "--stalled-after", "3", "--nproc-per-node", "2", DDP,
+                  "--steps", "100", "--workers", "0", "--fail", "sleep", "--fail-step", "5", env=FAST_HEARTBEAT, cwd=tmp_path)
+    run = launched(res)
+
+    def both_stalled():
+        procs = by_name(status(run))
+        return all(procs.get(f"rank-{r}", {}).get("health") == "stalled" for r in (0, 1)) and procs
+
+    procs = wait_for(both_stalled, 90, interval=0.3, message="both ranks stalled")
+    assert procs["rank-1"]["step"] == 5 and "no progress for" in procs["rank-1"]["reason"]
+    stacks1 = run_ups("stacks", str(run.path), "--rank", "1").stdout
+    assert "ddp_train.py" in stacks1 and "in main" in stacks1
+    stacks0 = run_ups("stacks", str(run.path), "--rank", "0").stdout
+    assert "backward" in stacks0  # waiting for rank 1 in DDP's gradient all-reduce
+    assert run_ups("kill", str(run.path), "--grace", "3").returncode == 0
+    assert wait_final(run)["state"] == "killed"
+
+
+# ------------------------------------------------------------------------- python
+def make_shards(root: Path, n: int, fifo_at: int | None = None) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    for k in range(n):
+        path = root / f"shard_{k:02d}.h5"
+        if k == fifo_at:
+            os.mkfifo(path)  # stands in for a file on a hung network mount
+            continue
+        with h5py.File(path, "w") as f:
+            f["tensor"] = np.random.default_rng(k).normal(size=(8, 16)).astype(np.float32)
+
+
+def test_data_script_worker_hung_in_a_read_is_unresponsive_with_the_h5py_frame(runs_root, tmp_path):
+    make_shards(tmp_path / "data", 4, fifo_at=2)
+    res = run_ups("launch", "python", "--detach", "--json", "--unresponsive-after", "2",
+                  str(PROGRAMS / "read_shards.py"), str(tmp_path / "data"), "--workers", "2",
+                  env=FAST_HEARTBEAT, cwd=tmp_path)
+    run = launched(res)
+
+    def hung_worker():
+        procs = by_name(status(run))
+        hung = [p for p in procs.values() if p["role"] == "worker" and p["health"] == "unresponsive"]
+        return hung and (procs, hung[0])
+
+    procs, worker = wait_for(hung_worker, 60, interval=0.3, message="a worker unresponsive")
+    assert worker["phase"] == "fetch" and worker["item"].startswith("index")  # the dataset index in flight
+    assert procs["rank-0"]["phase"] == "data"  # the main process waits on the DataLoader
+    res = run_ups("stacks", str(run.path), "--worker", str(worker["worker"]))
+    assert res.returncode == 0, res.stderr
+    assert "h5py/_hl/files.py" in res.stdout and "read_shards.py" in res.stdout
+    assert run_ups("kill", str(run.path), "--force").returncode == 0
+    assert wait_final(run)["state"] == "killed"
+
+
+def test_relaunch_with_num_workers_0_gets_past_workers_that_deadlock(runs_root, tmp_path):
+    script = str(PROGRAMS / "cached_reader.py")
+    res = run_ups("launch", "python", "--detach", "--json", "--stalled-after", "2", script, "--workers", "2",
+                  env=FAST_HEARTBEAT, cwd=tmp_path)
+    old = launched(res)
+
+    def stuck():
+        procs = by_name(status(old))
+        return any(p["role"] == "worker" and p["health"] == "stalled" and p["phase"] == "fetch" for p in procs.values())
+
+    wait_for(stuck, 60, interval=0.3, message="a DataLoader worker stalled in fetch")
+    res = run_ups("relaunch", str(old.path), "--num-workers", "0", "--json", env=FAST_HEARTBEAT, timeout=120)
+    assert res.returncode == 0, res.stderr
+    new = launched(res)
+    assert old.read_manifest()["state"] == "killed"
+    m = new.read_manifest()
+    assert m["state"] == "succeeded" and m["relaunched_from"] == old.run_id and m["cwd"] == str(tmp_path)
+    assert "sum 480.0" in new.log_path("job").read_text()
+    assert "DataLoader num_workers=2 forced to 0" in new.log_path("job").read_text()
+    recs = records(new)
+    assert recs["rank-0"].metrics["forced_num_workers"] == 0 and not [r for r in recs.values() if r.role == "worker"]
+    assert any(e["event"] == "relaunch" and e["new_run"] == new.run_id for e in old.read_events())
+    assert any(e["event"] == "relaunched_from" and e["run"] == old.run_id for e in new.read_events())
+
+
+def test_exit_code_and_os_exit_of_a_python_program(runs_root, tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text("import os, sys\nprint('working')\nif sys.argv[1] == 'exit3':\n    sys.exit(3)\nos._exit(0)\n")
+    res = run_ups("launch", "python", "--json", str(script), "exit3", cwd=tmp_path)
+    run = launched(res)
+    assert res.returncode == 1 and run.read_manifest()["summary"] == "exited with code 3 in phase start"
+    res = run_ups("launch", "python", "--json", str(script), "os_exit", cwd=tmp_path)
+    run = launched(res)
+    m = run.read_manifest()
+    assert res.returncode == 1 and m["state"] == "failed"
+    assert m["summary"].startswith("ended without a normal interpreter exit (os._exit or a signal), exit code 0")
+
+
+def test_options_before_the_line_are_ups_options_and_the_rest_passes_untouched(runs_root, tmp_path):
+    script = tmp_path / "echo.py"
+    script.write_text("import sys, json\nprint('ARGS=' + json.dumps(sys.argv[1:]))\n")
+    res = run_ups("launch", "python", "--name", "echo-run", "--json", "-u", str(script), "--name", "x", "--json",
+                  "--", "-v", cwd=tmp_path)
+    run = launched(res)
+    assert res.returncode == 0, res.stderr
+    assert run.run_id.split("-")[2:4] == ["echo", "run"]
+    assert 'ARGS=["--name", "x", "--json", "--", "-v"]' in run.log_path("job").read_text()
+
+
+def test_bad_lines_are_refused_before_anything_starts(runs_root, tmp_path):
+    for args, message in (
+        (("torchrun", "--nproc-per-node", "2"), "no training script"),
+        (("torchrun", "--bogus-option", "x.py"), "--bogus-option is not a torchrun option"),
+        (("python", str(tmp_path / "missing.py")), "missing.py: no such script"),
+        (("python",), "nothing to run"),
+        (("python", "--stalled-after", "0", "x.py"), "--stalled-after must be > 0"),
+    ):
+        res = run_ups("launch", *args, cwd=tmp_path)
+        assert res.returncode == 2, (args, res.stderr)
+        assert message in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert list(runs_root.iterdir()) == []
+
+
+# ------------------------------------------------------------ never breaks a program
+def instrumented_python(code: str, run_dir: Path, **env: str) -> subprocess.CompletedProcess:
+    full = dict(os.environ, UPS_RUN_DIR=str(run_dir), UPS_TOP_ROLE="rank",
+                PYTHONPATH=os.pathsep.join([SITE_DIR, env.pop("EXTRA_PATH", ""), os.environ.get("PYTHONPATH", "")]))
+    full.update(env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full, timeout=60)
+
+
+def test_a_broken_instrumentation_is_one_warning_and_the_program_runs(tmp_path):
+    run = RunDir.create(tmp_path / "runs", "test")
+    res = instrumented_python("print('result', 6 * 7)", run.path, UPS_HEARTBEAT_INTERVAL="not-a-number")
+    assert res.returncode == 0 and res.stdout == "result 42\n"
+    assert res.stderr.count("\n") == 1 and res.stderr.startswith("ups: instrumentation off in this process")
+
+
+def test_instrumentation_off_and_the_users_own_sitecustomize_still_runs(tmp_path):
+    run = RunDir.create(tmp_path / "runs", "test")
+    user_site = tmp_path / "usersite"
+    user_site.mkdir()
+    (user_site / "sitecustomize.py").write_text("import builtins\nbuiltins.USER_SITE_RAN = True\n")
+    code = "import sys\nprint(USER_SITE_RAN, 'torch' in sys.modules)"
+    res = instrumented_python(code, run.path, EXTRA_PATH=str(user_site))
+    assert res.returncode == 0 and res.stdout == "True False\n", res.stderr  # torch is never imported for us
+    assert records(run)["rank-0"].state == "done"
+    off = RunDir.create(tmp_path / "runs", "test")
+    res = instrumented_python(code, off.path, EXTRA_PATH=str(user_site), UPS_INSTRUMENT="0")
+    assert res.returncode == 0 and res.stdout == "True False\n" and records(off) == {}
+
+
+# ---------------------------------------------------------------- the line, parsed
+def test_torchrun_option_table_matches_torchs_parser():
+    from torch.distributed.run import get_args_parser
+
+    from ups.launch.programs import TORCHRUN_FLAGS, TORCHRUN_VALUE_OPTIONS
+
+    actions = [a for a in get_args_parser()._actions if a.option_strings]
+    assert {s for a in actions if a.nargs == 0 for s in a.option_strings} == TORCHRUN_FLAGS
+    assert {s for a in actions if a.nargs != 0 for s in a.option_strings} == TORCHRUN_VALUE_OPTIONS
+
+
+def test_torchrun_lines_split_where_torchrun_splits_them():
+    from ups.launch.programs import parse_torchrun, torchrun_command
+
+    line = parse_torchrun(["--nproc_per_node=2", "--max-restarts", "1", "-m", "pkg.train", "--lr", "3e-4"])
+    assert (line.target, line.args, line.name) == (["pkg.train"], ["--lr", "3e-4"], "train")
+    cmd = torchrun_command(line)
+    assert "--standalone" in cmd and cmd[-6:] == ["--max-restarts", "1", "-m", "pkg.train", "--lr", "3e-4"]
+    line = parse_torchrun(["--nproc", "2", "--rdzv-endpoint", "h:29400", "--log-dir", "/x", "-t3", "train.py", "--", "-v"])
+    assert line.target == ["train.py"] and line.args == ["--", "-v"]
+    cmd = torchrun_command(line)
+    assert "--standalone" not in cmd and cmd.count("--log-dir") == 1 and "--tee" not in cmd  # the user's own kept

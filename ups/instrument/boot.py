@@ -1,0 +1,301 @@
+"""Start-up of the instrumentation in one process of a job (called by our sitecustomize).
+
+Every Python process of a job launched by ``ups launch`` comes through here. It decides what
+the process is, starts its status record where that is known now, and installs the hooks
+that follow the process through its life:
+
+* **role** — the job's top process takes ``UPS_TOP_ROLE`` (``agent`` for torchrun, ``rank``
+  for a plain ``python`` job); a process whose parent is the agent and that has ``RANK`` is a
+  rank; any other child of an instrumented process is a ``helper``. Children learn their
+  parent from ``UPS_PARENT`` (``role:pid:rank``), which each recorded process sets in its
+  own environment. Children of ``multiprocessing`` (fork or spawn) are decided when they
+  start running (``BaseProcess._bootstrap``): a DataLoader worker gets a ``worker`` record
+  from its init function (see :mod:`ups.instrument.torch_hooks`), anything else a helper
+  record. Infrastructure processes (multiprocessing's resource tracker and fork server)
+  get none.
+* **exit truth** — a normal interpreter exit writes the final record (``done``, or
+  ``failed`` with the exit code of ``sys.exit``); an uncaught exception is recorded (type,
+  message, file:line; the full traceback into the stack file) and written as torchrun's
+  error file (``TORCHELASTIC_ERROR_FILE``), so the root cause is named without ``@record``.
+  A process that ends any other way (``os._exit``, a signal) leaves a record that still says
+  running: that absence is the evidence the launcher reads.
+* **fork** — a forked child never writes its parent's record or stack file.
+* **torch** — patched by post-import hooks only if the program imports it.
+
+Nothing here may break the program: failures are one warning line on stderr.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+
+from ups.status.reporter import Reporter
+
+ENV_TOP_ROLE = "UPS_TOP_ROLE"
+ENV_PARENT = "UPS_PARENT"
+ENV_TOTAL_STEPS = "UPS_TOTAL_STEPS"
+ENV_INTERVAL = "UPS_HEARTBEAT_INTERVAL"
+ENV_NODE_RANK = "UPS_NODE_RANK"
+
+_INFRASTRUCTURE = ("multiprocessing.resource_tracker", "multiprocessing.forkserver", "multiprocessing.semaphore_tracker")
+
+
+class _State:
+    """Process-wide facts the hooks share (one instance, reset in a forked child)."""
+
+    rep: Reporter | None = None
+    parent: tuple[str, int, int] | None = None  # role, pid, rank of the process that made us
+    exit_code: int | None = None
+    failure_recorded = False
+    warned: set[str] = set()
+    booted = False
+
+
+state = _State()
+
+
+def warn(message: str) -> None:
+    """One line on stderr per distinct problem; the program goes on."""
+    if message in state.warned:
+        return
+    state.warned.add(message)
+    try:
+        print(f"ups: {message}; the program runs on", file=sys.stderr, flush=True)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def _env_int(name: str, default: int | None = None) -> int | None:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return default
+
+
+def _parse_parent() -> tuple[str, int, int] | None:
+    raw = os.environ.get(ENV_PARENT)
+    if not raw:
+        return None
+    try:
+        role, pid, rank = raw.split(":")
+        return role, int(pid), int(rank)
+    except ValueError:
+        return None
+
+
+def _argv_text() -> str:
+    return " ".join(getattr(sys, "orig_argv", None) or sys.argv or [])
+
+
+def _is_infrastructure(text: str) -> bool:
+    return any(name in text for name in _INFRASTRUCTURE)
+
+
+def _is_multiprocessing_child() -> bool:
+    return "--multiprocessing-fork" in (sys.argv or []) or "spawn_main" in _argv_text()
+
+
+def boot() -> None:
+    """Called once per process by sitecustomize."""
+    if state.booted:
+        return
+    state.booted = True
+    text = _argv_text()
+    if _is_infrastructure(text):
+        return  # the resource tracker and fork server: no record, no hooks
+    state.parent = _parse_parent()
+    _install_process_hooks()
+    from ups.instrument import imports, torch_hooks
+
+    imports.when_imported("torch", torch_hooks.patch_torch)
+    imports.when_imported("multiprocessing.process", _patch_multiprocessing)
+    if _is_multiprocessing_child():
+        return  # a worker or helper: decided in BaseProcess._bootstrap, once we know which
+    parent = state.parent
+    if parent is None:
+        role = os.environ.get(ENV_TOP_ROLE, "rank")
+    elif parent[0] == "agent" and "RANK" in os.environ:
+        role = "rank"
+    else:
+        role = "helper"
+    start_reporter(role, command=text if role in ("agent", "helper") else None)
+
+
+def start_reporter(role: str, *, worker: int | None = None, loader: int | None = None, rank: int | None = None,
+                   command: str | None = None) -> Reporter | None:
+    """Start this process's record (the one and only of this process)."""
+    run_dir = os.environ.get("UPS_RUN_DIR")
+    if not run_dir:
+        return None
+    interval = float(os.environ.get(ENV_INTERVAL) or 1.0)
+    parent_rank = state.parent[2] if state.parent else 0
+    kwargs: dict = {"interval": interval, "command": command[:300] if command else None}
+    if role == "rank":
+        rank = _env_int("RANK", 0) if rank is None else rank
+        kwargs.update(rank=rank, local_rank=_env_int("LOCAL_RANK", 0), world_size=_env_int("WORLD_SIZE", 1),
+                      unit="batches", total=_env_int(ENV_TOTAL_STEPS), gpu_sampler=_cuda_sampler)
+    elif role == "worker":
+        kwargs.update(rank=parent_rank if rank is None else rank, worker=worker, loader=loader, unit="samples",
+                      phase="idle")
+    elif role == "helper":
+        kwargs.update(rank=parent_rank, phase="helper", unit="items")
+    elif role == "agent":
+        kwargs.update(phase="agent", node=_env_int(ENV_NODE_RANK), unit="items")
+    rep = Reporter(run_dir, role=role, **kwargs)
+    rep.register_current()
+    state.rep = rep
+    rep.start()
+    os.environ[ENV_PARENT] = f"{role}:{os.getpid()}:{rep.rank or 0}"
+    return rep
+
+
+# ------------------------------------------------------------------------ process hooks
+def _install_process_hooks() -> None:
+    atexit.register(_at_exit)
+    previous_hook = sys.excepthook
+
+    def excepthook(tp, value, tb):  # noqa: ANN001 - the excepthook signature
+        try:
+            record_failure(value)
+        except Exception:  # noqa: BLE001
+            pass
+        previous_hook(tp, value, tb)
+
+    sys.excepthook = excepthook
+    real_exit = sys.exit
+
+    def exit(code=None):  # noqa: A001, ANN001 - same signature as sys.exit
+        state.exit_code = code if isinstance(code, int) or code is None else 1
+        real_exit(code)
+
+    sys.exit = exit
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _after_fork_in_child() -> None:
+    """A forked child is not its parent: it must not write the parent's record or stacks."""
+    rep = state.rep
+    if rep is not None:
+        state.parent = (rep.role, rep.pid, rep.rank or 0)
+        os.environ[ENV_PARENT] = f"{rep.role}:{rep.pid}:{rep.rank or 0}"
+    state.rep = None
+    state.exit_code = None
+    state.failure_recorded = False
+    Reporter._current = None  # noqa: SLF001
+    import faulthandler
+
+    faulthandler.disable()
+    from ups.instrument import torch_hooks
+
+    torch_hooks.reset_after_fork()
+
+
+def record_failure(exc: BaseException) -> None:
+    """An uncaught exception: record it, keep the full traceback, tell torchrun."""
+    rep = state.rep
+    if rep is None or state.failure_recorded or isinstance(exc, SystemExit):
+        return
+    state.failure_recorded = True
+    import traceback
+
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    rep.append_stack_text(f"\n=== uncaught exception in {rep.name} (pid {os.getpid()}) ===\n{text}")
+    rep.fail(exc, exit_code=1)
+    _write_torchelastic_error_file(exc, text)
+
+
+def _write_torchelastic_error_file(exc: BaseException, text: str) -> None:
+    """torchrun reads this file to name the root cause; without ``@record`` it says <N/A>.
+    Same format as torch.distributed.elastic's ErrorHandler; never overwrites a file that
+    the program's own ``@record`` wrote."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path or os.path.exists(path):
+        return
+    import json
+    import time
+
+    data = {"message": {"message": f"{type(exc).__name__}: {exc}",
+                        "extraInfo": {"py_callstack": text, "timestamp": str(int(time.time()))}}}
+    try:
+        with open(path, "w") as fh:
+            json.dump(data, fh)
+    except OSError:
+        pass
+
+
+def _at_exit() -> None:
+    """A normal interpreter exit: the final record. (os._exit and signals never get here.)"""
+    rep = state.rep
+    if rep is None or rep.pid != os.getpid():
+        return
+    try:
+        if rep.state == "running":
+            last = getattr(sys, "last_value", None)  # set for an uncaught exception, even if
+            if last is not None:                     # the program replaced sys.excepthook
+                record_failure(last)
+            code = state.exit_code
+            if rep.state == "running":
+                if code:
+                    rep.fail(f"exited with code {code}", exit_code=code)
+                else:
+                    rep.done(exit_code=0)
+        rep.close()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+# ------------------------------------------------------------------ multiprocessing
+def _patch_multiprocessing(module) -> None:  # noqa: ANN001
+    cls = module.BaseProcess
+    if getattr(cls._bootstrap, "__ups_wrapped__", None):
+        return
+    original = cls._bootstrap
+
+    def _bootstrap(self, *args, **kwargs):  # noqa: ANN001
+        # Runs in the child (fork, spawn, forkserver) before the target.
+        if state.rep is None and os.environ.get("UPS_RUN_DIR"):
+            target = getattr(self, "_target", None)
+            if getattr(target, "__name__", "") != "_worker_loop":  # DataLoader workers: see torch_hooks
+                try:
+                    start_reporter("helper", command=f"multiprocessing {getattr(self, 'name', '')}: "
+                                                     f"{getattr(target, '__qualname__', target)}")
+                except Exception as exc:  # noqa: BLE001
+                    warn(f"no status record for this helper process ({exc})")
+        code = original(self, *args, **kwargs)
+        rep = state.rep  # the helper's, or the worker's that its init function started
+        if rep is not None and rep.pid == os.getpid():
+            try:
+                if rep.state == "running":
+                    if code:
+                        rep.fail(f"exited with code {code}", exit_code=code)
+                    else:
+                        rep.done(exit_code=0)
+                rep.close()
+            except Exception:  # noqa: BLE001
+                pass
+        return code
+
+    _bootstrap.__ups_wrapped__ = original  # type: ignore[attr-defined]
+    cls._bootstrap = _bootstrap
+
+
+# ------------------------------------------------------------------------------- GPU
+def _cuda_sampler():
+    """CUDA memory of this rank's device, read by the heartbeat thread; never initialises
+    CUDA (that would break fork-based DataLoader workers)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    from ups.instrument import torch_hooks
+
+    device = torch_hooks.cuda_device()
+    if device is None or not torch.cuda.is_initialized():
+        return None
+    from ups.status.record import GpuMemory
+
+    stats = torch.cuda.memory_stats(device)
+    return GpuMemory(device, stats.get("allocated_bytes.all.current", 0), stats.get("reserved_bytes.all.current", 0),
+                     stats.get("allocated_bytes.all.peak", 0))

@@ -1,0 +1,557 @@
+"""What the instrumentation learns from torch, patched in when the program imports torch.
+
+Phases (the record's ``phase``), from well-known calls, in the main thread:
+
+=====================  =====================================================================
+``dist.init``          inside ``torch.distributed.init_process_group``
+``ddp.wrap``           inside ``DistributedDataParallel(...)`` / FSDP construction
+``data``               waiting on a DataLoader iterator (``next(it)``)
+``train`` / ``eval``   after the first batch or optimizer step; ``eval`` after
+                       ``model.eval()`` once training has begun, ``train`` again after
+                       ``model.train()`` or the next optimizer step
+``checkpoint``         inside ``torch.save`` to a file
+``load``               inside ``torch.load`` from a file
+``collective:<op>``    inside a blocking ``torch.distributed`` collective; the record's
+                       ``collective`` says op, per-rank sequence number and call site
+=====================  =====================================================================
+
+Progress: optimizer steps (torch's global optimizer step hook) once any optimizer stepped,
+batches before that (and for programs without an optimizer); the epoch from
+``DistributedSampler.set_epoch``; the batch within the current pass in ``item``.
+
+DataLoader workers (fork and spawn): each gets its own record (heartbeat, samples fetched,
+the dataset index in flight) from a wrapper around the loader's ``worker_init_fn`` that
+starts before the user's own. ``UPS_FORCE_NUM_WORKERS=0`` (``ups relaunch --num-workers
+0``) makes every DataLoader load in the main process.
+
+A job's own explicit phases (``encode``, ``write`` ...) are kept: a wrapped call restores
+the phase it found, unless that was one of the automatic ones.
+
+Cost: the hot-path wrappers (``next(it)``, the optimizer hook, a collective) do no I/O
+and take about a microsecond; the heartbeat thread writes the record once a second. A
+worker writes its record when it starts a batch (the index in flight must be on disk before
+a read that may block holding the GIL), and ``torch.save`` at most four times a second.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+from ups.instrument import boot
+
+ENV_FORCE_NUM_WORKERS = "UPS_FORCE_NUM_WORKERS"
+_AUTO_PHASES = frozenset(("start", "train", "eval"))
+_COLLECTIVES = (
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
+    "all_to_all_single", "barrier", "broadcast", "broadcast_object_list", "gather", "gather_object",
+    "monitored_barrier", "recv", "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter",
+    "scatter_object_list", "send",
+)
+
+
+class _Tracking:
+    """Main-thread phase nesting and progress counters of this process."""
+
+    def __init__(self) -> None:
+        self.base = "start"
+        self.depth = 0
+        self.opt_steps = 0
+        self.opt_counts: dict[int, int] = {}
+        self.batches = 0
+        self.cuda_dev: int | None = None
+        self.main = threading.main_thread().ident
+        self.loaders = 0
+        self.forced_warned = False
+
+
+_t = _Tracking()
+_get_ident = threading.get_ident
+
+
+def reset_after_fork() -> None:
+    global _t
+    _t = _Tracking()
+    _t.main = _get_ident()
+
+
+def cuda_device() -> int | None:
+    return _t.cuda_dev
+
+
+# ------------------------------------------------------------------------- phases
+def _enter(rep, name: str, *, flush: bool = False) -> str | None:
+    """Enter a phase for the duration of a wrapped call; the outermost wrapped call wins."""
+    t = _t
+    t.depth += 1
+    if t.depth > 1:
+        return None
+    prev = rep.current_phase
+    rep.phase(name, flush=flush)
+    return prev
+
+
+def _leave(rep, prev: str | None, *, failed: bool = False) -> None:
+    """Back to the phase the call found; a call that raised keeps its phase, so a process
+    that dies of the exception says where (``collective:all_reduce``, ``checkpoint``)."""
+    t = _t
+    t.depth -= 1
+    if t.depth == 0 and prev is not None and not failed:
+        rep.phase(t.base if prev in _AUTO_PHASES else prev, flush=False)
+
+
+def _set_base(rep, name: str) -> None:
+    t = _t
+    if t.base != name:
+        t.base = name
+        if t.depth == 0 and rep.current_phase in _AUTO_PHASES:
+            rep.phase(name, flush=False)
+
+
+def _rank_reporter():
+    """The reporter of a rank's main thread, else None (workers, helpers, other threads)."""
+    rep = boot.state.rep
+    if rep is None or rep.role != "rank" or _get_ident() != _t.main:
+        return None
+    return rep
+
+
+def _call_site() -> str | None:
+    """file:line of the program's own frame that made the current call."""
+    from ups.status.reporter import is_library_file
+
+    frame = sys._getframe(2)
+    while frame is not None and is_library_file(frame.f_code.co_filename):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
+def _note_cuda_device() -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        _t.cuda_dev = torch.cuda.current_device()
+
+
+def _wrapped(original, wrapper):
+    wrapper.__wrapped__ = original
+    wrapper.__ups_wrapped__ = original
+    for attr in ("__name__", "__qualname__", "__doc__"):
+        try:
+            setattr(wrapper, attr, getattr(original, attr))
+        except (AttributeError, TypeError):
+            pass
+    return wrapper
+
+
+_PATCHED: list[tuple[object, str, object, object]] = []  # owner, name, original, wrapper
+
+
+def _patch(owner, name: str, make) -> None:
+    """Replace ``owner.name`` by ``make(original)``, once."""
+    original = getattr(owner, name, None)
+    if original is None or getattr(original, "__ups_wrapped__", None) is not None:
+        return
+    wrapper = _wrapped(original, make(original))
+    setattr(owner, name, wrapper)
+    _PATCHED.append((owner, name, original, wrapper))
+
+
+def set_enabled(enabled: bool) -> None:
+    """Put torch's own functions back (False) or ours again (True): for measuring the cost of
+    the instrumentation in one process (scripts/bench_instrument.py), not for programs."""
+    for owner, name, original, wrapper in _PATCHED:
+        setattr(owner, name, wrapper if enabled else original)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        from torch.optim.optimizer import _global_optimizer_post_hooks
+
+        ours = [k for k, h in _global_optimizer_post_hooks.items() if getattr(h, "__ups_hook__", False)]
+        if enabled and not ours:
+            _patch_optim(torch)
+        for key in ours if not enabled else ():
+            del _global_optimizer_post_hooks[key]
+
+
+def _phase_call(phase: str, *, flush: bool):
+    def make(original):
+        def wrapper(*args, **kwargs):
+            rep = _rank_reporter()
+            if rep is None:
+                return original(*args, **kwargs)
+            prev = _enter(rep, phase, flush=flush)
+            try:
+                result = original(*args, **kwargs)
+            except BaseException:
+                _leave(rep, prev, failed=True)
+                raise
+            _leave(rep, prev)
+            return result
+
+        return wrapper
+
+    return make
+
+
+# --------------------------------------------------------------------- entry point
+def patch_torch(torch) -> None:  # noqa: ANN001
+    """Called right after ``import torch`` finished (post-import hook)."""
+    steps = (_patch_distributed, _patch_data, _patch_optim, _patch_serialization, _patch_module_modes)
+    for step in steps:
+        try:
+            step(torch)
+        except Exception as exc:  # noqa: BLE001 - one failed patch must not stop the others
+            boot.warn(f"could not instrument {step.__name__[7:]} ({type(exc).__name__}: {exc})")
+    from ups.instrument import imports
+
+    imports.when_imported("torch.distributed.fsdp", _patch_fsdp)
+    imports.when_imported("torch.distributed.elastic.multiprocessing.errors.error_handler", _patch_error_handler)
+
+
+def _patch_error_handler(module) -> None:  # noqa: ANN001
+    """torch's ``@record`` calls ``faulthandler.enable()`` (to stderr) when the decorated
+    function starts, which takes fatal-signal tracebacks away from the stack file that
+    ``ups stacks`` reads. Put ours back after it (the rank's stderr is in its log anyway)."""
+
+    def make(original):
+        def initialize(self):  # noqa: ANN001
+            original(self)
+            rep = boot.state.rep
+            if rep is not None:
+                rep.rearm_fatal_handler()
+
+        return initialize
+
+    _patch(module.ErrorHandler, "initialize", make)
+
+
+# -------------------------------------------------------------------- distributed
+def _patch_distributed(torch) -> None:  # noqa: ANN001
+    dist = torch.distributed
+    if not dist.is_available():
+        return
+    c10d = dist.distributed_c10d
+    init = _phase_call("dist.init", flush=True)
+
+    def make_init(original):
+        inner = init(original)
+
+        def wrapper(*args, **kwargs):
+            result = inner(*args, **kwargs)
+            rep = _rank_reporter()
+            if rep is not None and dist.is_initialized():
+                rep.set_world(dist.get_world_size())
+            return result
+
+        return wrapper
+
+    for name, make in (("init_process_group", make_init), *((op, _collective(op)) for op in _COLLECTIVES)):
+        original = getattr(c10d, name, None)
+        if original is None:
+            continue
+        _patch(c10d, name, make)
+        if getattr(dist, name, None) is original:  # torch.distributed re-exports c10d's functions
+            setattr(dist, name, getattr(c10d, name))
+    _patch(torch.nn.parallel.DistributedDataParallel, "__init__", _phase_call("ddp.wrap", flush=True))
+
+
+def _collective(op: str):
+    phase = f"collective:{op}"
+
+    def make(original):
+        def wrapper(*args, **kwargs):
+            rep = _rank_reporter()
+            if rep is None or _t.depth:  # nested (broadcast_object_list -> broadcast): the outer counts
+                return original(*args, **kwargs)
+            rep.collective(op, _call_site())
+            prev = _enter(rep, phase)
+            try:
+                result = original(*args, **kwargs)
+            except BaseException:
+                _leave(rep, prev, failed=True)  # the record keeps the collective it died in
+                raise
+            rep.collective(None)
+            _leave(rep, prev)
+            return result
+
+        return wrapper
+
+    return make
+
+
+def _patch_fsdp(module) -> None:  # noqa: ANN001
+    cls = getattr(module, "FullyShardedDataParallel", None)
+    if cls is not None:
+        _patch(cls, "__init__", _phase_call("ddp.wrap", flush=True))
+    if hasattr(module, "fully_shard") and callable(module.fully_shard):
+        _patch(module, "fully_shard", _phase_call("ddp.wrap", flush=True))
+
+
+# --------------------------------------------------------------------------- data
+def _patch_data(torch) -> None:  # noqa: ANN001
+    dl = torch.utils.data.dataloader
+    _patch(dl._BaseDataLoaderIter, "__next__", _make_next)
+    _patch(dl._MultiProcessingDataLoaderIter, "__init__", _make_mp_iter_init)
+    _patch(dl.DataLoader, "__init__", _make_loader_init)
+    fetch = torch.utils.data._utils.fetch
+    _patch(fetch._MapDatasetFetcher, "fetch", _make_fetch)
+    _patch(fetch._IterableDatasetFetcher, "fetch", _make_fetch)
+    _patch(torch.utils.data.DistributedSampler, "set_epoch", _make_set_epoch)
+
+
+def _make_next(original):
+    def __next__(self):  # noqa: ANN001, N807
+        rep = _rank_reporter()
+        if rep is None:
+            return original(self)
+        prev = _enter(rep, "data")
+        try:
+            batch = original(self)
+        except StopIteration:
+            _leave(rep, prev)
+            raise
+        except BaseException:
+            _leave(rep, prev, failed=True)
+            raise
+        t = _t
+        if t.base == "start":
+            t.base = "train"
+        _leave(rep, prev)
+        t.batches += 1
+        rep.auto_progress(add=0 if t.opt_steps else 1)
+        n = self.__dict__.get("_ups_len")
+        if n is None:
+            try:
+                n = len(self)
+            except TypeError:
+                n = "?"
+            self._ups_len = n
+        loader = self.__dict__.get("_ups_loader", 0)
+        rep.item(f"batch {self._num_yielded}/{n}" + (f" (loader {loader})" if loader else ""))
+        if t.batches % 64 == 1:
+            _note_cuda_device()
+        return batch
+
+    return __next__
+
+
+def _loader_id(loader) -> int:  # noqa: ANN001
+    lid = loader.__dict__.get("_ups_loader")
+    if lid is None:
+        lid = _t.loaders
+        _t.loaders += 1
+        loader.__dict__["_ups_loader"] = lid
+    return lid
+
+
+def _make_loader_init(original):
+    import inspect
+
+    signature = inspect.signature(original)
+
+    def __init__(self, *args, **kwargs):  # noqa: ANN001, N807
+        forced = os.environ.get(ENV_FORCE_NUM_WORKERS)
+        if forced is not None and boot.state.rep is not None:
+            try:
+                bound = signature.bind(self, *args, **kwargs)
+            except TypeError:
+                bound = None
+            if bound is not None:
+                asked = bound.arguments.get("num_workers", 0)
+                if asked != int(forced):
+                    bound.arguments["num_workers"] = int(forced)
+                    if int(forced) == 0:
+                        # Options that only exist with worker processes would make DataLoader refuse.
+                        for key, value in (("persistent_workers", False), ("prefetch_factor", None), ("timeout", 0),
+                                           ("multiprocessing_context", None)):
+                            if key in bound.arguments:
+                                bound.arguments[key] = value
+                    if not _t.forced_warned:
+                        _t.forced_warned = True
+                        print(f"ups: DataLoader num_workers={asked} forced to {forced} (relaunched with "
+                              f"--num-workers {forced})", file=sys.stderr, flush=True)
+                    boot.state.rep.metrics(forced_num_workers=int(forced))
+                original(*bound.args, **bound.kwargs)
+                _loader_id(self)
+                return
+        original(self, *args, **kwargs)
+        _loader_id(self)
+
+    return __init__
+
+
+class WorkerInit:
+    """Wraps a DataLoader's ``worker_init_fn``: starts the worker's record first. Picklable, so
+    spawn-context workers get it too (it is unpickled in the child from this module)."""
+
+    def __init__(self, loader: int, rank: int, fn) -> None:  # noqa: ANN001
+        self.loader = loader
+        self.rank = rank
+        self.fn = fn
+
+    def __call__(self, worker_id: int) -> None:
+        if boot.state.rep is None:
+            try:
+                boot.start_reporter("worker", worker=worker_id, loader=self.loader, rank=self.rank)
+            except Exception as exc:  # noqa: BLE001
+                boot.warn(f"no status record for DataLoader worker {worker_id} ({type(exc).__name__}: {exc})")
+        if self.fn is not None:
+            self.fn(worker_id)
+
+
+def _make_mp_iter_init(original):
+    def __init__(self, loader, *args, **kwargs):  # noqa: ANN001, N807
+        rep = boot.state.rep
+        if rep is None:
+            return original(self, loader, *args, **kwargs)
+        lid = _loader_id(loader)
+        self._ups_loader = lid
+        user_fn = loader.worker_init_fn
+        loader.worker_init_fn = WorkerInit(lid, rep.rank or 0, user_fn)
+        try:
+            original(self, loader, *args, **kwargs)
+        finally:
+            loader.worker_init_fn = user_fn
+
+    return __init__
+
+
+def _describe_index(index) -> str:  # noqa: ANN001
+    if isinstance(index, list | tuple):
+        if not index:
+            return "index []"
+        first, last = index[0], index[-1]
+        if first is None:
+            return f"batch of {len(index)}"
+        if len(index) == 1:
+            return f"index {first}"
+        if isinstance(first, int) and isinstance(last, int) and last - first == len(index) - 1:
+            return f"index {first}-{last}"
+        return f"index {first} (+{len(index) - 1} more)"
+    return "next item" if index is None else f"index {index}"
+
+
+def _make_fetch(original):
+    def fetch(self, possibly_batched_index):  # noqa: ANN001
+        rep = boot.state.rep
+        if rep is None or rep.role != "worker":
+            return original(self, possibly_batched_index)
+        rep.item(_describe_index(possibly_batched_index))
+        # Written before the dataset is touched: a read that blocks holding the GIL (h5py on a
+        # hung mount) stops the heartbeat thread too, and the record must already say what.
+        rep.phase("fetch")
+        data = original(self, possibly_batched_index)
+        rep.auto_progress(add=len(possibly_batched_index) if isinstance(possibly_batched_index, list | tuple) else 1)
+        rep.phase("idle", flush=False)
+        return data
+
+    return fetch
+
+
+def _make_set_epoch(original):
+    def set_epoch(self, epoch):  # noqa: ANN001
+        original(self, epoch)
+        rep = _rank_reporter()
+        if rep is not None:
+            rep.metrics(epoch=epoch)
+
+    return set_epoch
+
+
+# -------------------------------------------------------------------------- optim
+def _patch_optim(torch) -> None:  # noqa: ANN001
+    from torch.optim.optimizer import (
+        _global_optimizer_post_hooks,
+        register_optimizer_step_post_hook,
+    )
+
+    if not any(getattr(h, "__ups_hook__", False) for h in _global_optimizer_post_hooks.values()):
+        register_optimizer_step_post_hook(_on_optimizer_step)
+
+
+def _on_optimizer_step(optimizer, args, kwargs) -> None:  # noqa: ANN001
+    rep = _rank_reporter()
+    if rep is None:
+        return
+    t = _t
+    key = id(optimizer)
+    count = t.opt_counts.get(key, 0) + 1
+    t.opt_counts[key] = count
+    if count > t.opt_steps:  # several optimizers (a GAN) step once each per iteration
+        if t.opt_steps == 0 and t.cuda_dev is None:
+            _note_cuda_device()
+        t.opt_steps = count
+        rep.auto_progress(step=count, unit="steps")
+    else:
+        rep.auto_progress()
+    _set_base(rep, "train")
+
+
+_on_optimizer_step.__ups_hook__ = True  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------------- save/load
+def _is_file_target(f) -> bool:  # noqa: ANN001
+    return isinstance(f, str | os.PathLike) or isinstance(getattr(f, "name", None), str)
+
+
+def _target_name(f) -> str:  # noqa: ANN001
+    return os.fspath(f) if isinstance(f, str | os.PathLike) else f.name
+
+
+def _make_save(original):
+    def save(obj, f, *args, **kwargs):  # noqa: ANN001
+        rep = _rank_reporter()
+        if rep is None or not _is_file_target(f):
+            return original(obj, f, *args, **kwargs)
+        prev = _enter(rep, "checkpoint")
+        rep.flush_if_older(0.25)  # a write that hangs on dead storage may hold the GIL
+        try:
+            result = original(obj, f, *args, **kwargs)
+        except BaseException as exc:
+            if isinstance(exc, Exception) and hasattr(exc, "add_note"):  # torch's message does not name the file
+                exc.add_note(f"(ups: while torch.save wrote {_target_name(f)})")
+            _leave(rep, prev, failed=True)
+            raise
+        _leave(rep, prev)
+        return result
+
+    return save
+
+
+def _patch_serialization(torch) -> None:  # noqa: ANN001
+    ser = torch.serialization
+    original_save, original_load = ser.save, ser.load
+    _patch(ser, "save", _make_save)
+    if torch.save is original_save:
+        torch.save = ser.save
+
+    def make_load(original):
+        inner = _phase_call("load", flush=False)(original)
+
+        def load(f, *args, **kwargs):  # noqa: ANN001
+            return inner(f, *args, **kwargs) if _is_file_target(f) else original(f, *args, **kwargs)
+
+        return load
+
+    _patch(ser, "load", make_load)
+    if torch.load is original_load:
+        torch.load = ser.load
+
+
+# ------------------------------------------------------------------- train / eval
+def _patch_module_modes(torch) -> None:  # noqa: ANN001
+    def make(original):
+        def train(self, mode=True):  # noqa: ANN001
+            result = original(self, mode)
+            if _t.opt_steps:
+                rep = _rank_reporter()
+                if rep is not None:
+                    _set_base(rep, "train" if mode else "eval")
+            return result
+
+        return train
+
+    _patch(torch.nn.Module, "train", make)

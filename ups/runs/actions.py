@@ -1,0 +1,56 @@
+"""Operator actions on a run, shared by the CLI and the console (neither imports the other).
+
+Every signal goes through :mod:`ups.runs.signals` (identity-checked, logged with its actor
+and reason); requests to a live job go through the run's ``control/`` folder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ups.errors import UpsError
+from ups.runs.rundir import FINAL_RUN_STATES, RunDir
+from ups.runs.signals import KillResult, is_alive, terminate
+from ups.runs.view import RunView, load_run_view
+
+
+def kill_run(run: RunDir, view: RunView, *, actor: str, reason: str, grace: float, force: bool) -> list[KillResult]:
+    """Stop a whole run: ask the launcher first (it stops the job's process group), then make
+    sure of every process the records name, and mark the run killed if it is not final yet."""
+    run.append_event("kill", actor=actor, target="run", reason=reason, force=force)
+    launcher = [p.record for p in view.processes if p.record.role == "launcher"]
+    results: list[KillResult] = []
+    if launcher and is_alive(launcher[0]) and not force:
+        results += terminate(run, launcher, actor=actor, reason=reason, grace=grace + 5.0)
+    rest = [p for p in load_run_view(run).processes if p.record.role != "launcher" and is_alive(p.record)]
+    results += terminate(run, [p.record for p in rest], actor=actor, reason=reason, grace=grace, force=force)
+    if force and launcher:
+        results += terminate(run, launcher, actor=actor, reason=reason, grace=grace, force=True)
+    if run.read_manifest().get("state") not in FINAL_RUN_STATES:
+        run.set_state("killed", summary=f"killed by {actor}: {reason}")
+    return results
+
+
+def find_logs(run: RunDir, rank: int | None) -> list[Path]:
+    """The job's log, or one rank's logs (``logs/rank-R.log`` or torchrun's stdout + stderr)."""
+    if rank is None:
+        return [run.log_path("job")]
+    direct = run.log_path(f"rank-{rank}")
+    if direct.exists():
+        return [direct]
+    # torchrun --log-dir layout: logs/torchrun/<id>/attempt_N/<rank>/{stdout,stderr}.log
+    attempts = sorted(run.logs_dir.glob(f"**/attempt_*/{rank}"), key=lambda p: p.stat().st_mtime)
+    if attempts:
+        return [p for p in (attempts[-1] / "stdout.log", attempts[-1] / "stderr.log") if p.exists()]
+    raise UpsError(f"run {run.run_id} has no log for rank {rank} under {run.logs_dir}")
+
+
+def request_fallback(run: RunDir, *, actor: str) -> Path:
+    """Ask a live precompute to drop its DataLoader workers and go on in-process."""
+    m = run.read_manifest()
+    if m.get("kind") != "precompute":
+        raise UpsError(f"run {run.run_id} is a {m.get('kind')} run; in-process fallback applies to precompute runs "
+                       f"(`ups relaunch {run.run_id} --num-workers 0` reruns any run without DataLoader workers)")
+    if m.get("state") not in ("launching", "running"):
+        raise UpsError(f"run {run.run_id} is {m.get('state')}; nothing to fall back")
+    return run.put_control("fallback", actor=actor)
