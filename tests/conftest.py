@@ -23,12 +23,25 @@ os.environ.setdefault("WANDB_SILENT", "true")
 
 
 @pytest.fixture
-def runs_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An empty runs root, also exported as UPS_RUNS_DIR for CLI calls and subprocesses."""
+def runs_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """An empty runs root, also exported as UPS_RUNS_DIR for CLI calls and subprocesses.
+
+    At teardown every run still live under it is force-killed, passed or failed: a failing
+    assertion must not leave a detached job running for the rest of the suite."""
     root = tmp_path / "runs"
     root.mkdir()
     monkeypatch.setenv("UPS_RUNS_DIR", str(root))
-    return root
+    yield root
+    from helpers import run_ups
+
+    from ups.runs.rundir import FINAL_RUN_STATES, list_runs
+
+    for summary in list_runs(root, missing_ok=True):
+        if summary.state not in FINAL_RUN_STATES:
+            try:
+                run_ups("kill", str(summary.path), "--force", timeout=60)
+            except Exception:  # noqa: BLE001 - teardown goes on
+                pass
 
 
 class ProcessJanitor:
