@@ -4,7 +4,9 @@
   backward, optimizer step, one all_reduce on a 1-rank gloo group) with the instrumentation
   on (every torch hook patched in, the process's record written by its heartbeat thread)
   over off (torch's own functions, no record), in alternating blocks in one process (ABBA),
-  median over block pairs. Target <= 1.01.
+  median over block pairs of the blocks' median CPU time per step. Target <= 1.01. Beside
+  it, an A/A control (off against off, interleaved): how far from 1.0 this machine's noise
+  alone puts a ratio at the moment (other processes on a 2-core box move it by percents).
 - startup_added_ms: `python -c pass` started with the instrumentation's environment minus
   the same without (median of 25 alternating runs each): what every Python process of a job
   pays, torch or not. Target <= 30 ms. torch_import_added_ms: the same for `import torch`
@@ -25,8 +27,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-BLOCK_STEPS = 60
-PAIRS = 12
+BLOCK_STEPS = 150
+PAIRS = 16
 STARTS = 25
 
 
@@ -66,10 +68,12 @@ rep = boot.state.rep
 batches = iter(loader)
 
 def block(n):
+    # CPU time of this process per step (the heartbeat thread included): other processes
+    # competing for the cores change it much less than they change wall time.
     global batches
     out = []
     for _ in range(n):
-        t = time.perf_counter()
+        t = time.process_time()
         try:
             x, y = next(batches)
         except StopIteration:
@@ -81,7 +85,7 @@ def block(n):
         opt.step()
         logged = loss.detach().clone()
         dist.all_reduce(logged)
-        out.append(time.perf_counter() - t)
+        out.append(time.process_time() - t)
     return statistics.median(out)
 
 def condition(on):
@@ -100,7 +104,7 @@ def condition(on):
 BLOCK, PAIRS = int(sys.argv[1]), int(sys.argv[2])
 assert rep is not None, "the instrumentation did not start"
 block(BLOCK)  # warm-up
-ratios, on_ms, off_ms = [], [], []
+ratios, control, on_ms, off_ms = [], [], [], []
 for k in range(PAIRS):
     order = (True, False) if k % 2 == 0 else (False, True)  # ABBA
     res = {}
@@ -109,7 +113,11 @@ for k in range(PAIRS):
     ratios.append(res[True] / res[False])
     on_ms.append(res[True] * 1000)
     off_ms.append(res[False] * 1000)
-print(json.dumps({"ratio": statistics.median(ratios), "on_ms": statistics.median(on_ms), "off_ms": statistics.median(off_ms),
+    if k % 2 == 0:  # an A/A control pair (off against off): the noise floor of this machine now
+        control.append(condition(False) / condition(False))
+print(json.dumps({"ratio": statistics.median(ratios), "control": statistics.median(control),
+                  "control_spread": statistics.median(abs(c - 1) for c in control),
+                  "on_ms": statistics.median(on_ms), "off_ms": statistics.median(off_ms),
                   "record_step": rep.step, "coll_seq": rep._coll_seq}))
 """
 
@@ -125,6 +133,8 @@ def main() -> None:
         step = json.loads(res.stdout.strip().splitlines()[-1])
     print(json.dumps({
         "step_ratio_paired_median": round(step["ratio"], 4),
+        "control_ratio_off_over_off": round(step["control"], 4),
+        "control_median_abs_deviation": round(step["control_spread"], 4),
         "step_ms_on": round(step["on_ms"], 3),
         "step_ms_off": round(step["off_ms"], 3),
         "steps_seen_by_record": step["record_step"],

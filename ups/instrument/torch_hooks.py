@@ -40,6 +40,7 @@ import sys
 import threading
 
 from ups.instrument import boot
+from ups.status.reporter import is_library_file
 
 ENV_FORCE_NUM_WORKERS = "UPS_FORCE_NUM_WORKERS"
 _AUTO_PHASES = frozenset(("start", "train", "eval"))
@@ -117,16 +118,27 @@ def _rank_reporter():
     return rep
 
 
-def _call_site() -> str | None:
-    """file:line of the program's own frame that made the current call."""
-    from ups.status.reporter import is_library_file
+_LIBRARY_CODE: dict[object, bool] = {}  # code object -> is it torch's / the stdlib's / ours
+_SITES: dict[tuple[object, int], str] = {}  # (code, line) -> "train.py:120"
 
+
+def _call_site() -> str | None:
+    """file:line of the program's own frame that made the current call (cached per site:
+    this runs on every collective)."""
     frame = sys._getframe(2)
-    while frame is not None and is_library_file(frame.f_code.co_filename):
+    while frame is not None:
+        code = frame.f_code
+        lib = _LIBRARY_CODE.get(code)
+        if lib is None:
+            lib = _LIBRARY_CODE[code] = is_library_file(code.co_filename)
+        if not lib:
+            key = (code, frame.f_lineno)
+            site = _SITES.get(key)
+            if site is None:
+                site = _SITES[key] = f"{os.path.basename(code.co_filename)}:{frame.f_lineno}"
+            return site
         frame = frame.f_back
-    if frame is None:
-        return None
-    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+    return None
 
 
 def _note_cuda_device() -> None:
@@ -253,7 +265,9 @@ def _patch_distributed(torch) -> None:  # noqa: ANN001
             continue
         _patch(c10d, name, make)
         if getattr(dist, name, None) is original:  # torch.distributed re-exports c10d's functions
-            setattr(dist, name, getattr(c10d, name))
+            wrapper = getattr(c10d, name)
+            setattr(dist, name, wrapper)
+            _PATCHED.append((dist, name, original, wrapper))
     _patch(torch.nn.parallel.DistributedDataParallel, "__init__", _phase_call("ddp.wrap", flush=True))
 
 
@@ -295,10 +309,16 @@ def _patch_data(torch) -> None:  # noqa: ANN001
     _patch(dl._BaseDataLoaderIter, "__next__", _make_next)
     _patch(dl._MultiProcessingDataLoaderIter, "__init__", _make_mp_iter_init)
     _patch(dl.DataLoader, "__init__", _make_loader_init)
-    fetch = torch.utils.data._utils.fetch
+    _patch(torch.utils.data.DistributedSampler, "set_epoch", _make_set_epoch)
+
+
+def _patch_fetchers() -> None:
+    """In a DataLoader worker only (the main process never pays for it): count samples and
+    name the index in flight."""
+    from torch.utils.data._utils import fetch
+
     _patch(fetch._MapDatasetFetcher, "fetch", _make_fetch)
     _patch(fetch._IterableDatasetFetcher, "fetch", _make_fetch)
-    _patch(torch.utils.data.DistributedSampler, "set_epoch", _make_set_epoch)
 
 
 def _make_next(original):
@@ -395,6 +415,7 @@ class WorkerInit:
         if boot.state.rep is None:
             try:
                 boot.start_reporter("worker", worker=worker_id, loader=self.loader, rank=self.rank)
+                _patch_fetchers()
             except Exception as exc:  # noqa: BLE001
                 boot.warn(f"no status record for DataLoader worker {worker_id} ({type(exc).__name__}: {exc})")
         if self.fn is not None:
@@ -436,7 +457,7 @@ def _describe_index(index) -> str:  # noqa: ANN001
 def _make_fetch(original):
     def fetch(self, possibly_batched_index):  # noqa: ANN001
         rep = boot.state.rep
-        if rep is None or rep.role != "worker":
+        if rep is None:
             return original(self, possibly_batched_index)
         rep.item(_describe_index(possibly_batched_index))
         # Written before the dataset is touched: a read that blocks holding the GIL (h5py on a
