@@ -48,3 +48,38 @@ def test_a_cuda_allocation_is_attributed_to_its_rank(runs_root, procs):
 
     rec = wait_for(lambda: (r := read_status_dir(run.status_dir).records[0]).gpu and r, 10, message="torch memory in the record")
     assert rec.gpu.allocated >= 512 * 1024 * 1024
+
+
+def test_an_uninstrumented_cuda_script_reports_its_memory_through_ups_launch(runs_root, tmp_path):
+    """`ups launch python` on a script that knows nothing of ups: the rank's record carries
+    torch's CUDA memory of the device the script uses (sampled without initialising CUDA)."""
+    import json
+
+    from helpers import run_ups
+
+    script = tmp_path / "cuda_train.py"
+    script.write_text(textwrap.dedent(
+        """
+        import torch
+        model = torch.nn.Linear(4096, 4096).cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(400):
+            loss = model(torch.randn(256, 4096, device="cuda")).square().mean()
+            opt.zero_grad(); loss.backward(); opt.step()
+            torch.cuda.synchronize()
+        """
+    ))
+    res = run_ups("launch", "python", "--detach", "--json", str(script), env={"UPS_HEARTBEAT_INTERVAL": "0.2"}, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    run = RunDir(json.loads(res.stdout)["run_dir"])
+
+    def gpu_in_record():
+        from ups.status.reader import read_status_dir
+
+        rec = next((r for r in read_status_dir(run.status_dir).records if r.name == "rank-0"), None)
+        return rec is not None and rec.gpu is not None and rec.gpu.allocated and rec
+
+    rec = wait_for(gpu_in_record, 90, message="CUDA memory in the rank's record")
+    assert rec.gpu.device == 0 and rec.gpu.allocated >= 4096 * 4096 * 4 and rec.gpu.peak >= rec.gpu.allocated
+    wait_for(lambda: run.read_manifest()["state"] in ("succeeded", "failed", "killed"), 120, message="the run to end")
+    assert run.read_manifest()["state"] == "succeeded"

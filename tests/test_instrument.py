@@ -306,3 +306,27 @@ def test_torchrun_lines_split_where_torchrun_splits_them():
     assert line.target == ["train.py"] and line.args == ["--", "-v"]
     cmd = torchrun_command(line)
     assert "--standalone" not in cmd and cmd.count("--log-dir") == 1 and "--tee" not in cmd  # the user's own kept
+
+
+def test_helper_processes_of_a_rank_get_records_of_their_own(runs_root, tmp_path):
+    script = tmp_path / "helpers.py"
+    script.write_text(
+        "import multiprocessing as mp, subprocess, sys\n"
+        "def work(n):\n"
+        "    return sum(range(n))\n"
+        "if __name__ == '__main__':\n"
+        "    p = mp.get_context('spawn').Process(target=work, args=(10,))\n"
+        "    p.start(); p.join()\n"
+        "    subprocess.run([sys.executable, '-c', 'print(42)'], check=True)\n"
+        "    print('exit codes', p.exitcode)\n"
+    )
+    res = run_ups("launch", "python", "--json", str(script), cwd=tmp_path)
+    run = launched(res)
+    assert res.returncode == 0, res.stderr
+    recs = records(run)
+    helpers = [r for r in recs.values() if r.role == "helper"]
+    assert len(helpers) == 2 and all(h.rank == 0 and h.state == "done" for h in helpers), recs
+    assert any("multiprocessing" in (h.command or "") for h in helpers)
+    assert any("print(42)" in (h.command or "") for h in helpers)
+    assert {h.name for h in helpers} == {f"rank-0-helper-{h.pid}" for h in helpers}
+    assert not [r for r in recs.values() if "resource_tracker" in (r.command or "")]
