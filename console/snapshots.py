@@ -73,7 +73,7 @@ def run_row(view: RunView) -> RunRow:
     step, total = view.progress
     worst = view.worst
     return RunRow(
-        run_id=view.run_id, path=view.run.path, kind=m.get("kind", "?"), state=m.get("state", "unreadable"),
+        run_id=view.run_id, path=view.run.path, kind=m.get("kind", "?"), state=view.state or "unreadable",
         created_at=m.get("created_at"), step=step, total=total, rate=view.rate, unit=view.unit,
         health=worst.health.value if worst else "-", reason=worst.reason if worst else "",
         problem=(view.manifest_problem.replace(f"{view.run.path}/", "") if view.manifest_problem else None)
@@ -114,8 +114,11 @@ class Poller:
             def read(self_inner):  # noqa: N805 - tiny adapter
                 return snap
 
+        from ups.launch.reconcile import settle
+
         table = self.process_table([r.pid for r in snap.records])
-        return load_run_view(run, now=now, process_table=table, source=_Src(), local_host=self.local_host)
+        view = load_run_view(run, now=now, process_table=table, source=_Src(), local_host=self.local_host)
+        return settle(view, actor="console") if view.supervision == "gone" else view
 
     def snapshot(self, selected_run: str | None, selected_process: str | None, *, with_gpu: bool = True) -> Snapshot:
         t0 = time.perf_counter()

@@ -74,4 +74,6 @@ STATE_STYLES = {
     "partial": "yellow",
     "failed": "bold red",
     "killed": "magenta",
+    "lost": "red",
+    "unsupervised": "bold yellow",
 }

@@ -65,3 +65,29 @@ def relaunch_cmd(
 
     new = relaunch(resolve_run(runs_dir, run), str(runs_dir), num_workers=num_workers, actor=cli_actor(), grace=grace)
     start_and_follow(new, detach=detach, json_out=json)
+
+
+@app.command("adopt")
+def adopt_cmd(
+    run: Annotated[str, typer.Argument(help="Run id, unique prefix, or path.")],
+    detach: Annotated[bool, typer.Option("--detach", help="Adopt and return at once.")] = False,
+    runs_dir: RunsDirOption = default_runs_dir(),
+    json: JsonOption = False,
+) -> None:
+    """Give a run whose launcher died a new supervisor.
+
+    When a run's launcher is killed (the OOM killer, kill -9) its job runs on, unsupervised:
+    `ups runs` and `ups status` show it so. `ups adopt` starts a new launcher that watches
+    every process of the job to its end and writes the run's final state. A run whose
+    processes have all ended needs no adopting: any ups command settles it from its records.
+    Exit 1 when there is nothing to adopt.
+    """
+    from ups.cli.launch import start_and_follow
+    from ups.launch.reconcile import adopt
+    from ups.runs.rundir import resolve_run
+
+    rd = resolve_run(runs_dir, run)
+    pid = adopt(rd, actor=cli_actor())
+    if not json:
+        typer.echo(f"{rd.run_id}: adopted by a new launcher (pid {pid})", err=True)
+    start_and_follow(rd, detach=detach, json_out=json)

@@ -12,10 +12,11 @@ import time
 import typer
 
 from ups.format import HEALTH_STYLES, fmt_duration, fmt_progress, fmt_rate
+from ups.launch.reconcile import load_settled_view as load_run_view
 from ups.runs.rundir import FINAL_RUN_STATES, RunDir
-from ups.runs.view import RunView, load_run_view
+from ups.runs.view import RunView
 
-EXIT_BY_STATE = {"succeeded": 0, "partial": 3, "failed": 1, "killed": 1}
+EXIT_BY_STATE = {"succeeded": 0, "partial": 3, "failed": 1, "killed": 1, "lost": 1}
 
 
 def _line(view: RunView) -> str:

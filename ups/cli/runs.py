@@ -58,7 +58,8 @@ def run_row(view: RunView, now: float) -> dict:
         "id": view.run_id,
         "path": str(view.run.path),
         "kind": m.get("kind"),
-        "state": m.get("state"),
+        "state": view.state,
+        "supervision": view.supervision,
         "created_at": created,
         "ended_at": m.get("ended_at"),
         "age": None if created is None else round(now - created, 1),
@@ -81,15 +82,16 @@ def runs_cmd(ctx: typer.Context, runs_dir: RunsDirOption = default_runs_dir(), j
     A run folder whose run.json is missing or corrupt is listed with its problem. A runs
     folder named with --runs-dir or UPS_RUNS_DIR must exist; the default ./runs may not yet.
     """
+    from ups.launch.reconcile import load_settled_view
     from ups.runs.rundir import list_runs
-    from ups.runs.view import load_run_view
 
     # By name: typer vendors its own click, whose ParameterSource is not click's.
     source = ctx.get_parameter_source("runs_dir")
     implicit = getattr(source, "name", None) == "DEFAULT"
     now = time.time()
-    views = [load_run_view(s.run, now=now) for s in list_runs(runs_dir, missing_ok=implicit)]
+    views = [load_settled_view(s.run, now=now) for s in list_runs(runs_dir, missing_ok=implicit)]
     rows = [run_row(v, now) for v in views]
+    _hint_unsupervised(views)
     if json:
         print_json({"runs_dir": str(runs_dir), "runs": rows})
         return
@@ -119,6 +121,15 @@ def runs_cmd(ctx: typer.Context, runs_dir: RunsDirOption = default_runs_dir(), j
 
 
 # -------------------------------------------------------------------------------- status
+def _hint_unsupervised(views: list[RunView]) -> None:
+    """The next ups command offers the takeover of a run whose launcher died."""
+    for v in views:
+        if v.supervision == "unsupervised":
+            pid = ((v.manifest or {}).get("launcher") or {}).get("pid")
+            typer.echo(f"ups: run {v.run_id} lost its launcher (pid {pid}) and runs on unsupervised; "
+                       f"`ups adopt {v.run_id}` takes it over", err=True)
+
+
 def status_payload(view: RunView, gpu_by_pid: dict[int, int] | None = None) -> dict:
     processes = []
     for p in view.processes:
@@ -131,6 +142,8 @@ def status_payload(view: RunView, gpu_by_pid: dict[int, int] | None = None) -> d
     step, total = view.progress
     return {
         "run": view.manifest,
+        "state": view.state,
+        "supervision": view.supervision,
         "run_dir": str(view.run.path),
         "manifest_problem": view.manifest_problem,
         "progress": {"step": step, "total": total, "rate": view.rate, "unit": view.unit, "eta_s": view.eta_s},
@@ -231,23 +244,25 @@ def status_cmd(
 
     --json prints {"run": manifest, "processes": [...]} (schema in docs/status-json.md).
     """
+    from ups.launch.reconcile import load_settled_view
     from ups.runs.rundir import resolve_run
-    from ups.runs.view import load_run_view
 
     rd = resolve_run(runs_dir, run)
     rd.read_manifest()  # a corrupt run.json is bad input here: one line, exit 2
     if json:
-        print_json(status_payload(load_run_view(rd), _gpu_by_pid()))
+        print_json(status_payload(load_settled_view(rd), _gpu_by_pid()))
         return
     if not watch:
-        _console().print(render_status(load_run_view(rd), _gpu_by_pid()))
+        view = load_settled_view(rd)
+        _hint_unsupervised([view])
+        _console().print(render_status(view, _gpu_by_pid()))
         return
     from rich.live import Live
 
-    with Live(render_status(load_run_view(rd), {}), auto_refresh=False, screen=False) as live:
+    with Live(render_status(load_settled_view(rd), {}), auto_refresh=False, screen=False) as live:
         try:
             while True:
-                live.update(render_status(load_run_view(rd), _gpu_by_pid()), refresh=True)
+                live.update(render_status(load_settled_view(rd), _gpu_by_pid()), refresh=True)
                 time.sleep(interval)
         except KeyboardInterrupt:
             pass
@@ -368,7 +383,7 @@ def logs_cmd(
 ) -> None:
     """Print the job's log (or one rank's with --rank)."""
     from ups.runs.actions import find_logs
-    from ups.runs.rundir import resolve_run
+    from ups.runs.rundir import FINAL_RUN_STATES, resolve_run
 
     rd = resolve_run(runs_dir, run)
     paths = find_logs(rd, rank)
@@ -395,7 +410,7 @@ def logs_cmd(
                     sys.stdout.flush()
                     continue
                 try:
-                    if rd.read_manifest().get("state") in ("succeeded", "partial", "failed", "killed"):
+                    if rd.read_manifest().get("state") in FINAL_RUN_STATES:
                         break
                 except UpsError:
                     pass

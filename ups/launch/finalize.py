@@ -31,7 +31,7 @@ class Outcome:
 class End:
     """How the job's top process ended, and what the supervisor saw of every other one."""
 
-    returncode: int
+    returncode: int | None  # None: not known (the run was adopted, or settled by a reader)
     terminated: bool = False  # the operator (or a signal to the launcher) stopped it
     exits: Mapping[str, ProcessExit] = field(default_factory=dict)
 
@@ -48,7 +48,9 @@ def register_finalizer(kind: str) -> Callable[[Finalizer], Finalizer]:
     return deco
 
 
-def describe_returncode(rc: int) -> str:
+def describe_returncode(rc: int | None) -> str:
+    if rc is None:
+        return "exit status unknown"
     if rc < 0:
         try:
             return f"killed by {signal.Signals(-rc).name}"

@@ -173,13 +173,14 @@ def python_outcome(view: RunView, end: End) -> Outcome:
                                  "(python -I, -E or -S skip the instrumentation)")
     where = f"in phase {rec.phase}"
     failure = {"rank": 0, "pid": rec.pid, "phase": rec.phase, "error": rec.error, "error_site": rec.error_site,
-               "exit_code": rc if rc >= 0 else None, "signal": _signal_of(rc), "step": rec.step}
+               "exit_code": rc if rc is None or rc >= 0 else None, "signal": _signal_of(rc), "step": rec.step}
     if rc == 0 and rec.state == "done":
         return Outcome("succeeded", f"exited 0 after {rec.step} {rec.unit}")
-    if rc < 0:
+    if rc is not None and rc < 0:
         return Outcome("failed", f"killed by {_signal_of(rc)} {where} at step {rec.step}", failure)
     if rec.state == "running":
-        return Outcome("failed", f"{NO_NORMAL_EXIT}, exit code {rc}, {where} at step {rec.step}", failure)
+        code = f", exit code {rc}" if rc is not None else ""
+        return Outcome("failed", f"{NO_NORMAL_EXIT}{code}, {where} at step {rec.step}", failure)
     return Outcome("failed", f"{rec.error or describe_returncode(rc)} {where}", failure)
 
 

@@ -55,10 +55,20 @@ def launch_run(
     if any("{RUN}" in c for c in fields["command"]):
         resolved = str(run.path.resolve())
         run.update_manifest(command=[c.replace("{RUN}", resolved) for c in fields["command"]])
+    proc = spawn_supervisor(run)
+    run.append_event("launch", actor=os.environ.get("UPS_ACTOR", "cli"), kind=kind, supervisor_pid=proc.pid)
+    return run
+
+
+def spawn_supervisor(run: RunDir, *, adopt: bool = False) -> subprocess.Popen[bytes]:
+    """``python -m ups.launch.supervise RUN`` in a session of its own, its pid in run.json at
+    once (a reader can tell a launcher that died before it wrote anything)."""
+    from ups.status.procs import process_start_time
+
     launcher_log = open(run.log_path("launcher"), "ab")  # noqa: SIM115 - handed to the child
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "ups.launch.supervise", str(Path(run.path).resolve())],
+            [sys.executable, "-m", "ups.launch.supervise", str(Path(run.path).resolve()), *(["--adopt"] if adopt else [])],
             stdin=subprocess.DEVNULL,
             stdout=launcher_log,
             stderr=subprocess.STDOUT,
@@ -67,5 +77,14 @@ def launch_run(
         )
     finally:
         launcher_log.close()
-    run.append_event("launch", actor=os.environ.get("UPS_ACTOR", "cli"), kind=kind, supervisor_pid=proc.pid)
-    return run
+    start = process_start_time(proc.pid)
+    if start is not None:
+        with run._manifest_lock():  # noqa: SLF001 - the supervisor may be writing its own entry
+            m = run.read_manifest()
+            if not (m.get("launcher") or {}).get("pid") == proc.pid:
+                previous = m.get("launcher")
+                m["launcher"] = {"pid": proc.pid, "pid_start": start, "pgid": proc.pid, "adopted": adopt}
+                if adopt and previous:
+                    m.setdefault("previous_launchers", []).append(previous)
+                run.write_manifest(m)
+    return proc

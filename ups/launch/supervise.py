@@ -21,7 +21,8 @@ from ups.launch.finalize import End, describe_returncode, finalize
 from ups.runs.rundir import RunDir
 from ups.runs.signals import signal_name
 from ups.runs.view import load_run_view
-from ups.status.procs import this_process_start
+from ups.status.health import Health
+from ups.status.procs import process_start_time, same_start, this_process_start
 from ups.status.reporter import ENV_RUN_DIR, ENV_RUN_ID, Reporter
 
 ACTOR = "launcher"
@@ -39,6 +40,7 @@ class Supervisor:
         self.run = run
         self.manifest = run.read_manifest()
         self.child: subprocess.Popen[bytes] | None = None
+        self.pgid: int | None = None  # the job's process group: every signal goes to all of it
         self.terminate_requested: str | None = None
         self.exits = ExitWatcher(run, actor=ACTOR)
 
@@ -46,12 +48,15 @@ class Supervisor:
         name = signal_name(signum) or str(signum)
         if self.terminate_requested is None:
             self.terminate_requested = name
-        if self.child is not None and self.child.poll() is None:
+        self.signal_job(signal.SIGTERM)
+
+    def signal_job(self, signum: int) -> None:
+        # The job runs in its own process group (see start): signal all of it, so torchrun's
+        # ranks and DataLoader workers hear it even if a parent is stuck.
+        if self.pgid is not None:
             try:
-                # The job runs in its own process group (see start): signal all of it, so
-                # torchrun's ranks and DataLoader workers hear it even if a parent is stuck.
-                os.killpg(self.child.pid, signal.SIGTERM)
-            except ProcessLookupError:
+                os.killpg(self.pgid, signum)
+            except (ProcessLookupError, PermissionError):
                 pass
 
     def job_env(self) -> dict[str, str]:
@@ -81,14 +86,19 @@ class Supervisor:
             **_own_process_group(),
         )
         log.close()
+        self.pgid = self.child.pid
         self.run.update_manifest(
             state="running",
-            job={"pid": self.child.pid, "pgid": self.child.pid, "command": command},
+            job={"pid": self.child.pid, "pid_start": process_start_time(self.child.pid), "pgid": self.child.pid,
+                 "command": command},
         )
         self.run.append_event("start", actor=ACTOR, pid=self.child.pid, command=command)
         self.exits.start()
 
-    def wait(self, reporter: Reporter | Any) -> int:
+    def describe(self) -> str:
+        return f"job pid {self.child.pid if self.child else '?'}"
+
+    def wait(self, reporter: Reporter | Any) -> int | None:
         assert self.child is not None
         deadline: float | None = None
         while True:
@@ -96,16 +106,18 @@ class Supervisor:
                 return self.child.wait(timeout=0.5)
             except subprocess.TimeoutExpired:
                 pass
-            if self.terminate_requested and deadline is None:
-                deadline = time.monotonic() + TERM_GRACE_S
-                reporter.item(f"stopping job ({self.terminate_requested})")
-            if deadline is not None and time.monotonic() > deadline:
-                try:
-                    os.killpg(self.child.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            deadline = self._escalate(reporter, deadline)
 
-    def finish(self, returncode: int) -> int:
+    def _escalate(self, reporter: Reporter | Any, deadline: float | None) -> float | None:
+        """After a stop request: SIGKILL the job's group once the grace period is over."""
+        if self.terminate_requested and deadline is None:
+            deadline = time.monotonic() + TERM_GRACE_S
+            reporter.item(f"stopping job ({self.terminate_requested})")
+        if deadline is not None and time.monotonic() > deadline:
+            self.signal_job(signal.SIGKILL)
+        return deadline
+
+    def finish(self, returncode: int | None) -> int:
         # Give the job's processes a moment to write their final records.
         time.sleep(0.2)
         self.exits.stop()
@@ -113,8 +125,8 @@ class Supervisor:
         outcome = finalize(view, End(returncode, self.terminate_requested is not None, dict(self.exits.exits)))
         self.run.set_state(
             outcome.state,
-            exit_code=returncode if returncode >= 0 else None,
-            signal=signal_name(-returncode) if returncode < 0 else None,
+            exit_code=returncode if returncode is None or returncode >= 0 else None,
+            signal=signal_name(-returncode) if returncode is not None and returncode < 0 else None,
             summary=outcome.summary,
             failure=outcome.failure,
             **outcome.extra,
@@ -130,15 +142,52 @@ class Supervisor:
         return {"succeeded": 0, "partial": 3}.get(outcome.state, 1)
 
 
+class Adopter(Supervisor):
+    """Takes over a run whose launcher died while its job runs on (``ups adopt``).
+
+    The job is not our child: we cannot wait() for it. We watch it (every recorded process
+    and the job's own pid) until all of it is gone, and take its exit code from its records."""
+
+    def start(self) -> None:
+        job = self.manifest.get("job") or {}
+        self.job_pid, self.job_start = job.get("pid"), job.get("pid_start")
+        self.pgid = job.get("pgid")
+        previous = (self.manifest.get("previous_launchers") or [{}])[-1]
+        self.run.append_event("adopt", actor=ACTOR, previous_launcher=previous.get("pid"), job_pid=self.job_pid)
+        self.exits.start()
+
+    def describe(self) -> str:
+        return f"adopted job pid {self.job_pid}"
+
+    def _job_alive(self) -> bool:
+        if self.job_pid and (self.job_start is None or same_start(process_start_time(self.job_pid), self.job_start)):
+            return process_start_time(self.job_pid) is not None
+        view = load_run_view(self.run)
+        return any(not p.record.is_final and p.verdict.health is not Health.DEAD
+                   for p in view.processes if p.record.role != "launcher")
+
+    def wait(self, reporter: Reporter | Any) -> int | None:
+        deadline: float | None = None
+        while self._job_alive():
+            time.sleep(0.25)
+            deadline = self._escalate(reporter, deadline)
+        time.sleep(0.2)  # the last records
+        from ups.launch.reconcile import derived_returncode
+
+        return derived_returncode(load_run_view(self.run))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    adopt = "--adopt" in args
+    args = [a for a in args if a != "--adopt"]
     if len(args) != 1:
-        print("usage: python -m ups.launch.supervise RUN_DIR", file=sys.stderr)
+        print("usage: python -m ups.launch.supervise RUN_DIR [--adopt]", file=sys.stderr)
         return 2
     run = RunDir(args[0])
-    sup = Supervisor(run)
+    sup = Adopter(run) if adopt else Supervisor(run)
     run.update_manifest(
-        launcher={"pid": os.getpid(), "pid_start": this_process_start(), "pgid": os.getpgid(0)}
+        launcher={"pid": os.getpid(), "pid_start": this_process_start(), "pgid": os.getpgid(0), "adopted": adopt}
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, sup._on_signal)
@@ -151,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
             run.append_event("exit", actor=ACTOR, state="failed", summary=str(exc))
             reporter.fail(f"could not start the job: {exc}")
             return 1
-        reporter.item(f"job pid {sup.child.pid if sup.child else '?'}")
+        reporter.item(sup.describe())
         rc = sup.wait(reporter)
         code = sup.finish(rc)
     return code

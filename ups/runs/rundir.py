@@ -28,8 +28,10 @@ from ups.errors import CorruptRun, RunNotFound, UpsError
 from ups.status.reporter import write_atomic
 
 MANIFEST_SCHEMA = 1
-RUN_STATES = ("launching", "running", "succeeded", "partial", "failed", "killed")
-FINAL_RUN_STATES = ("succeeded", "partial", "failed", "killed")
+RUN_STATES = ("launching", "running", "succeeded", "partial", "failed", "killed", "lost")
+FINAL_RUN_STATES = ("succeeded", "partial", "failed", "killed", "lost")
+"""``lost``: the launcher and every process vanished and nothing recorded how the run ended
+(a reboot, everything SIGKILLed)."""
 SUBDIRS = ("status", "stacks", "logs", "control")
 
 
@@ -173,6 +175,21 @@ class RunDir:
             manifest.update(changes)
             self.write_manifest(manifest)
             return manifest
+
+    def settle(self, state: str, **changes: Any) -> bool:
+        """Write a final state only if none was written yet (under the lock): several readers
+        may notice at once that a run lost its launcher; one of them writes."""
+        if state not in FINAL_RUN_STATES:
+            raise ValueError(f"not a final run state: {state!r}")
+        with self._manifest_lock():
+            manifest = self.read_manifest()
+            if manifest.get("state") in FINAL_RUN_STATES:
+                return False
+            manifest.update(changes, state=state)
+            manifest.setdefault("ended_at", None)
+            manifest["ended_at"] = manifest["ended_at"] or time.time()
+            self.write_manifest(manifest)
+            return True
 
     def set_state(self, state: str, **changes: Any) -> dict[str, Any]:
         if state not in RUN_STATES:

@@ -6,6 +6,7 @@ none of them reads status files or the process table on its own.
 
 from __future__ import annotations
 
+import socket
 import statistics
 import time
 from collections.abc import Callable
@@ -14,8 +15,8 @@ from typing import Any
 
 from ups.errors import CorruptRun
 from ups.runs.rundir import FINAL_RUN_STATES, RunDir
-from ups.status.health import HealthVerdict, Thresholds, classify_run, worst
-from ups.status.procs import ProcessTable, StaticProcessTable
+from ups.status.health import Health, HealthVerdict, Thresholds, classify_run, worst
+from ups.status.procs import ProcessTable, StaticProcessTable, same_start
 from ups.status.reader import ReadProblem, StatusSource, read_status_dir
 from ups.status.record import StatusRecord
 
@@ -72,14 +73,25 @@ class RunView:
     problems: tuple[ReadProblem, ...]
     thresholds: Thresholds
     read_at: float
+    supervision: str = "supervised"
+    """``final``; ``supervised`` (the launcher lives, or cannot be checked from here);
+    ``unsupervised`` (the launcher is gone, some of the job's processes still run: ``ups
+    adopt`` takes it over); ``gone`` (the launcher and every process are gone but the run
+    was never finished: a reader settles it from the records, see ups.launch.reconcile)."""
 
     @property
     def run_id(self) -> str:
         return self.run.run_id
 
     @property
-    def state(self) -> str | None:
+    def manifest_state(self) -> str | None:
         return None if self.manifest is None else self.manifest.get("state")
+
+    @property
+    def state(self) -> str | None:
+        """The state to show: the manifest's, or ``unsupervised`` while the job runs on
+        without its launcher."""
+        return "unsupervised" if self.supervision == "unsupervised" else self.manifest_state
 
     @property
     def kind(self) -> str | None:
@@ -87,7 +99,7 @@ class RunView:
 
     @property
     def is_final(self) -> bool:
-        return self.state in FINAL_RUN_STATES
+        return self.manifest_state in FINAL_RUN_STATES
 
     @property
     def worst(self) -> HealthVerdict | None:
@@ -152,7 +164,9 @@ def load_run_view(
     thresholds = Thresholds.from_dict((manifest or {}).get("thresholds"))
     snap = source.read() if source is not None else read_status_dir(run.status_dir, include)
     now = time.time() if now is None else now
-    table = process_table or StaticProcessTable.snapshot(r.pid for r in snap.records)
+    launcher = (manifest or {}).get("launcher") if isinstance((manifest or {}).get("launcher"), dict) else None
+    launcher_pid = launcher.get("pid") if launcher else None
+    table = process_table or StaticProcessTable.snapshot([r.pid for r in snap.records] + ([launcher_pid] if launcher_pid else []))
     verdicts = classify_run(snap.records, now, table, thresholds, local_host=local_host)
     processes = tuple(
         ProcessView(
@@ -163,4 +177,19 @@ def load_run_view(
         )
         for r in snap.records
     )
-    return RunView(run, manifest, problem, processes, snap.problems, thresholds, now)
+    supervision = _supervision(manifest, launcher, processes, table, local_host or socket.gethostname())
+    return RunView(run, manifest, problem, processes, snap.problems, thresholds, now, supervision)
+
+
+def _supervision(manifest: dict[str, Any] | None, launcher: dict[str, Any] | None, processes: tuple[ProcessView, ...],
+                 table: ProcessTable, host: str) -> str:
+    """Is anyone still in charge of this run? See RunView.supervision."""
+    if manifest is None or manifest.get("state") in FINAL_RUN_STATES:
+        return "final"
+    if not launcher or not launcher.get("pid") or manifest.get("host", host) != host:
+        return "supervised"  # nothing to check, or the launcher lives on another host
+    if same_start(table.start_time(launcher["pid"]), launcher.get("pid_start")):
+        return "supervised"
+    job = [p for p in processes if p.record.role != "launcher"]
+    alive = [p for p in job if not p.record.is_final and p.verdict.health is not Health.DEAD]
+    return "unsupervised" if alive else "gone"

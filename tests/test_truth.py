@@ -1,0 +1,131 @@
+"""Runs that stay truthful when ups itself is hit: the launcher killed, the box rebooted,
+the wall clock stepped. Real supervisors, real torchrun ranks, real signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from helpers import run_ups, wait_for
+
+from ups.runs.rundir import MANIFEST_SCHEMA, RunDir
+from ups.status.record import StatusRecord
+
+PROGRAMS = Path(__file__).parent / "programs"
+DDP = str(PROGRAMS / "ddp_train.py")
+FAST = {"UPS_HEARTBEAT_INTERVAL": "0.3"}
+
+
+def launched(res) -> RunDir:
+    assert res.returncode == 0 and res.stdout.strip(), res.stderr
+    return RunDir(json.loads(res.stdout)["run_dir"])
+
+
+def status(run: RunDir) -> dict:
+    res = run_ups("status", str(run.path), "--json")
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def training(run: RunDir, min_step: int = 2) -> bool:
+    procs = {p["name"]: p for p in status(run)["processes"]}
+    return all(procs.get(f"rank-{r}", {}).get("step", 0) >= min_step for r in (0, 1))
+
+
+def kill_launcher(run: RunDir) -> int:
+    pid = run.read_manifest()["launcher"]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z", 10,
+             message="the launcher gone")
+    return pid
+
+
+def test_launcher_killed_mid_training_is_unsupervised_then_settled_from_the_records(runs_root, tmp_path):
+    res = run_ups("launch", "torchrun", "--detach", "--json", "--nproc-per-node", "2", DDP, "--steps", "40",
+                  "--workers", "0", "--step-time", "0.1", env=FAST, cwd=tmp_path)
+    run = launched(res)
+    wait_for(lambda: training(run), 90, interval=0.3, message="both ranks training")
+    pid = kill_launcher(run)
+
+    data = wait_for(lambda: (d := status(run))["state"] == "unsupervised" and d, 15, message="the run shown unsupervised")
+    assert data["run"]["state"] == "running" and data["supervision"] == "unsupervised"
+    launcher_row = next(p for p in data["processes"] if p["role"] == "launcher")
+    assert launcher_row["health"] == "dead"
+    listing = run_ups("runs")
+    assert f"ups adopt {run.run_id}" in listing.stderr and "unsupervised" in listing.stdout
+
+    # The ranks finish on their own; the next reader writes the final state from the records.
+    wait_for(lambda: status(run)["run"]["state"] in ("succeeded", "failed", "lost"), 120, interval=0.5,
+             message="the run settled by a reader")
+    m = run.read_manifest()
+    assert m["state"] == "succeeded", m
+    assert m["summary"].startswith(f"launcher lost (pid {pid} gone); 2 rank(s) done") and m["launcher_lost"] is True
+    assert [e for e in run.read_events() if e["event"] == "reconcile" and e["state"] == "succeeded"]
+
+
+def test_adopt_gives_the_run_a_new_launcher_that_names_the_root_cause(runs_root, tmp_path):
+    res = run_ups("launch", "torchrun", "--detach", "--json", "--nproc-per-node", "2", DDP, "--steps", "200",
+                  "--workers", "0", "--step-time", "0.1", "--fail", "exit", "--fail-step", "25", env=FAST, cwd=tmp_path)
+    run = launched(res)
+    wait_for(lambda: training(run), 90, interval=0.3, message="both ranks training")
+    old = kill_launcher(run)
+    wait_for(lambda: status(run)["state"] == "unsupervised", 15, message="unsupervised")
+
+    res = run_ups("adopt", str(run.path), "--json", timeout=180)
+    assert res.returncode == 1, res.stderr  # followed to the end: the run failed
+    m = run.read_manifest()
+    assert m["launcher"]["adopted"] is True and m["launcher"]["pid"] != old
+    assert m["previous_launchers"][-1]["pid"] == old
+    assert m["state"] == "failed" and m["failure"]["rank"] == 1
+    assert "rank 1 ended without a normal interpreter exit" in m["summary"]
+    assert any(e["event"] == "adopt" for e in run.read_events())
+    assert run_ups("adopt", str(run.path)).returncode == 1  # nothing left to adopt
+
+
+def test_adopt_refuses_a_supervised_run(runs_root, tmp_path):
+    res = run_ups("launch", "python", "--detach", "--json", "-c", "import time; time.sleep(30)", cwd=tmp_path)
+    run = launched(res)
+    wait_for(lambda: status(run)["processes"], 20, message="records")
+    res = run_ups("adopt", str(run.path))
+    assert res.returncode == 1 and "is supervised by pid" in res.stderr and "Traceback" not in res.stderr
+
+
+def write_run(root: Path, name: str, kind: str, ranks: list[dict], **manifest) -> RunDir:
+    """A run as a rebooted box leaves it: launcher and every pid gone, records of another boot."""
+    run = RunDir(root / name)
+    for sub in ("status", "stacks", "logs", "control"):
+        (run.path / sub).mkdir(parents=True)
+    now = time.time()
+    m = {"schema": MANIFEST_SCHEMA, "id": name, "kind": kind, "state": "running", "created_at": now - 600, "ended_at": None,
+         "host": os.uname().nodename, "argv": [], "config": {}, "world_size": len(ranks),
+         "launcher": {"pid": 4_190_001, "pid_start": 12.0}, **manifest}
+    run.write_manifest(m)
+    for i, extra in enumerate(ranks):
+        rec = StatusRecord(run_id=name, role="rank", name=f"rank-{i}", pid=4_190_010 + i, pid_start=13.0,
+                           host=os.uname().nodename, rank=i, world_size=len(ranks), started_at=now - 590,
+                           heartbeat_at=now - 300, progress_at=now - 300, phase="train", step=50, unit="steps",
+                           boot_id="a-boot-before-the-reboot", **extra)
+        (run.status_dir / f"{rec.name}.json").write_text(rec.to_json())
+    return run
+
+
+@pytest.mark.parametrize(("ranks", "state", "says"), [
+    ([{"state": "done", "exit_code": 0}, {"state": "done", "exit_code": 0}], "succeeded", "2 rank(s) done"),
+    ([{"state": "done", "exit_code": 0}, {"state": "failed", "exit_code": 1, "error": "ValueError: bad shard"}],
+     "failed", "rank 1 failed: ValueError: bad shard"),
+    ([{}, {}], "lost", "ended without a normal interpreter exit"),
+])
+def test_after_a_reboot_every_reader_settles_the_run_from_its_records(runs_root, ranks, state, says):
+    run = write_run(runs_root, f"20261122-010000-torchrun-{state}", "torchrun", ranks)
+    data = json.loads(run_ups("runs", "--json").stdout)
+    row = next(r for r in data["runs"] if r["id"] == run.run_id)
+    assert row["state"] == state
+    assert row["summary"].startswith("launcher lost (pid 4190001 gone); ") and says in row["summary"]
+    assert run.read_manifest()["state"] == state  # written once, for every later reader
+    assert len([e for e in run.read_events() if e["event"] == "reconcile"]) == 1
+    run_ups("runs", "--json")
+    assert len([e for e in run.read_events() if e["event"] == "reconcile"]) == 1
