@@ -117,7 +117,9 @@ class Poller:
         from ups.launch.reconcile import settle
 
         table = self.process_table([r.pid for r in snap.records])
-        view = load_run_view(run, now=now, process_table=table, source=_Src(), local_host=self.local_host)
+        # The real clock is judged on CLOCK_MONOTONIC like every reader; a fixed test clock is wall time.
+        mono = time.monotonic() if self.clock is time.time else None
+        view = load_run_view(run, now=now, process_table=table, source=_Src(), local_host=self.local_host, mono=mono)
         return settle(view, actor="console") if view.supervision == "gone" else view
 
     def snapshot(self, selected_run: str | None, selected_process: str | None, *, with_gpu: bool = True) -> Snapshot:

@@ -129,3 +129,51 @@ def test_after_a_reboot_every_reader_settles_the_run_from_its_records(runs_root,
     assert len([e for e in run.read_events() if e["event"] == "reconcile"]) == 1
     run_ups("runs", "--json")
     assert len([e for e in run.read_events() if e["event"] == "reconcile"]) == 1
+
+
+# ------------------------------------------------------------------------- clocks
+FAKETIME = sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"))
+WRITER = """
+import os, threading
+from ups.status import Reporter
+tick = threading.Event()  # not time.sleep: under libfaketime it fails (EINVAL) once the clock is faked
+with Reporter(os.environ["UPS_RUN_DIR"], rank=0, interval=0.2) as rep:
+    while True:
+        rep.advance()
+        tick.wait(0.1)
+"""
+
+
+@pytest.mark.skipif(not FAKETIME, reason="libfaketime is not installed (.ci/run installs package faketime)")
+def test_a_stepped_wall_clock_neither_raises_a_false_alarm_nor_hides_a_hang(runs_root, tmp_path, procs):
+    """The writer's wall clock is stepped (as NTP does on a fresh cloud box) by libfaketime;
+    its CLOCK_MONOTONIC is not. ups status, on the real clock, must see through both steps."""
+    import sys
+
+    run = RunDir.create(runs_root, "test", extra={"thresholds": {"unresponsive_after": 2.0, "stalled_after": 3.0}})
+    spec = tmp_path / "faketime"
+    spec.write_text("+0\n")
+    env = dict(os.environ, UPS_RUN_DIR=str(run.path), LD_PRELOAD=str(FAKETIME[0]), FAKETIME_TIMESTAMP_FILE=str(spec),
+               FAKETIME_NO_CACHE="1", FAKETIME_DONT_FAKE_MONOTONIC="1")
+    writer = procs.popen([sys.executable, "-c", WRITER], env=env)
+
+    def rank0() -> dict:
+        return next(p for p in status(run)["processes"] if p["name"] == "rank-0")
+
+    def record() -> StatusRecord:
+        return StatusRecord.from_json((run.status_dir / "rank-0.json").read_text())
+
+    wait_for(lambda: rank0()["health"] == "ok", 30, message="the writer ok")
+    spec.write_text("-600\n")  # the writer's clock jumps 10 minutes back
+    wait_for(lambda: record().heartbeat_at < time.time() - 500, 10, message="the step visible in the record")
+    row = rank0()
+    assert row["health"] == "ok" and row["heartbeat_age"] < 2, row  # wall time would say: no heartbeat for 10 min
+    spec.write_text("+600\n")  # and 10 minutes ahead
+    wait_for(lambda: record().heartbeat_at > time.time() + 500, 10, message="the forward step visible in the record")
+    assert rank0()["health"] == "ok"
+    writer.send_signal(signal.SIGSTOP)  # now a real hang, with heartbeats stamped in the future
+    try:
+        row = wait_for(lambda: (r := rank0())["health"] == "unresponsive" and r, 15, message="the hang seen")
+        assert "no heartbeat for" in row["reason"]  # wall time would have hidden it for 10 minutes
+    finally:
+        writer.send_signal(signal.SIGCONT)

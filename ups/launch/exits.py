@@ -24,6 +24,7 @@ from ups.runs.rundir import RunDir
 from ups.status.procs import process_start_time, same_start
 from ups.status.reader import read_record_file, read_status_dir
 from ups.status.record import RecordError, StatusRecord
+from ups.status.reporter import boot_id
 
 SCAN_S = 0.25  # how often new records are looked for (a few files for a small run)
 SLOW_SCAN_S = 2.0  # above LARGE records: reading thousands of files 4 times a second is waste
@@ -43,6 +44,8 @@ class ProcessExit:
     step: int
     error: str | None
     exit_code: int | None  # what the record says (normal exits and recorded failures only)
+    at_mono: float | None = None  # CLOCK_MONOTONIC of ``at`` (the order of ends, immune to clock steps)
+    boot_id: str | None = None
 
     @property
     def clean(self) -> bool:
@@ -153,8 +156,9 @@ class ExitWatcher:
         with self._lock:
             if seen.name in self.exits and self.exits[seen.name].pid == seen.pid:
                 return
+            mono = time.monotonic() - (time.time() - at)
             end = ProcessExit(seen.name, seen.pid, seen.role, seen.rank, at, exact, final.state, final.phase,
-                              final.step, final.error, final.exit_code)
+                              final.step, final.error, final.exit_code, mono, boot_id())
             self.exits[seen.name] = end
         if not end.clean or end.record_state == "failed" or seen.role in ("rank", "agent"):
             # Every rank's end is a fact worth keeping; workers and helpers only when abnormal

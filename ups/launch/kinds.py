@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 import signal
+import time
 from typing import Any
 
 from ups.launch.finalize import (
@@ -20,6 +21,7 @@ from ups.launch.finalize import (
     register_finalizer,
 )
 from ups.runs.view import RunView
+from ups.status.reporter import boot_id
 
 PRECOMPUTE_PARTIAL = 3
 STOPPED_CODES = (130, 143)  # exited after SIGINT / SIGTERM
@@ -83,6 +85,7 @@ def _log_tail(view: RunView) -> str:
 def torchrun_outcome(view: RunView, end: End) -> Outcome:
     m = view.manifest or {}
     world = int(m.get("world_size") or 0)
+    boot = boot_id()
     log = _log_tail(view)
     codes, torchrun_root = torchrun_failures(log)
     records = {p.record.rank: p.record for p in view.ranks()}
@@ -102,6 +105,7 @@ def torchrun_outcome(view: RunView, end: End) -> Outcome:
             "state": state,
             "clean": None if rec is None else state != "running",
             "ended_at": ex.at if ex is not None else None,
+            "ended_mono": ex.at_mono if ex is not None and ex.boot_id == boot and ex.at_mono is not None else None,
             "error": rec.error if rec else None,
             "error_site": rec.error_site if rec else None,
         }
@@ -116,11 +120,19 @@ def torchrun_outcome(view: RunView, end: End) -> Outcome:
     if end.returncode == 0 and records and not bad_ranks and (not world or len(records) == world):
         return Outcome("succeeded", f"{len(records)} rank(s) done", extra=extra)
 
+    offset = time.time() - time.monotonic()  # wall - mono, now: to put wall-only times on the same line
+
     def ended(r: str) -> float:
+        """When rank r ended, on this boot's CLOCK_MONOTONIC where known (clock steps between
+        two ranks' ends must not reorder them), else converted from wall time."""
         v, rec = ranks[r], records.get(int(r))
+        if v["ended_mono"] is not None:
+            return v["ended_mono"]
         if v["ended_at"] is not None:
-            return v["ended_at"]
-        return rec.heartbeat_at if rec is not None else math.inf
+            return v["ended_at"] - offset
+        if rec is not None and rec.boot_id == boot and rec.heartbeat_mono is not None:
+            return rec.heartbeat_mono
+        return rec.heartbeat_at - offset if rec is not None else math.inf
 
     if not bad_ranks:
         agent = next((p.record for p in view.processes if p.record.role == "agent"), None)

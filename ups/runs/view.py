@@ -15,10 +15,11 @@ from typing import Any
 
 from ups.errors import CorruptRun
 from ups.runs.rundir import FINAL_RUN_STATES, RunDir
-from ups.status.health import Health, HealthVerdict, Thresholds, classify_run, worst
+from ups.status.health import Health, HealthVerdict, Thresholds, classify_run, record_ages, worst
 from ups.status.procs import ProcessTable, StaticProcessTable, same_start
 from ups.status.reader import ReadProblem, StatusSource, read_status_dir
 from ups.status.record import StatusRecord
+from ups.status.reporter import boot_id
 
 
 @dataclass(frozen=True)
@@ -153,8 +154,12 @@ def load_run_view(
     source: StatusSource | None = None,
     include: Callable[[str], bool] | None = None,
     local_host: str | None = None,
+    mono: float | None = None,
 ) -> RunView:
-    """Read the manifest and every record once (or those ``include`` names), classify them."""
+    """Read the manifest and every record once (or those ``include`` names), classify them.
+
+    Ages of records written on this boot of this host come from CLOCK_MONOTONIC (``mono``,
+    taken now unless ``now`` is given without it: a fixed clock in tests is a wall clock)."""
     manifest: dict[str, Any] | None
     problem: str | None = None
     try:
@@ -163,20 +168,19 @@ def load_run_view(
         manifest, problem = None, str(exc)
     thresholds = Thresholds.from_dict((manifest or {}).get("thresholds"))
     snap = source.read() if source is not None else read_status_dir(run.status_dir, include)
-    now = time.time() if now is None else now
+    if now is None:
+        now, mono = time.time(), time.monotonic() if mono is None else mono
+    boot = boot_id() if mono is not None else None
     launcher = (manifest or {}).get("launcher") if isinstance((manifest or {}).get("launcher"), dict) else None
     launcher_pid = launcher.get("pid") if launcher else None
     table = process_table or StaticProcessTable.snapshot([r.pid for r in snap.records] + ([launcher_pid] if launcher_pid else []))
-    verdicts = classify_run(snap.records, now, table, thresholds, local_host=local_host)
-    processes = tuple(
-        ProcessView(
-            record=r,
-            verdict=verdicts[r.name],
-            heartbeat_age=max(0.0, now - r.heartbeat_at),
-            progress_age=max(0.0, now - max(r.progress_at, r.phase_at)),
-        )
-        for r in snap.records
-    )
+    verdicts = classify_run(snap.records, now, table, thresholds, local_host=local_host, mono=mono, boot_id=boot)
+    processes = []
+    for r in snap.records:
+        ages = record_ages(r, now, mono, boot)
+        processes.append(ProcessView(record=r, verdict=verdicts[r.name], heartbeat_age=max(0.0, ages.heartbeat),
+                                     progress_age=max(0.0, ages.progress)))
+    processes = tuple(processes)
     supervision = _supervision(manifest, launcher, processes, table, local_host or socket.gethostname())
     return RunView(run, manifest, problem, processes, snap.problems, thresholds, now, supervision)
 

@@ -122,14 +122,40 @@ def _age(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+@dataclass(frozen=True)
+class Ages:
+    """How long ago a record's clocks last moved, in seconds."""
+
+    heartbeat: float
+    progress: float  # since work advanced or the phase changed
+    started: float
+    monotonic: bool  # judged with CLOCK_MONOTONIC (same host, same boot), not wall time
+
+
+def record_ages(record: StatusRecord, now: float, mono: float | None = None, boot_id: str | None = None) -> Ages:
+    """Ages of a record. A record written on this boot of this host is judged with
+    CLOCK_MONOTONIC, which every process of the host shares and which never jumps: an NTP
+    step of the wall clock on a fresh cloud box must neither turn every process unresponsive
+    nor hide a real hang. Records of other hosts (or older writers) use wall time."""
+    if (mono is not None and boot_id and record.boot_id == boot_id and record.heartbeat_mono is not None
+            and record.progress_mono is not None and record.started_mono is not None):
+        progress = max(record.progress_mono, record.phase_mono or record.progress_mono)
+        return Ages(mono - record.heartbeat_mono, mono - progress, mono - record.started_mono, True)
+    return Ages(now - record.heartbeat_at, now - max(record.progress_at, record.phase_at), now - record.started_at, False)
+
+
 def classify_health(
     record: StatusRecord,
     now: float,
     process_table: ProcessTable | None,
     thresholds: Thresholds = Thresholds(),
     peer_median_rate: float | None = None,
+    *,
+    mono: float | None = None,
+    boot_id: str | None = None,
 ) -> HealthVerdict:
-    """Health of one process. ``process_table`` None skips the pid check (remote host)."""
+    """Health of one process. ``process_table`` None skips the pid check (remote host).
+    ``mono`` and ``boot_id`` (this host's) judge same-boot records on CLOCK_MONOTONIC."""
     if record.state == "done":
         return HealthVerdict(Health.DONE, "finished")
     if record.state == "failed":
@@ -144,16 +170,17 @@ def classify_health(
             return HealthVerdict(
                 Health.DEAD, f"pid {record.pid} now belongs to another process (pid reused)"
             )
-    heartbeat_age = now - record.heartbeat_at
+    ages = record_ages(record, now, mono, boot_id)
+    heartbeat_age = ages.heartbeat
     if heartbeat_age > thresholds.unresponsive_after:
         return HealthVerdict(
             Health.UNRESPONSIVE,
             f"no heartbeat for {_age(heartbeat_age)} in phase {record.phase}"
             " (blocked in a C call, stopped, or in D state)",
         )
-    since_progress = now - max(record.progress_at, record.phase_at)
-    if record.step == 0 and now - record.started_at < thresholds.startup_grace:
-        return HealthVerdict(Health.STARTING, f"started {_age(now - record.started_at)} ago, phase {record.phase}")
+    since_progress = ages.progress
+    if record.step == 0 and ages.started < thresholds.startup_grace:
+        return HealthVerdict(Health.STARTING, f"started {_age(ages.started)} ago, phase {record.phase}")
     limit = thresholds.stall_limit(record.phase)
     if limit is not None and since_progress > limit:
         return HealthVerdict(
@@ -189,6 +216,9 @@ def classify_run(
     process_table: ProcessTable | None,
     thresholds: Thresholds = Thresholds(),
     local_host: str | None = None,
+    *,
+    mono: float | None = None,
+    boot_id: str | None = None,
 ) -> dict[str, HealthVerdict]:
     """Health of every record of a run, keyed by record name.
 
@@ -200,7 +230,7 @@ def classify_run(
     medians = peer_median_rates(records)
     return {
         r.name: classify_health(
-            r, now, process_table if r.host == host else None, thresholds, medians.get(r.name)
+            r, now, process_table if r.host == host else None, thresholds, medians.get(r.name), mono=mono, boot_id=boot_id
         )
         for r in records
     }
