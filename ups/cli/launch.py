@@ -67,17 +67,20 @@ def check_precompute_data(cfg: Any, *, skip_bad: bool = False, faults: str = "")
         cfg.root, [(t, s) for t in cfg.tasks for s in cfg.splits], timeout=cfg.shard_open_timeout,
         progress=lambda line: typer.echo(line, err=True), env={"UPS_FAULTS": faults} if faults else None,
     )
+    if len(survey.problems) == 1:
+        raise UpsError(survey.problems[0])
     if survey.problems:
         raise UpsError(_lines(survey.problems, f"{len(survey.problems)} problems with the data under {cfg.root}; nothing started:"))
     bad = [survey.bad[p] for p in survey.files if p in survey.bad]
     if bad and not skip_bad:
         raise UpsError(_lines(bad, f"{len(bad)} bad shard(s) under {cfg.root}; nothing started (fix or move them, "
                                    "or pass --skip-bad-shards to cache the rest):"))
-    empty = [key for key in survey.splits if not survey.good_in(key)]
+    empty = [key for key in survey.splits if not survey.samples.get(key)]
     if empty:
-        raise UpsError(_lines(bad, f"every shard of {', '.join(empty)} is bad; nothing started:"))
+        raise UpsError(_lines(bad, f"nothing to cache for {', '.join(empty)} (every shard bad or empty); nothing started:"))
     if bad:
-        cfg.skip_shards = {Path(p).name: survey.bad[p].removeprefix(f"{p}: ") for p in survey.files if p in survey.bad}
+        found = {Path(p).name: survey.bad[p].removeprefix(f"{p}: ") for p in survey.files if p in survey.bad}
+        cfg.skip_shards = {**cfg.skip_shards, **found}
         typer.echo(_lines(bad, f"ups: leaving out {len(bad)} bad shard(s) (--skip-bad-shards); the run will end partial:"), err=True)
     return sum(survey.samples.values())
 

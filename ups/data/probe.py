@@ -53,9 +53,6 @@ class ShardSurvey:
     def files(self) -> list[str]:
         return sorted({p for paths in self.splits.values() for p in paths})
 
-    def good_in(self, key: str) -> list[str]:
-        return [p for p in self.splits.get(key, []) if p not in self.bad]
-
 
 # ---------------------------------------------------------------------------- parent side
 def probe_shards(
@@ -87,6 +84,7 @@ def probe_shards(
     end = started + deadline if deadline is not None else None
     last_note = started
     root_failed = False
+    unlisted: set[str] = set()  # task/splits whose listing failed (already a problem)
     while True:
         request = {"root": str(root), "pairs": pairs, "timeout": timeout, "read_sample": read_sample, "done": sorted(results)}
         child = _Child(request, env)
@@ -110,7 +108,10 @@ def probe_shards(
             if line is None:  # EOF without "done": the child died
                 crashed = True
                 break
-            ev = json.loads(line)
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue  # not ours (a library printing to stdout)
             silence = timeout + max(SILENCE_MARGIN_S, timeout)
             if "split" in ev:
                 survey.splits[ev["split"]] = [p for p, _ in ev["files"]]
@@ -118,6 +119,7 @@ def probe_shards(
             elif "problem" in ev:
                 survey.problems.append(ev["problem"])
                 root_failed = root_failed or bool(ev.get("root"))
+                unlisted.add(ev.get("about", ""))
             elif "stage" in ev:
                 stage, current = ev["stage"], ev.get("file", current)
             elif "file" in ev:
@@ -128,13 +130,14 @@ def probe_shards(
         if finished:
             break
         waited = time.monotonic() - started
-        if stage == "header" and current not in results:
+        out_of_time = end is not None and time.monotonic() >= end
+        if stage == "header" and current not in results and not out_of_time:
             why = f"the check died while opening it ({child.stderr_tail() or 'no message'})" if crashed else (
                 f"opening it did not return within {silence:g} s and the check was killed "
                 "(hung network mount?)")
             results[current] = {"file": current, "ok": False, "reason": f"{current}: {why}"}
             continue  # a new child checks the rest
-        if end is not None and time.monotonic() >= end:
+        if out_of_time:
             root_failed = True
             survey.problems.append(f"checking the shards under {root} ran out of time after {waited:.0f} s")
         elif stage in ("start", "listing"):
@@ -163,7 +166,7 @@ def probe_shards(
                                    + ", ".join(f"{Path(p).name} {list(s)}" for s, p in shapes.items()))
     if require and not root_failed:
         for task, split in pairs:
-            if not survey.splits.get(f"{task}/{split}"):
+            if not survey.splits.get(f"{task}/{split}") and f"{task}/{split}" not in unlisted:
                 survey.problems.append(no_shards_message(Path(root), task, split))
     return survey
 
@@ -276,6 +279,7 @@ def _read_first_sample(path: str, layout: str, timeout: float) -> None:
 def child_main() -> int:
     from ups.data.shards import DataError, candidate_files, read_header
     from ups.data.tasks import get_task
+    from ups.errors import UpsError
     from ups.faults import Faults
 
     req = json.loads(sys.stdin.read())
@@ -290,8 +294,8 @@ def child_main() -> int:
     for task, split in req["pairs"]:
         try:
             files = candidate_files(root, task, split)
-        except DataError as exc:
-            _emit(problem=str(exc))
+        except UpsError as exc:  # an unreadable manifest
+            _emit(problem=str(exc), about=f"{task}/{split}")
             continue
         if files:
             _emit(split=f"{task}/{split}", files=files)
