@@ -101,6 +101,19 @@ def test_truncated_garbage_missing_and_fifo_files_are_named(tmp_path):
         ShardIndex.discover(tmp_path, "darcy2d", "train")
 
 
+def test_skipped_shards_are_left_out_before_anything_is_opened(tmp_path):
+    synthesize(tmp_path, "burgers1d", "train", 6, shards=3)
+    fifo = tmp_path / "burgers1d_train_001.h5"
+    fifo.unlink()
+    os.mkfifo(fifo)  # opening it would block (or, here, be refused): it must not be touched
+    for use_manifest in (True, False):
+        index = ShardIndex.discover(tmp_path, "burgers1d", "train", use_manifest=use_manifest, skip={fifo.name})
+        assert index.skipped == (fifo.name,) and [s.name for s in index.shards] == ["burgers1d_train_000.h5", "burgers1d_train_002.h5"]
+        assert len(index) == 4 and index.source(2) == "burgers1d_train_002.h5#0"
+    with pytest.raises(DataError, match=r"no shards for burgers1d/train \(3 skipped\)"):
+        ShardIndex.discover(tmp_path, "burgers1d", "train", skip={f"burgers1d_train_00{i}.h5" for i in range(3)})
+
+
 def test_reader_is_lazy_and_never_reuses_handles_across_fork(tmp_path):
     synthesize(tmp_path, "advection1d", "train", 4)
     reader = SampleReader(ShardIndex.discover(tmp_path, "advection1d", "train"))

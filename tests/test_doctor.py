@@ -51,6 +51,26 @@ def test_fifo_shard_fails_within_its_timeout_and_is_named(tmp_path):
     assert c["duration_s"] < 30
 
 
+def test_every_split_under_the_root_is_checked_and_a_bad_one_named(tmp_path):
+    synthesize(tmp_path, "advection1d", "train", 4)
+    synthesize(tmp_path, "advection1d", "val", 4)
+    for manifest in tmp_path.glob("*.index.json"):
+        manifest.unlink()  # data from elsewhere comes without our manifests
+    fifo = tmp_path / "advection1d_val.h5"
+    fifo.unlink()
+    os.mkfifo(fifo)
+    code, report = doctor("--only", "hdf5", "--root", str(tmp_path), "--timeout-scale", "0.4")
+    c = check(report, "hdf5")
+    assert code == 1 and c["status"] == "fail" and c["detail"].startswith("1 of 2 shard(s) bad")
+    assert f"opening {fifo} did not return within 2 s (a FIFO" in c["detail"]
+    # With a config, its tasks and splits are what is checked.
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text(f"root: {tmp_path}\ntasks: [advection1d]\nsplits: [train]\n")
+    code, report = doctor("--only", "hdf5", "--config", str(cfg))
+    c = check(report, "hdf5")
+    assert code == 0 and c["detail"] == "1 shard(s) of advection1d/train opened, one sample read from each"
+
+
 def test_corrupt_shard_is_named(tmp_path):
     synthesize(tmp_path, "burgers1d", "train", 6, shards=2)
     bad = tmp_path / "burgers1d_train_000.h5"

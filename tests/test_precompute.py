@@ -135,17 +135,28 @@ def test_injected_worker_hang_is_detected_killed_and_the_job_completes(data_root
     assert len(latents(tmp_path / "c")) == 24 and run.read_manifest()["state"] == "succeeded"
 
 
-def test_fifo_shard_is_quarantined_with_its_stack_and_the_rest_is_cached(data_root, fast_config, tmp_path, runs_root):
+def test_shard_that_hangs_after_the_launch_check_is_quarantined_with_its_stack(data_root, fast_config, tmp_path, runs_root):
+    # `ups launch` refuses a FIFO shard up front (tests below); one that starts hanging after
+    # that check (a mount that dies mid-run, or a job started without it) is the job's to
+    # handle. The run is started as `ups launch` starts it, minus the check.
+    from dataclasses import asdict
+
+    from ups.cli.launch import precompute_command
+    from ups.jobs.config import PrecomputeConfig, load_config
+    from ups.launch.spawn import launch_run
+
     root = tmp_path / "data"
     synthesize(root, "burgers1d", "train", 24, shards=3, seed=1)
     fifo = root / "burgers1d_train_001.h5"
     fifo.unlink()
     os.mkfifo(fifo)  # a read that never returns, inside h5py's open, holding the GIL
+    cfg = load_config(PrecomputeConfig, fast_config, {"root": str(root), "tasks": ["burgers1d"], "cache_dir": str(tmp_path / "c"),
+                                                      "num_workers": 2})
     started = time.monotonic()
-    res, run = launch_burgers(fast_config, root, tmp_path / "c")
-    elapsed = time.monotonic() - started
-    assert res.returncode == 3, res.stderr
-    assert elapsed < 60  # well within: 2 s worker timeout, 20 s loader timeout
+    run = launch_run(runs_root, "precompute", precompute_command(cfg, None), config=asdict(cfg), thresholds=cfg.thresholds(),
+                     files={"config.json": json.dumps(asdict(cfg)).encode()})
+    wait_for(lambda: run.read_manifest()["state"] in FINAL, 60, message="the run to end")
+    assert time.monotonic() - started < 60  # well within: 2 s worker timeout, 20 s loader timeout
     m = run.read_manifest()
     assert m["state"] == "partial"
     quarantined = m["precompute"]["quarantined"]
@@ -206,6 +217,73 @@ def test_sigterm_stops_cleanly_and_marks_the_run_killed(writers, data_root, fast
     wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids), 15,
              message="every process of the run gone")
     assert not list((tmp_path / "c").glob("*/.*.tmp"))
+
+
+def shards_from_elsewhere(data_root: Path, root: Path, *, manifest: bool) -> list[Path]:
+    """A copy of data_root's burgers1d shards, with or without our manifest (data from
+    elsewhere has none); returns the three shard paths."""
+    root.mkdir()
+    names = [f"burgers1d_train_00{i}.h5" for i in range(3)]
+    for name in names + (["burgers1d_train.index.json"] if manifest else []):
+        (root / name).write_bytes((data_root / name).read_bytes())
+    return [root / name for name in names]
+
+
+@pytest.mark.parametrize("manifest", [True, False], ids=["our-synthetic-data", "data-from-elsewhere"])
+def test_bad_shards_refuse_the_launch_at_once_naming_every_one(manifest, data_root, fast_config, tmp_path, runs_root):
+    _, fifo, corrupt = shards_from_elsewhere(data_root, tmp_path / "data", manifest=manifest)
+    fifo.unlink()
+    os.mkfifo(fifo)  # opening it blocks, as a file on a hung network mount does
+    corrupt.write_bytes(b"not hdf5" * 100)
+    fast_config.write_text(fast_config.read_text() + "shard_open_timeout: 1\n")
+    started = time.monotonic()
+    res, run = launch_burgers(fast_config, tmp_path / "data", tmp_path / "c")
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert time.monotonic() - started < 20
+    assert "2 bad shard(s)" in res.stderr and "nothing started" in res.stderr and "--skip-bad-shards" in res.stderr
+    assert f"opening {fifo} did not return within 1 s (a FIFO" in res.stderr
+    assert f"{corrupt}: not a readable HDF5 file" in res.stderr
+    assert run is None and list(runs_root.iterdir()) == [] and not (tmp_path / "c").exists()
+
+
+def test_a_launch_check_stuck_where_no_signal_reaches_is_killed_and_the_shard_named(data_root, fast_config, tmp_path, runs_root):
+    # shard_probe_hang SIGSTOPs the check's process at that file: like an open on a hung
+    # mount, nothing inside it can end the wait; the CLI kills it and checks the rest.
+    _, _, stuck = shards_from_elsewhere(data_root, tmp_path / "data", manifest=False)
+    fast_config.write_text(fast_config.read_text() + "shard_open_timeout: 1\n")
+    started = time.monotonic()
+    res, run = launch_burgers(fast_config, tmp_path / "data", tmp_path / "c", "--inject", f"shard_probe_hang:file={stuck.name}")
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert time.monotonic() - started < 20
+    assert "1 bad shard(s)" in res.stderr
+    assert f"{stuck}: opening it did not return within 3 s and the check was killed" in res.stderr
+    assert run is None and list(runs_root.iterdir()) == []
+
+
+def test_skip_bad_shards_caches_the_rest_ends_partial_naming_them_and_never_mixes(data_root, fast_config, tmp_path, runs_root):
+    good0, fifo, good2 = shards_from_elsewhere(data_root, tmp_path / "data", manifest=False)
+    fifo.unlink()
+    os.mkfifo(fifo)
+    fast_config.write_text(fast_config.read_text() + "shard_open_timeout: 1\n")
+    cache = tmp_path / "c"
+    res, run = launch_burgers(fast_config, tmp_path / "data", cache, "--skip-bad-shards")
+    assert res.returncode == 3, res.stderr
+    assert "leaving out 1 bad shard(s)" in res.stderr and f"opening {fifo} did not return" in res.stderr
+    m = run.read_manifest()
+    assert m["state"] == "partial" and fifo.name in m["summary"], m["summary"]
+    skipped = m["precompute"]["quarantined"]
+    assert [(q["source"], q["index"]) for q in skipped] == [(fifo.name, None)] and "--skip-bad-shards" in skipped[0]["reason"]
+    assert m["precompute"]["cached"] == m["precompute"]["total"] == 16  # shards 000 and 002
+    sources = {torch.load(p, weights_only=True)["meta"]["source"] for p in (cache / "burgers1d_train").glob("sample_*.pt")}
+    assert sources == {f"{good.name}#{i}" for good in (good0, good2) for i in range(8)}
+    assert run_ups("cache", "verify", str(cache)).returncode == 0
+    # The mount is back: the cache made without shard 001 holds shard 002 at other indices,
+    # so a run with every shard refuses to mix with it.
+    fifo.unlink()
+    fifo.write_bytes((data_root / fifo.name).read_bytes())
+    res, run = launch_burgers(fast_config, tmp_path / "data", cache)
+    assert res.returncode == 1 and run.read_manifest()["state"] == "failed"
+    assert f"shards left out then: {fifo.name}, now: none); pass --overwrite" in run.read_manifest()["summary"]
 
 
 def test_bad_input_is_one_line_and_leaves_no_run(tmp_path, runs_root):

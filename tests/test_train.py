@@ -173,6 +173,23 @@ def test_pipeline_precompute_then_train(tmp_path, runs_root):
     assert runs["train"].manifest["parent"] == runs["pipeline"].run_id
 
 
+def test_pipeline_with_skip_bad_shards_trains_on_the_rest_and_ends_partial_naming_them(tmp_path, runs_root):
+    synthesize(tmp_path / "data", "burgers1d", "train", 24, shards=2, seed=3, timesteps=6, resolution=32)
+    bad = tmp_path / "data" / "burgers1d_train_001.h5"
+    bad.write_bytes(b"not hdf5" * 100)
+    args = ("launch", "pipeline", "--root", str(tmp_path / "data"), "--tasks", "burgers1d", "--cache-dir",
+            str(tmp_path / "cache"), "--num-workers", "0", "--steps", "4")
+    res = run_ups(*args)
+    assert res.returncode == 2 and f"{bad}: not a readable HDF5 file" in res.stderr and "--skip-bad-shards" in res.stderr
+    assert list(runs_root.iterdir()) == []
+    res = run_ups(*args, "--skip-bad-shards", timeout=300)
+    assert res.returncode == 3, res.stderr[-2000:]
+    runs = {r.kind: r for r in list_runs(runs_root)}
+    assert {k: r.state for k, r in runs.items()} == {"pipeline": "partial", "precompute": "partial", "train": "succeeded"}
+    assert bad.name in runs["pipeline"].manifest["summary"] and "train succeeded" in runs["pipeline"].manifest["summary"]
+    assert len(list((tmp_path / "cache" / "burgers1d_train").glob("sample_*.pt"))) == 12  # shard 000's samples
+
+
 def test_more_ranks_than_gpus_trains_on_cpu_under_auto_and_is_refused_under_cuda(cache_dir, quick, tmp_path, runs_root):
     # One GPU, seen through a fake NVML (this box has none): the launcher decides before any rank starts.
     gpu = tmp_path / "gpu.json"

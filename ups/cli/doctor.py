@@ -27,10 +27,14 @@ def doctor_cmd(
     json: JsonOption = False,
 ) -> None:
     """Diagnose this box before a run: packages, torch/CUDA/NCCL, GPUs and memory held
-    outside runs, torchrun and ports, /dev/shm, ulimit -n, disk, RAM, file systems, every
-    HDF5 shard (opened under a timeout), the cache, DataLoader workers, a 2-rank DDP smoke
-    test, W&B. Checks run concurrently, each bounded; hang-prone probes run in subprocesses
-    that are killed at their timeout and reported as failures naming what hung.
+    outside runs, torchrun and ports, /dev/shm, ulimit -n, disk, RAM, file systems, the
+    HDF5 shards, the cache, DataLoader workers, a 2-rank DDP smoke test, W&B. Checks run
+    concurrently, each bounded; hang-prone probes run in subprocesses that are killed at
+    their timeout and reported as failures naming what hung.
+
+    HDF5: every shard of every task and split found under --root (with --config, of the
+    config's tasks and splits) is opened and one sample read, each within 5 s (times
+    --timeout-scale); the check fails naming every shard that cannot be opened.
 
     Exit 0 when nothing failed (warnings allowed), 1 otherwise, 2 for bad input.
 

@@ -27,6 +27,13 @@ InjectOption = Annotated[
     typer.Option("--inject", help="Fault to rehearse, e.g. worker_hang:worker=0,after=3 (repeatable; see the job's help)."),
 ]
 DetachOption = Annotated[bool, typer.Option("--detach", help="Start the job and return at once.")]
+SkipBadShardsOption = Annotated[
+    bool,
+    typer.Option("--skip-bad-shards", help="Leave out shards that fail the launch check, cache the rest; the run ends "
+                                           "partial (exit 3) naming them. Without it, any bad shard refuses the launch."),
+]
+# Faults the launch itself rehearses (not passed on to a job).
+LAUNCH_FAULTS = ("shard_probe_hang",)
 ConfigOption = Annotated[Path | None, typer.Option("--config", help="YAML config; options given here override it.")]
 
 
@@ -49,15 +56,50 @@ def precompute_command(cfg: Any, config_path: Path | None) -> list[str]:
     return cmd
 
 
-def check_precompute_data(cfg: Any) -> int:
-    """Open the shard index of every task/split now: a missing or broken file is named here."""
-    from ups.data.shards import ShardIndex
+def check_precompute_data(cfg: Any, *, skip_bad: bool = False, faults: str = "") -> int:
+    """Open every shard of every task/split now, in a probe process that is killed if it hangs
+    (ups.data.probe): a missing, corrupt or unreadable file, a FIFO or a hung mount is named
+    here, in seconds, before anything starts. Any bad shard refuses the launch; with
+    ``skip_bad`` they go to ``cfg.skip_shards`` instead (the job leaves them out and ends
+    partial). Returns the number of samples to cache."""
+    from ups.data.probe import probe_shards
+    from ups.errors import UpsError
 
-    total = 0
-    for task in cfg.tasks:
-        for split in cfg.splits:
-            total += len(ShardIndex.discover(cfg.root, task, split))
-    return total
+    survey = probe_shards(
+        cfg.root, [(t, s) for t in cfg.tasks for s in cfg.splits], timeout=cfg.shard_open_timeout,
+        progress=lambda line: typer.echo(line, err=True), env={"UPS_FAULTS": faults} if faults else None,
+    )
+    if len(survey.problems) == 1:
+        raise UpsError(survey.problems[0])
+    if survey.problems:
+        raise UpsError(_lines(survey.problems, f"{len(survey.problems)} problems with the data under {cfg.root}; nothing started:"))
+    bad = [survey.bad[p] for p in survey.files if p in survey.bad]
+    if bad and not skip_bad:
+        raise UpsError(_lines(bad, f"{len(bad)} bad shard(s) under {cfg.root}; nothing started (fix or move them, "
+                                   "or pass --skip-bad-shards to cache the rest):"))
+    empty = [key for key in survey.splits if not survey.samples.get(key)]
+    if empty:
+        raise UpsError(_lines(bad, f"nothing to cache for {', '.join(empty)} (every shard bad or empty); nothing started:"))
+    if bad:
+        found = {Path(p).name: survey.bad[p].removeprefix(f"{p}: ") for p in survey.files if p in survey.bad}
+        cfg.skip_shards = {**cfg.skip_shards, **found}
+        typer.echo(_lines(bad, f"ups: leaving out {len(bad)} bad shard(s) (--skip-bad-shards); the run will end partial:"), err=True)
+    return sum(survey.samples.values())
+
+
+def _lines(items: list[str], head: str) -> str:
+    """A head line, then one indented line per item (each names its file)."""
+    return head + "".join(f"\n  {item}" for item in items)
+
+
+def validate_launch_faults(inject: list[str] | None, job_faults: tuple[str, ...]) -> tuple[str, str]:
+    """(faults for the job, faults for the launch check), both validated against their names."""
+    from ups.faults import parse_faults, validate_faults
+
+    faults = parse_faults(validate_faults(inject or [], job_faults + LAUNCH_FAULTS))
+    job = ";".join(str(f) for f in faults if f.name not in LAUNCH_FAULTS)
+    launch = ";".join(str(f) for f in faults if f.name in LAUNCH_FAULTS)
+    return job, launch
 
 
 @launch_app.command("precompute")
@@ -76,6 +118,7 @@ def launch_precompute(
     device: Annotated[str | None, typer.Option("--device", help="cpu, cuda or auto.")] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a cache written with another hash.")] = False,
     worker_timeout: Annotated[float | None, typer.Option("--worker-timeout", help="Seconds before a hung worker is killed.")] = None,
+    skip_bad_shards: SkipBadShardsOption = False,
     inject: InjectOption = None,
     detach: DetachOption = False,
     runs_dir: RunsDirOption = default_runs_dir(),
@@ -88,14 +131,22 @@ def launch_precompute(
     repeated worker failures the job falls back to num_workers=0. A rerun resumes: cached
     samples are skipped.
 
+    Before anything starts, every shard of every task and split is opened in a separate
+    process that is killed if it hangs (config key shard_open_timeout, default 5 s each; all
+    shards at once). A missing, corrupt or unreadable shard, a FIFO, or a file on a hung
+    network mount refuses the launch (exit 2, every bad shard named, no run folder).
+    --skip-bad-shards leaves them out instead: the rest is cached and the run ends partial
+    (exit 3) naming them. A cache made without some shards gets its own hash: a later run
+    with every shard refuses to mix with it (--overwrite rebuilds it).
+
     Faults (--inject): worker_hang[:worker=W,after=N|sample=I,mode=sleep|gil|stop],
     worker_crash[:worker=W,after=N,signal=SEGV], slow_read[:delay=S], write_enospc[:after=N],
-    write_hang[:after=N] (with writer processes the job fails after write_timeout).
+    write_hang[:after=N] (with writer processes the job fails after write_timeout),
+    shard_probe_hang:file=NAME (the launch check's open of NAME never returns, as on a hung mount).
 
-    Exit codes (when following): 0 succeeded, 3 partial (quarantined samples), 1 failed or
-    killed, 2 bad input.
+    Exit codes (when following): 0 succeeded, 3 partial (quarantined samples or skipped
+    shards), 1 failed or killed, 2 bad input.
     """
-    from ups.faults import validate_faults
     from ups.jobs.config import PrecomputeConfig, load_config
     from ups.jobs.precompute import KNOWN_FAULTS
     from ups.launch.spawn import launch_run
@@ -107,8 +158,8 @@ def launch_precompute(
         "overwrite": overwrite or None, "worker_timeout": worker_timeout,
     }
     cfg = load_config(PrecomputeConfig, config, overrides)
-    faults = validate_faults(inject or [], KNOWN_FAULTS)
-    total = check_precompute_data(cfg)
+    faults, launch_faults = validate_launch_faults(inject, KNOWN_FAULTS)
+    total = check_precompute_data(cfg, skip_bad=skip_bad_shards, faults=launch_faults)
     from dataclasses import asdict
 
     resolved = asdict(cfg)
@@ -246,6 +297,7 @@ def launch_pipeline(
     num_workers: Annotated[int | None, typer.Option("--num-workers", help="Precompute DataLoader workers.")] = None,
     nproc: Annotated[int, typer.Option("--nproc", help="Training ranks.")] = 2,
     steps: Annotated[int | None, typer.Option("--steps", help="Training steps.")] = None,
+    skip_bad_shards: SkipBadShardsOption = False,
     detach: DetachOption = False,
     runs_dir: RunsDirOption = default_runs_dir(),
     json: JsonOption = False,
@@ -255,6 +307,11 @@ def launch_pipeline(
     The pipeline is a run of its own ("pipeline") whose stages are runs too (`ups runs`
     lists all three, each stage naming its parent), so each stage keeps its own status,
     stacks and logs.
+
+    Every shard is checked before anything starts, as `ups launch precompute` does: a bad
+    shard refuses the launch (exit 2, every bad shard named), or with --skip-bad-shards is
+    left out; the precompute stage then ends partial naming it, and training goes on with
+    the rest of the cache.
     """
     from dataclasses import asdict
 
@@ -263,7 +320,7 @@ def launch_pipeline(
 
     pre = load_config(PrecomputeConfig, None, {"root": root, "tasks": tasks, "splits": splits, "cache_dir": cache_dir,
                                                "num_workers": num_workers})
-    check_precompute_data(pre)
+    check_precompute_data(pre, skip_bad=skip_bad_shards)
     _, train_cfg = prepare_train(cache_dir=cache_dir, tasks=tasks, config=None, nproc=nproc, steps=steps, nnodes=1,
                                  node_rank=None, rdzv_endpoint=None, debug=False, inject=None, resume=False, runs_dir=runs_dir,
                                  require_cache=False)

@@ -76,9 +76,12 @@ def prepare_split(folder: Path, metadata: dict[str, Any], *, overwrite: bool) ->
     old = read_metadata(folder)
     if old is not None and old["hash"] != metadata["hash"]:
         if not overwrite:
+            was, now = old.get("skipped_shards") or [], metadata.get("skipped_shards") or []
+            why = (f"shards left out then: {', '.join(was) or 'none'}, now: {', '.join(now) or 'none'}" if was != now
+                   else "different config, encoder or dtype")
             raise CacheError(
                 f"{folder}: cache was written with hash {old['hash']}, this run has {metadata['hash']} "
-                "(different config, encoder or dtype); pass --overwrite to replace it"
+                f"({why}); pass --overwrite to replace it"
             )
         for p in folder.iterdir():
             if SAMPLE_RE.match(p.name) or TEMP_RE.search(p.name):

@@ -17,7 +17,7 @@ import json
 import os
 import signal
 import stat
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,14 +97,18 @@ def _check_regular_file(path: str) -> None:
         raise DataError(f"{path}: {kind}; opening it would block")
 
 
-def read_header(path: str, spec: TaskSpec, layout: str) -> tuple[int, tuple[int, ...]]:
-    """(sample count, per-sample shape) of one shard, with the checks that name the file."""
+def read_header(path: str, spec: TaskSpec, layout: str, timeout: float = HEADER_OPEN_TIMEOUT_S) -> tuple[int, tuple[int, ...]]:
+    """(sample count, per-sample shape) of one shard, with the checks that name the file.
+
+    The open is bounded by SIGALRM, which interrupts a FIFO but not a wait in the kernel
+    (a hung network mount): callers that must never hang run this in a process they can
+    kill (ups.data.probe)."""
     import h5py
 
     _check_regular_file(path)
     key = "data" if layout == "ups" else "tensor"
     try:
-        with _alarm(HEADER_OPEN_TIMEOUT_S, f"opening {path}"), h5py.File(path, "r") as f:
+        with _alarm(timeout, f"opening {path}"), h5py.File(path, "r") as f:
             if key not in f:
                 raise DataError(f"{path}: no dataset {key!r} (has: {', '.join(sorted(f.keys())) or 'nothing'})")
             shape = tuple(int(s) for s in f[key].shape)
@@ -135,13 +139,60 @@ def _h5_reason(exc: OSError) -> str:
     return text.splitlines()[0][:120] if text else type(exc).__name__
 
 
-class ShardIndex:
-    """Global sample index -> (shard, local index) for one task and split."""
+def candidate_files(root: str | os.PathLike[str], task: str, split: str, *, use_manifest: bool = True) -> list[tuple[str, str]]:
+    """(path, layout) of every shard of ``task``/``split`` under ``root``, none opened.
 
-    def __init__(self, task: str, split: str, shards: list[ShardInfo]) -> None:
+    From the manifest when there is one; else ``{task}_{split}.h5`` and
+    ``{task}_{split}_*.h5`` (layout "ups"), or, when there are none, the task's raw PDEBench
+    files (layout "pdebench", every split a range of each file)."""
+    spec = get_task(task)
+    root = Path(root)
+    man = manifest_path(root, task, split)
+    if use_manifest and man.is_file():
+        return [(s.path, s.layout) for s in _read_manifest(root, man)]
+    files = sorted(glob.glob(str(root / f"{task}_{split}.h5"))) + sorted(glob.glob(str(root / f"{task}_{split}_*.h5")))
+    if files:
+        return [(path, "ups") for path in files]
+    return [(path, "pdebench") for path in sorted(glob.glob(str(root / spec.raw_glob)))]
+
+
+def no_shards_message(root: Path, task: str, split: str, *, skipped: int = 0) -> str:
+    left_out = f" ({skipped} skipped)" if skipped else ""
+    return (f"{root}: no shards for {task}/{split}{left_out} (looked for {task}_{split}.h5, "
+            f"{task}_{split}_*.h5 and {get_task(task).raw_glob}); make some with `ups data synth`")
+
+
+def split_range(layout: str, n: int, split: str) -> tuple[int, int]:
+    """(offset, count) of ``split``'s samples in a shard of ``n`` samples."""
+    if layout != "pdebench":
+        return 0, n
+    lo, hi = RAW_SPLIT_FRACTIONS[split]
+    start, stop = int(lo * n), int(hi * n)
+    return start, max(0, stop - start)
+
+
+def _read_manifest(root: Path, man: Path) -> list[ShardInfo]:
+    try:
+        data = json.loads(man.read_text())
+        return [
+            ShardInfo(str(root / s["file"]), int(s["count"]), int(s.get("offset", 0)), s.get("layout", "ups"), tuple(s["sample_shape"]))
+            for s in data["shards"]
+        ]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DataError(f"{man}: unreadable shard manifest ({exc})") from None
+
+
+class ShardIndex:
+    """Global sample index -> (shard, local index) for one task and split.
+
+    ``skipped``: names of shards left out on purpose (``skip`` in :meth:`discover`); the
+    samples after them take lower global indices than they would with every shard."""
+
+    def __init__(self, task: str, split: str, shards: list[ShardInfo], skipped: tuple[str, ...] = ()) -> None:
         self.task = task
         self.split = split
         self.shards = shards
+        self.skipped = skipped
         self._starts = np.cumsum([0] + [s.count for s in shards])
 
     def __len__(self) -> int:
@@ -174,11 +225,14 @@ class ShardIndex:
 
     # -- building ----------------------------------------------------------------------
     @classmethod
-    def discover(cls, root: str | os.PathLike[str], task: str, split: str, *, use_manifest: bool = True) -> ShardIndex:
+    def discover(
+        cls, root: str | os.PathLike[str], task: str, split: str, *, use_manifest: bool = True, skip: Collection[str] = (),
+    ) -> ShardIndex:
         """Find the shards of ``task``/``split`` under ``root`` and check them up front.
 
         With a manifest next to the data, shard headers are taken from it (no open); each
         listed file must still exist. Otherwise each shard is opened once, under a timeout.
+        Shards named in ``skip`` (file names) are left out before anything is opened.
         """
         spec = get_task(task)
         check_split(split)
@@ -186,48 +240,30 @@ class ShardIndex:
         if not root.is_dir():
             raise DataError(f"{root}: data root not found")
         man = manifest_path(root, task, split)
-        if use_manifest and man.is_file():
-            return cls._from_manifest(root, man, task, split)
-        files = sorted(glob.glob(str(root / f"{task}_{split}.h5"))) + sorted(
-            glob.glob(str(root / f"{task}_{split}_*.h5"))
-        )
+        from_manifest = use_manifest and man.is_file()
+        listed = _read_manifest(root, man) if from_manifest else [
+            ShardInfo(path, 0, 0, layout) for path, layout in candidate_files(root, task, split, use_manifest=False)
+        ]
+        skipped = tuple(s.name for s in listed if s.name in skip)
         shards: list[ShardInfo] = []
-        if files:
-            for path in files:
-                count, shape = read_header(path, spec, "ups")
-                shards.append(ShardInfo(path, count, 0, "ups", shape))
-        else:
-            raw = sorted(glob.glob(str(root / spec.raw_glob)))
-            lo, hi = RAW_SPLIT_FRACTIONS[split]
-            for path in raw:
-                n, shape = read_header(path, spec, "pdebench")
-                start, stop = int(lo * n), int(hi * n)
-                if stop > start:
-                    shards.append(ShardInfo(path, stop - start, start, "pdebench", shape))
+        for s in listed:
+            if s.name in skip:
+                continue
+            if from_manifest:
+                if not os.path.lexists(s.path):
+                    raise DataError(f"{s.path}: file not found (listed in {man.name})")
+                shards.append(s)
+                continue
+            n, shape = read_header(s.path, spec, s.layout)
+            offset, count = split_range(s.layout, n, split)
+            if count:
+                shards.append(ShardInfo(s.path, count, offset, s.layout, shape))
         if not shards:
-            raise DataError(
-                f"{root}: no shards for {task}/{split} (looked for {task}_{split}.h5, "
-                f"{task}_{split}_*.h5 and {spec.raw_glob}); make some with `ups data synth`"
-            )
+            raise DataError(no_shards_message(root, task, split, skipped=len(skipped)))
         shapes = {s.sample_shape for s in shards}
         if len(shapes) > 1:
             raise DataError(f"{root}: shards of {task}/{split} disagree on sample shape: {sorted(shapes)}")
-        return cls(task, split, shards)
-
-    @classmethod
-    def _from_manifest(cls, root: Path, man: Path, task: str, split: str) -> ShardIndex:
-        try:
-            data = json.loads(man.read_text())
-            shards = [
-                ShardInfo(str(root / s["file"]), int(s["count"]), int(s.get("offset", 0)), s.get("layout", "ups"), tuple(s["sample_shape"]))
-                for s in data["shards"]
-            ]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise DataError(f"{man}: unreadable shard manifest ({exc})") from None
-        for s in shards:
-            if not os.path.lexists(s.path):
-                raise DataError(f"{s.path}: file not found (listed in {man.name})")
-        return cls(task, split, shards)
+        return cls(task, split, shards, skipped)
 
 
 class SampleReader:

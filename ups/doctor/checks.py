@@ -34,8 +34,8 @@ class Options:
     root: Path | None = None
     cache_dir: Path | None = None
     runs_dir: Path = Path("runs")
-    tasks: list[str] = field(default_factory=list)
-    splits: list[str] = field(default_factory=lambda: ["train"])
+    tasks: list[str] = field(default_factory=list)  # empty: every task found
+    splits: list[str] = field(default_factory=list)  # empty: every split found
     num_workers: int = 2
     batch_size: int = 8
     prefetch_factor: int = 2
@@ -303,51 +303,29 @@ def check_fs(o: Options) -> Verdict:
     return Verdict(worst, "; ".join(found), hint)
 
 
-HDF5_PROBE = """
-import sys, h5py
-for path in sys.argv[1:]:
-    print("opening", path, flush=True)
-    with h5py.File(path, "r") as f:
-        key = "data" if "data" in f else "tensor"
-        if key not in f:
-            print("FAIL", path, "no dataset 'data' or 'tensor'", flush=True); sys.exit(3)
-        f[key][0]
-    print("ok", path, flush=True)
-"""
-
-
-def shard_files(o: Options) -> list[Path]:
-    from ups.data.tasks import TASKS
-
-    root = Path(o.root)
-    files: list[Path] = []
-    tasks = o.tasks or list(TASKS)
-    for t in tasks:
-        for s in o.splits:
-            files += sorted(root.glob(f"{t}_{s}.h5")) + sorted(root.glob(f"{t}_{s}_*.h5"))
-            files += sorted(root.glob(TASKS[t].raw_glob)) if t in TASKS else []
-    return sorted(set(files))
-
-
 def check_hdf5(o: Options) -> Verdict:
+    """Every shard of every task and split found under the root (the config's lists when
+    given), each opened and one sample read, in a probe process killed if it hangs."""
     if o.root is None:
         return Verdict(SKIP, "no --root or config root")
-    if not Path(o.root).is_dir():
-        return Verdict(FAIL, f"data root {o.root} not found", "check --root / the config's root")
-    files = shard_files(o)
+    from ups.data.probe import probe_shards
+    from ups.data.tasks import SPLITS, TASKS
+
+    given = bool(o.tasks)  # from a config: each of its task/splits must have shards
+    pairs = [(t, s) for t in (o.tasks or TASKS) for s in (o.splits or SPLITS)]
+    t = 5 * o.timeout_scale
+    survey = probe_shards(o.root, pairs, timeout=t, require=given, read_sample=True, deadline=50 * o.timeout_scale)
+    files = survey.files
+    bad = [survey.bad[p] for p in files if p in survey.bad]
+    if bad:
+        return Verdict(FAIL, f"{len(bad)} of {len(files)} shard(s) bad: " + "; ".join(bad + survey.problems),
+                       "fix or move the named shards (a FIFO or hung mount blocks h5py.File()), "
+                       "or launch with --skip-bad-shards to cache the rest")
+    if survey.problems:
+        return Verdict(FAIL, "; ".join(survey.problems), "check --root / the config's root, or make data with `ups data synth`")
     if not files:
         return Verdict(FAIL, f"no shards under {o.root}", "make some with `ups data synth` or check --root")
-    t = (5 + len(files)) * o.timeout_scale
-    r = run_probe([sys.executable, "-c", HDF5_PROBE, *map(str, files)], t)
-    lines = r.out.strip().splitlines()
-    if r.returncode is None:
-        stuck = next((ln.split(" ", 1)[1] for ln in reversed(lines) if ln.startswith("opening")), "?")
-        return Verdict(FAIL, f"opening {stuck} did not return within {t:g} s (FIFO or hung network mount?)",
-                       "that file blocks h5py.File(): check the mount, or move the file away")
-    if r.returncode != 0:
-        bad = next((ln.split(" ", 1)[1] for ln in reversed(lines) if ln.startswith("opening")), "?")
-        return Verdict(FAIL, f"{bad}: {last_line(r.err) or last_line(r.out)}", "a corrupt or truncated shard: re-copy or regenerate it")
-    return Verdict(OK, f"{len(files)} shard(s) opened, one sample read from each")
+    return Verdict(OK, f"{len(files)} shard(s) of {', '.join(survey.splits)} opened, one sample read from each")
 
 
 def check_cache(o: Options) -> Verdict:

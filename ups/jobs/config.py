@@ -68,6 +68,11 @@ class PrecomputeConfig:
     """Processes writing cache files in parallel mode; -1 picks min(4, CPUs // 4), 0 on small boxes."""
     write_timeout: float = 120.0
     """A batch of cache files not written after this long fails the job (hung storage)."""
+    shard_open_timeout: float = 5.0
+    """Seconds the launch check gives each shard to open before calling it bad (a FIFO, a hung mount)."""
+    skip_shards: dict[str, str] = field(default_factory=dict)
+    """Shard file names left out of the job -> why (`ups launch precompute --skip-bad-shards`
+    fills it from the launch check); the run then ends partial, naming them."""
 
     def validate(self) -> PrecomputeConfig:
         _check_tasks_and_splits(self.tasks, self.splits)
@@ -86,6 +91,7 @@ class PrecomputeConfig:
         _check(self.fallback_after >= 1, "fallback_after", self.fallback_after, ">= 1")
         _check(self.write_workers >= -1, "write_workers", self.write_workers, "-1 (auto), 0 or more")
         _check(self.write_timeout > 0, "write_timeout", self.write_timeout, "> 0 seconds")
+        _check(self.shard_open_timeout > 0, "shard_open_timeout", self.shard_open_timeout, "> 0 seconds")
         return self
 
     def latent_hash_parts(self) -> dict[str, Any]:

@@ -53,11 +53,14 @@ def main(argv: list[str] | None = None) -> int:
             stages.append({"stage": kind, "run_id": child.run_id, "state": m["state"], "summary": m.get("summary")})
             parent.update_manifest(stages=stages)
             rep.advance()
-            if m["state"] != "succeeded":
+            # With --skip-bad-shards the operator accepted a partial cache: train on the rest.
+            accepted = m["state"] == "partial" and kind == "precompute" and bool(pre_cfg.skip_shards)
+            if m["state"] != "succeeded" and not accepted:
                 print(f"pipeline: {kind} stage {child.run_id} {m['state']}: {m.get('summary')}; stopping", file=sys.stderr)
                 rep.fail(f"{kind} stage {m['state']}: {m.get('summary')}")
                 return 1
-            print(f"pipeline: {kind} stage {child.run_id} succeeded", file=sys.stderr)
+            print(f"pipeline: {kind} stage {child.run_id} {m['state']}"
+                  + (f" ({m.get('summary')}); going on with the rest (--skip-bad-shards)" if accepted else ""), file=sys.stderr)
     return 0
 
 

@@ -207,7 +207,7 @@ def _disable_torch_sigchld_handler() -> None:
 @dataclass
 class Quarantined:
     task_split: str
-    index: int
+    index: int | None  # None: a whole shard left out at launch (--skip-bad-shards)
     source: str
     reason: str
     stack_file: str | None = None
@@ -571,8 +571,10 @@ class PrecomputeJob:
         plans = []
         for task in cfg.tasks:
             for split in cfg.splits:
-                index = ShardIndex.discover(cfg.root, task, split)
+                index = ShardIndex.discover(cfg.root, task, split, skip=cfg.skip_shards)
                 plans.append((task, split, index))
+                for name in index.skipped:
+                    self.skip_shard(f"{task}_{split}", name, cfg.skip_shards[name])
         rep.phase("model.build")
         encoders: dict[str, tuple[torch.nn.Module, str]] = {}
         prepared = []
@@ -585,13 +587,16 @@ class PrecomputeJob:
                                     seed=cfg.seed, checkpoint=cfg.encoder_checkpoint).to(self.device)
                 encoders[task] = (enc, weights_hash(enc))
             enc, whash = encoders[task]
+            # Without the skipped shards, later samples sit at other indices: never mix such a
+            # cache with one written from every shard.
+            skipped = {"skipped_shards": list(index.skipped)} if index.skipped else {}
             hash_ = cache_mod.config_hash({**cfg.latent_hash_parts(), "task": task, "encoder": whash,
-                                           "sample_shape": list(index.sample_shape)})
+                                           "sample_shape": list(index.sample_shape), **skipped})
             folder = cache_mod.split_dir(cfg.cache_dir, task, split)
             meta = {"task": task, "split": split, "hash": hash_, "count": len(index), "encoder_hash": whash,
                     "dtype": cfg.cache_dtype, "sample_shape": list(index.sample_shape),
                     "latent_shape": [index.sample_shape[0], cfg.latent_tokens, cfg.latent_dim],
-                    "config": cfg.latent_hash_parts(), "source_root": str(Path(cfg.root).resolve())}
+                    "config": cfg.latent_hash_parts(), "source_root": str(Path(cfg.root).resolve()), **skipped}
             valid = cache_mod.prepare_split(folder, meta, overwrite=cfg.overwrite)
             todo = [i for i in range(len(index)) if i not in valid]
             already += len(valid)
@@ -620,8 +625,15 @@ class PrecomputeJob:
         self.close_writers()
         return self.summarize()
 
+    def skip_shard(self, key: str, name: str, reason: str) -> None:
+        """A shard left out at launch: named in the summary like a quarantined file."""
+        why = f"left out by --skip-bad-shards: {reason}"
+        self.state.quarantined.append(Quarantined(key, None, name, why))
+        self.event("quarantine", split=key, sample=name, index=None, reason=why, stack_file=None)
+        self.say(f"{key} {name} {why}")
+
     def _record_quarantine(self, folder: Path, key: str) -> None:
-        q = [x.index for x in self.state.quarantined if x.task_split == key]
+        q = [x.index for x in self.state.quarantined if x.task_split == key and x.index is not None]
         if q:
             meta = cache_mod.read_metadata(folder) or {}
             meta["quarantined"] = sorted(q)
@@ -633,7 +645,7 @@ class PrecomputeJob:
         st = self.state
         summary = {
             "total": self.total,
-            "cached": self.total - len(st.quarantined),
+            "cached": self.total - sum(q.index is not None for q in st.quarantined),
             "quarantined": [asdict(q) for q in st.quarantined],
             "worker_failures": st.worker_failures,
             "fallback": st.fallback_reason if st.fallback and self.cfg.num_workers else None,
@@ -643,7 +655,7 @@ class PrecomputeJob:
         self.event("summary", **summary)
         if st.quarantined:
             names = ", ".join(f"{q.task_split}:{q.source}" for q in st.quarantined[:10])
-            self.say(f"finished with {len(st.quarantined)} quarantined sample(s): {names}")
+            self.say(f"finished with {len(st.quarantined)} quarantined sample(s) or skipped shard(s): {names}")
             self.rep.done(exit_code=EXIT_PARTIAL)
             return EXIT_PARTIAL
         self.say(f"done: {self.total} samples cached")

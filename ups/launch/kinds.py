@@ -199,9 +199,11 @@ def python_outcome(view: RunView, end: End) -> Outcome:
 @register_finalizer("pipeline")
 def pipeline_outcome(view: RunView, end: End) -> Outcome:
     stages = (view.manifest or {}).get("stages") or []
-    text = ", ".join(f"{s['stage']} {s.get('state')}" for s in stages)
+    text = ", ".join(f"{s['stage']} {s.get('state')}" + (f" ({s.get('summary')})" if s.get("state") == "partial" else "")
+                     for s in stages)
     if end.terminated or end.returncode in STOPPED_CODES:
         return Outcome("killed", f"stopped; {text}")
-    if end.returncode == 0 and stages and all(s.get("state") == "succeeded" for s in stages):
-        return Outcome("succeeded", text)
+    # A partial stage the job went on from (precompute with --skip-bad-shards): partial.
+    if end.returncode == 0 and stages and all(s.get("state") in ("succeeded", "partial") for s in stages):
+        return Outcome("partial" if any(s.get("state") == "partial" for s in stages) else "succeeded", text)
     return Outcome("failed", text or describe_returncode(end.returncode))
