@@ -11,6 +11,7 @@ import time
 
 import typer
 
+from ups.cli.common import run_health
 from ups.format import HEALTH_STYLES, fmt_duration, fmt_progress, fmt_rate
 from ups.runs.rundir import FINAL_RUN_STATES, RunDir
 from ups.runs.view import RunView, load_run_view
@@ -20,7 +21,7 @@ EXIT_BY_STATE = {"succeeded": 0, "partial": 3, "failed": 1, "killed": 1}
 
 def _line(view: RunView) -> str:
     step, total = view.progress
-    worst = view.worst
+    worst = run_health(view)
     health = "" if worst is None else f"  {worst.health.value}" + (f" ({worst.reason})" if worst.health.is_problem else "")
     return (
         f"{view.state or '?'}  {fmt_progress(step, total)}  {fmt_rate(view.rate, view.unit)}"

@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ups.cli.app import app
-from ups.cli.common import JsonOption, RunArgument, RunsDirOption, default_runs_dir, print_json
+from ups.cli.common import (
+    JsonOption,
+    RunArgument,
+    RunsDirOption,
+    default_runs_dir,
+    print_json,
+    run_health,
+)
 from ups.errors import UpsError
 from ups.format import (
     HEALTH_STYLES,
@@ -63,7 +70,7 @@ def _console(stderr: bool = False):  # rich is imported lazily: ~30 ms we only p
 def run_row(view: RunView, now: float) -> dict:
     m = view.manifest or {}
     step, total = view.progress
-    worst = view.worst
+    worst = run_health(view)
     created = m.get("created_at")
     return {
         "id": view.run_id,
