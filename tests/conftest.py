@@ -37,7 +37,9 @@ def runs_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     from ups.runs.rundir import FINAL_RUN_STATES, list_runs
 
     for summary in list_runs(root, missing_ok=True):
-        if summary.state not in FINAL_RUN_STATES:
+        # Only runs a test launched (they have a launcher): a test may also write records of
+        # its own process into a run, and that run is no job to kill.
+        if summary.state not in FINAL_RUN_STATES and (summary.manifest or {}).get("launcher"):
             try:
                 run_ups("kill", str(summary.path), "--force", timeout=60)
             except Exception:  # noqa: BLE001 - teardown goes on

@@ -53,3 +53,35 @@ def run_ups(*args: str, env: dict[str, str] | None = None, timeout: float = 60, 
 
 def read_json(path: Path) -> dict:
     return json.loads(Path(path).read_text())
+
+
+RAW_NAMES = {
+    "advection1d": "1D_Advection_Sols_beta0.4.hdf5",
+    "burgers1d": "1D_Burgers_Sols_Nu0.01.hdf5",
+    "darcy2d": "2D_DarcyFlow_beta1.0_Train.hdf5",
+}
+
+
+def write_raw_pdebench(root: Path, task: str, samples: int, *, seed: int = 0, timesteps: int = 6, resolution: int = 32) -> Path:
+    """One file in the raw PDEBench layout, as downloaded: dataset ``tensor`` (N, T, X) or, for
+    Darcy, (N, 1, H, W) with the permeability in ``nu`` (N, H, W), plus coordinates."""
+    import h5py
+    import numpy as np
+
+    from ups.data.synth import SOLVERS
+
+    rng = np.random.default_rng(seed)
+    data, _, _ = SOLVERS[task](samples, timesteps, resolution, rng)  # the stack's layout: (..., C)
+    path = Path(root) / RAW_NAMES[task]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with h5py.File(path, "w") as f:
+        if task == "darcy2d":
+            f.create_dataset("nu", data=data[:, 0, ..., 0].astype(np.float32))
+            f.create_dataset("tensor", data=data[..., 1].astype(np.float32))
+            f.create_dataset("x-coordinate", data=np.linspace(0, 1, resolution, dtype=np.float32))
+            f.create_dataset("y-coordinate", data=np.linspace(0, 1, resolution, dtype=np.float32))
+        else:
+            f.create_dataset("tensor", data=data[..., 0].astype(np.float32))
+            f.create_dataset("x-coordinate", data=np.linspace(0, 1, resolution, dtype=np.float32))
+            f.create_dataset("t-coordinate", data=np.linspace(0, 1, timesteps + 1, dtype=np.float32))
+    return path

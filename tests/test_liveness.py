@@ -124,3 +124,13 @@ def test_kill_rank_terminates_and_logs_the_action(procs, runs_root, force):
     sig_events = [e for e in run.read_events() if e["event"] == "signal"]
     assert sig_events and sig_events[0]["reason"] == "drill" and sig_events[0]["actor"].startswith("cli:")
     assert sig_events[0]["signal"] == ("SIGKILL" if force else "SIGTERM")
+
+
+def test_kill_never_signals_its_own_process_or_an_ancestor(runs_root):
+    """A record naming the very process that runs `ups kill` (or its parent) is refused."""
+    from ups.status.reporter import Reporter
+
+    run = RunDir.create(runs_root, "test")
+    with Reporter(run.path, rank=0, interval=0.2):  # this test process's own record
+        res = run_ups("kill", str(run.path), "--rank", "0", "--force")
+    assert res.returncode == 2 and "refusing to signal it" in res.stderr and "Traceback" not in res.stderr

@@ -8,12 +8,15 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import run_ups, wait_for
+import torch
+from helpers import run_ups, wait_for, write_raw_pdebench
 
 from ups.data.synth import synthesize
 from ups.faults import Faults
 from ups.jobs import precompute as pre
-from ups.jobs.config import PrecomputeConfig
+from ups.jobs import train as train_mod
+from ups.jobs.config import PrecomputeConfig, TrainConfig
+from ups.models.encoder import SteadyMapEncoder, build_encoder
 from ups.runs.rundir import RunDir, list_runs
 from ups.status.reader import read_status_dir
 from ups.status.reporter import NullReporter
@@ -211,3 +214,96 @@ def test_more_ranks_than_gpus_trains_on_cpu_under_auto_and_is_refused_under_cuda
     run = RunDir(json.loads(res.stdout)["run_dir"])
     wait_for(lambda: run.read_manifest()["state"] in FINAL, 120, message="the CPU training run to end")
     assert run.read_manifest()["state"] == "succeeded" and run.read_manifest()["config"]["device"] == "cpu"
+
+
+# ------------------------------------------------------------- tasks of different shapes
+@pytest.fixture(scope="module")
+def two_task_cache(tmp_path_factory) -> Path:
+    """The stack's 2-task baseline from raw PDEBench files: advection (T=6) and Darcy (steady)."""
+    root = tmp_path_factory.mktemp("two_task")
+    write_raw_pdebench(root / "raw", "advection1d", 10, seed=1, timesteps=6, resolution=32)
+    write_raw_pdebench(root / "raw", "darcy2d", 20, seed=2, resolution=16)
+    cfg = PrecomputeConfig(root=str(root / "raw"), tasks=["advection1d", "darcy2d"], cache_dir=str(root / "cache"),
+                           num_workers=0, device="cpu").validate()
+    pre.PrecomputeJob(cfg, NullReporter(), Faults()).execute()
+    return root / "cache"
+
+
+def test_advection_and_steady_darcy_train_together_one_task_per_step(two_task_cache, tmp_path, runs_root):
+    config = tmp_path / "two.yaml"
+    config.write_text(QUICK.replace("batch_size: 8", "batch_size: 4"))
+    res = run_ups("launch", "train", "--cache-dir", str(two_task_cache), "--tasks", "advection1d", "--tasks", "darcy2d",
+                  "--config", str(config), "--nproc", "2", timeout=180)
+    run = RunDir(json.loads(run_ups("runs", "--json").stdout)["runs"][0]["path"])
+    assert res.returncode == 0, res.stderr + run.log_path("job").read_text()[-3000:]
+    assert run.read_manifest()["state"] == "succeeded"
+    recs = rank_records(run)
+    assert {r: recs[r].state for r in recs} == {0: "done", 1: "done"}
+    # 40 advection pairs and 16 Darcy (coefficient -> solution) pairs, dealt to 2 ranks in batches of 4:
+    # 5 + 2 batches an epoch. Both ranks trained the same task at every step, so they count alike.
+    m0, m1 = recs[0].metrics, recs[1].metrics
+    counts = {t: m0[f"steps_{t}"] for t in ("advection1d", "darcy2d")}
+    assert counts == {t: m1[f"steps_{t}"] for t in counts} and sum(counts.values()) == 12 and min(counts.values()) >= 2
+    assert m0["eval_loss_darcy2d"] > 0 and m0["eval_loss_advection1d"] > 0
+    assert "56 pairs (advection1d 40, darcy2d 16), 2 rank(s)" in run.log_path("job").read_text()
+
+
+def test_steady_task_is_cached_as_coefficient_then_solution(two_task_cache):
+    meta = json.loads((two_task_cache / "darcy2d_train" / ".cache_metadata.json").read_text())
+    assert meta["frames"] == "coefficient,solution" and meta["latent_shape"] == [2, 16, 32]
+    assert json.loads((two_task_cache / "advection1d_train" / ".cache_metadata.json").read_text())["latent_shape"][0] == 6
+    # Frame 0 sees the coefficient alone: another solution on the same permeability leaves it as it was.
+    enc = build_encoder(2, 2, latent_tokens=4, latent_dim=8)
+    steady = SteadyMapEncoder(enc, input_channels=1)
+    fields = torch.randn(3, 1, 8, 8, 2)
+    other = fields.clone()
+    other[..., 1] = torch.randn(3, 1, 8, 8)
+    with torch.no_grad():
+        a, b = steady(fields), steady(other)
+        assert a.shape == (3, 2, 4, 8)
+        assert torch.equal(a[:, 0], b[:, 0]) and not torch.allclose(a[:, 1], b[:, 1])
+        assert torch.allclose(a[:, 1], enc(fields)[:, 0])
+
+
+def test_steady_cache_without_its_coefficient_frame_is_refused_in_one_line(two_task_cache, tmp_path):
+    import shutil
+
+    old = tmp_path / "cache"
+    shutil.copytree(two_task_cache, old)
+    meta_path = old / "darcy2d_train" / ".cache_metadata.json"
+    meta = json.loads(meta_path.read_text())
+    del meta["frames"]  # as the precompute wrote Darcy before steady tasks: one latent frame of (a, u)
+    meta["latent_shape"] = [1, 16, 32]
+    meta_path.write_text(json.dumps(meta))
+    cfg = TrainConfig(cache_dir=str(old), tasks=["advection1d", "darcy2d"]).validate()
+    with pytest.raises(train_mod.UpsError, match=r"darcy2d is a steady task.*--tasks darcy2d --overwrite"):
+        train_mod.check_cache(cfg)
+
+
+def test_task_batches_follow_one_schedule_on_every_rank():
+    sizes, world = [40, 16, 3], 2
+    ranks = [train_mod.TaskBatchSampler(sizes, 4, rank=r, world=world, seed=7) for r in range(world)]
+    assert ranks[0].batches_per_task == [5, 2, 0] and len(ranks[0]) == 7
+    orders = set()
+    for epoch in (0, 1):
+        for s in ranks:
+            s.set_epoch(epoch)
+        batches = [list(s) for s in ranks]
+        tasks = [[{t for t, _ in b} for b in rank_batches] for rank_batches in batches]
+        assert tasks[0] == tasks[1] and all(len(t) == 1 for t in tasks[0])  # one task a step, the same on both
+        orders.add(tuple(next(iter(t)) for t in tasks[0]))
+        for task, n in enumerate(sizes):
+            seen = [[k for b in rank_batches for t, k in b if t == task] for rank_batches in batches]
+            assert not set(seen[0]) & set(seen[1]) and all(0 <= k < n for k in seen[0] + seen[1])
+    assert len(orders) == 2  # reshuffled each epoch
+
+
+def test_ranks_on_different_tasks_are_caught_by_the_step_all_reduce():
+    class TwoRanks:
+        rank, world = 1, 2
+
+    same = torch.tensor([0.0, 0.5, 1.0 + 1.0, 1.0 + 1.0])
+    train_mod.check_same_task(same, 1, TwoRanks(), 3, ["advection1d", "darcy2d"])
+    split = torch.tensor([0.0, 0.5, 0.0 + 1.0, 0.0 + 1.0])
+    with pytest.raises(train_mod.TrainError, match="step 3: ranks trained different tasks"):
+        train_mod.check_same_task(split, 1, TwoRanks(), 3, ["advection1d", "darcy2d"])

@@ -36,10 +36,39 @@ app = typer.Typer(
         "is stuck, and kill it or fall back to num_workers=0."
     ),
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish, PowerShell)
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def version_text() -> str:
+    """``ups X (python Y, torch Z)``: the versions a bug report needs, read from the installed
+    packages' metadata (importing torch would cost seconds)."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return f"ups {of('ups')} (python {platform.python_version()}, torch {of('torch')})"
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(version_text())
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", "-V", help="Print the version of ups (and of python and torch) and exit.",
+                                 callback=_show_version, is_eager=True),
+) -> None:
+    """Options of `ups` itself, before any command (its help text is the app's)."""
 
 
 def _register() -> None:

@@ -61,3 +61,40 @@ def cli_actor() -> str:
     except (KeyError, OSError):
         user = str(os.getuid())
     return f"cli:{user}"
+
+
+def comma_list(values: list[str] | None) -> list[str] | None:
+    """``--tasks a,b`` as well as ``--tasks a --tasks b`` (and both mixed)."""
+    if values is None:
+        return None
+    items = [v.strip() for value in values for v in value.split(",") if v.strip()]
+    if not items:
+        raise typer.BadParameter("names nothing (give a name, or a comma list: a,b)")
+    return items
+
+
+def _complete(names: tuple[str, ...]):
+    """Shell completion of a comma list: completes the name after the last comma."""
+
+    def complete(incomplete: str) -> list[str]:
+        head, _, last = incomplete.rpartition(",")
+        done = set(head.split(",")) if head else set()
+        return [f"{head},{n}" if head else n for n in names if n.startswith(last) and n not in done]
+
+    return complete
+
+
+def tasks_option(help: str, **kwargs: Any) -> Any:
+    """``--tasks``: repeatable or a comma list, task names completed by the shell."""
+    from ups.data.tasks import TASKS
+
+    return typer.Option("--tasks", help=f"{help} Repeat it or give a comma list: advection1d,darcy2d.",
+                        callback=comma_list, autocompletion=_complete(tuple(TASKS)), **kwargs)
+
+
+def splits_option(help: str = "Split(s): train, val, test.", **kwargs: Any) -> Any:
+    """``--splits``: repeatable or a comma list (train,val)."""
+    from ups.data.tasks import SPLITS
+
+    return typer.Option("--splits", help=f"{help} Repeat it or give a comma list: train,val.",
+                        callback=comma_list, autocompletion=_complete(SPLITS), **kwargs)

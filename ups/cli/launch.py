@@ -14,7 +14,14 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperCommand
 
-from ups.cli.common import JsonOption, RunsDirOption, default_runs_dir, print_json
+from ups.cli.common import (
+    JsonOption,
+    RunsDirOption,
+    default_runs_dir,
+    print_json,
+    splits_option,
+    tasks_option,
+)
 from ups.errors import UpsError
 
 launch_app = typer.Typer(
@@ -105,8 +112,8 @@ def validate_launch_faults(inject: list[str] | None, job_faults: tuple[str, ...]
 @launch_app.command("precompute")
 def launch_precompute(
     root: Annotated[str | None, typer.Option("--root", help="Folder with the HDF5 shards.")] = None,
-    tasks: Annotated[list[str] | None, typer.Option("--tasks", help="Task(s): advection1d, burgers1d, darcy2d.")] = None,
-    splits: Annotated[list[str] | None, typer.Option("--splits", help="Split(s): train, val, test.")] = None,
+    tasks: Annotated[list[str] | None, tasks_option("Task(s): advection1d, burgers1d, darcy2d.")] = None,
+    splits: Annotated[list[str] | None, splits_option()] = None,
     cache_dir: Annotated[str | None, typer.Option("--cache-dir", help="Where the latent cache goes.")] = None,
     config: ConfigOption = None,
     num_workers: Annotated[int | None, typer.Option("--num-workers", help="DataLoader workers; 0 = no worker processes.")] = None,
@@ -256,7 +263,7 @@ def resolve_train_device(cfg: Any, nproc: int) -> None:
 @launch_app.command("train")
 def launch_train(
     cache_dir: Annotated[str | None, typer.Option("--cache-dir", help="Latent cache root from the precompute.")] = None,
-    tasks: Annotated[list[str] | None, typer.Option("--tasks", help="Task(s) whose caches to train on.")] = None,
+    tasks: Annotated[list[str] | None, tasks_option("Task(s) whose caches to train on, one task per step.")] = None,
     config: ConfigOption = None,
     nproc: Annotated[int, typer.Option("--nproc", help="Ranks on this node.")] = 2,
     steps: Annotated[int | None, typer.Option("--steps", help="Optimizer steps.")] = None,
@@ -277,6 +284,10 @@ def launch_train(
     and every rank's final record says done, otherwise failed naming the first failing
     rank, its signal or exception, and its last phase.
 
+    Several tasks train one operator: each step takes a batch of one task, the same task
+    on every rank; a time-dependent task (advection1d, burgers1d) learns one time step, a
+    steady one (darcy2d) the map from its coefficient to its solution.
+
     Faults (--inject): segv:rank=R,phase=P  oom:rank=R,step=S  hang:rank=R,step=S
     skip_collective:rank=R,step=S.
     """
@@ -291,9 +302,9 @@ def launch_train(
 @launch_app.command("pipeline")
 def launch_pipeline(
     root: Annotated[str, typer.Option("--root", help="Folder with the HDF5 shards.")],
-    tasks: Annotated[list[str], typer.Option("--tasks", help="Task(s) to precompute and train on.")],
+    tasks: Annotated[list[str], tasks_option("Task(s) to precompute and train on.")],
     cache_dir: Annotated[str, typer.Option("--cache-dir", help="Where the latent cache goes.")],
-    splits: Annotated[list[str] | None, typer.Option("--splits")] = None,
+    splits: Annotated[list[str] | None, splits_option()] = None,
     num_workers: Annotated[int | None, typer.Option("--num-workers", help="Precompute DataLoader workers.")] = None,
     nproc: Annotated[int, typer.Option("--nproc", help="Training ranks.")] = 2,
     steps: Annotated[int | None, typer.Option("--steps", help="Training steps.")] = None,

@@ -33,9 +33,14 @@ from ups.format import (
 )
 
 if TYPE_CHECKING:  # the run/status modules load only when a command runs (fast --help)
+    from rich.text import Text
+
     from ups.runs.view import ProcessView, RunView
     from ups.status.record import StatusRecord
 
+WideOption = Annotated[
+    bool, typer.Option("--wide", help="Every column whole, one line per row however long (for a pipe or a wide terminal).")
+]
 RankOption = Annotated[int | None, typer.Option("--rank", "-r", help="Rank to target (default: see command).")]
 WorkerOption = Annotated[
     int | None, typer.Option("--worker", "-w", help="DataLoader worker id of that rank (rank 0 if no --rank).")
@@ -76,9 +81,15 @@ def run_row(view: RunView, now: float) -> dict:
 
 
 @app.command("runs")
-def runs_cmd(ctx: typer.Context, runs_dir: RunsDirOption = default_runs_dir(), json: JsonOption = False) -> None:
+def runs_cmd(
+    ctx: typer.Context,
+    runs_dir: RunsDirOption = default_runs_dir(),
+    json: JsonOption = False,
+    wide: WideOption = False,
+) -> None:
     """List runs, newest first: kind, state, age, progress, throughput, worst health.
 
+    One line per run: what does not fit the terminal is cut short (--wide shows it all).
     A run folder whose run.json is missing or corrupt is listed with its problem. A runs
     folder named with --runs-dir or UPS_RUNS_DIR must exist; the default ./runs may not yet.
     """
@@ -103,10 +114,11 @@ def runs_cmd(ctx: typer.Context, runs_dir: RunsDirOption = default_runs_dir(), j
 
     table = Table(box=None, header_style="bold", pad_edge=False)
     for col in ("RUN", "STATE", "AGE", "PROGRESS", "HEALTH"):
-        table.add_column(col, no_wrap=col != "HEALTH")
+        # PROGRESS and HEALTH give way when the terminal is narrow; their cells never wrap.
+        table.add_column(col, no_wrap=col not in ("PROGRESS", "HEALTH"))
     for r in rows:
         if r["problem"]:
-            table.add_row(r["id"], Text("unreadable", "red"), fmt_age(r["age"]), "-", Text(r["problem"], "red"))
+            table.add_row(r["id"], Text("unreadable", "red"), fmt_age(r["age"]), "-", _one_line(Text(r["problem"], "red")))
             continue
         health = r["health"] or "-"
         cell = Text(health, HEALTH_STYLES.get(health, ""))
@@ -116,8 +128,29 @@ def runs_cmd(ctx: typer.Context, runs_dir: RunsDirOption = default_runs_dir(), j
         progress = fmt_progress(r["step"], r["total"])
         if r["rate"] and state == "running":
             progress += f" {fmt_rate(r['rate'], r['unit'])}"
-        table.add_row(r["id"], Text(state, STATE_STYLES.get(state, "")), fmt_age(r["age"]), progress, cell)
-    _console().print(table)
+        table.add_row(r["id"], Text(state, STATE_STYLES.get(state, "")), fmt_age(r["age"]), _one_line(Text(progress)), _one_line(cell))
+    _print_fitted(table, wide=wide)
+
+
+def _one_line(text: Text) -> Text:
+    """A cell that is cut short with an ellipsis instead of wrapping onto more lines."""
+    text.no_wrap, text.overflow = True, "ellipsis"
+    return text
+
+
+def _print_fitted(renderable, *, wide: bool) -> None:
+    """Print at the terminal's width (80 in a pipe); --wide: as wide as the content needs,
+    one line per row however long (a terminal folds it, a pipe or a file keeps it)."""
+    console = _console()
+    if wide:
+        console.width = max(console.width, _natural_width(console, renderable))
+    console.print(renderable)
+
+
+def _natural_width(console, renderable) -> int:
+    from rich.measure import Measurement
+
+    return Measurement.get(console, console.options.update(width=10_000), renderable).maximum
 
 
 # -------------------------------------------------------------------------------- status
@@ -183,9 +216,51 @@ def short_label(r: StatusRecord) -> str:
     return f"  worker {r.worker}" if r.role == "worker" else r.label
 
 
-def render_status(view: RunView, nvml: dict[int, int]):
-    from rich.console import Group
+def _health_cell(p: ProcessView, *, reason: bool):
+    from rich.text import Text
+
+    h = p.verdict.health.value
+    return _one_line(Text.assemble((h, HEALTH_STYLES.get(h, "")), (f" {p.verdict.reason}" if reason else "", "dim")))
+
+
+def _progress_cell(r: StatusRecord) -> str:
+    """'-' for a process that has no progress to show (the launcher supervises, it counts nothing)."""
+    return "-" if r.role == "launcher" else fmt_progress(r.step, r.total)
+
+
+def process_table(view: RunView, nvml: dict[int, int], *, reasons: bool):
+    """One row per process, every cell on one line. Without ``reasons`` (a narrow terminal)
+    the HEALTH column holds the word alone and never gives way; rates drop their unit (the
+    header line has it) and the other long cells are cut short first."""
     from rich.table import Table
+    from rich.text import Text
+
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    yielding = ("PHASE", "PROGRESS", "RATE", "GPU") if not reasons else ("GPU", "HEALTH")
+    for col in ("PROCESS", "PID", "PHASE", "PROGRESS", "RATE", "HB/PROG", "GPU", "HEALTH"):
+        table.add_column(col, no_wrap=col not in yielding)
+    for p in view.processes:
+        r = p.record
+        table.add_row(
+            short_label(r),
+            str(r.pid),
+            _one_line(Text(r.phase)),
+            _one_line(Text(_progress_cell(r))),
+            _one_line(Text(fmt_rate(r.rate, r.unit if reasons else ""))),
+            f"{fmt_age(p.heartbeat_age)}/{fmt_age(p.progress_age)}" if r.state == "running" else "-",
+            _one_line(Text(_gpu_cell(p, nvml))),
+            _health_cell(p, reason=reasons),
+        )
+    return table
+
+
+def render_status(view: RunView, nvml: dict[int, int], *, width: int | None = None, wide: bool = False):
+    """The run's header, one line per process, and unreadable files.
+
+    The HEALTH column holds the word and its reason when the table fits in ``width``
+    (or ``wide``); otherwise the word alone, and the reason of every process in trouble
+    follows the table, one line each, whole."""
+    from rich.console import Group
     from rich.text import Text
 
     m = view.manifest or {}
@@ -196,7 +271,7 @@ def render_status(view: RunView, nvml: dict[int, int]):
         (view.run_id, "bold"),
         f"  {m.get('kind', '?')}  ",
         (state, STATE_STYLES.get(state, "")),
-        f"  elapsed {elapsed}  progress {fmt_progress(*view.progress)}"
+        f"  elapsed {elapsed}\nprogress {fmt_progress(*view.progress)}"
         f"  {fmt_rate(view.rate, view.unit)}  eta {fmt_duration(view.eta_s)}",
     )
     parts: list = [head]
@@ -204,23 +279,16 @@ def render_status(view: RunView, nvml: dict[int, int]):
         parts.append(Text(view.manifest_problem, style="red"))
     if m.get("summary"):
         parts.append(Text(f"summary: {m['summary']}"))
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    for col in ("PROCESS", "PID", "PHASE", "PROGRESS", "RATE", "HB/PROG", "GPU", "HEALTH"):
-        table.add_column(col, no_wrap=col not in ("HEALTH", "GPU"))
-    for p in view.processes:
-        r = p.record
-        h = p.verdict.health.value
-        table.add_row(
-            short_label(r),
-            str(r.pid),
-            r.phase,
-            fmt_progress(r.step, r.total),
-            fmt_rate(r.rate, r.unit),
-            f"{fmt_age(p.heartbeat_age)}/{fmt_age(p.progress_age)}" if r.state == "running" else "-",
-            _gpu_cell(p, nvml),
-            Text.assemble((h, HEALTH_STYLES.get(h, "")), (f" {p.verdict.reason}", "dim")),
-        )
+    table = process_table(view, nvml, reasons=True)
+    below: list = []
+    if not wide and width is not None and _natural_width(_console(), table) > width:
+        table = process_table(view, nvml, reasons=False)
+        for p in view.processes:
+            if p.verdict.health.is_problem:
+                h = p.verdict.health.value
+                below.append(Text.assemble(f"{p.record.label}: ", (h, HEALTH_STYLES.get(h, "")), f": {p.verdict.reason}"))
     parts.append(table)
+    parts.extend(below)
     for prob in view.problems:
         parts.append(Text(f"unreadable status file {prob.file}: {prob.problem}", style="yellow"))
     if not view.processes and not view.problems:
@@ -233,6 +301,7 @@ def status_cmd(
     run: RunArgument = None,
     runs_dir: RunsDirOption = default_runs_dir(),
     json: JsonOption = False,
+    wide: WideOption = False,
     watch: Annotated[bool, typer.Option("--watch", help="Redraw every second until Ctrl-C.")] = False,
     interval: Annotated[float, typer.Option(help="Seconds between redraws with --watch.")] = 1.0,
 ) -> None:
@@ -240,7 +309,9 @@ def status_cmd(
 
     Health is a word and a reason: starting, ok, slow (below half the peers' median rate),
     stalled (heartbeat alive, no progress), unresponsive (no heartbeat, pid alive: blocked
-    in a C call or stopped), dead (pid gone or reused), done, failed.
+    in a C call or stopped), dead (pid gone or reused), done, failed. Each process stays on
+    one line; when the reasons do not fit the terminal, the reasons of processes in trouble
+    follow the table (--wide keeps every reason in its row).
 
     --json prints {"run": manifest, "processes": [...]} (schema in docs/status-json.md).
     """
@@ -252,17 +323,18 @@ def status_cmd(
     if json:
         print_json(status_payload(load_settled_view(rd), _gpu_by_pid()))
         return
+    width = _console().width
     if not watch:
         view = load_settled_view(rd)
         _hint_unsupervised([view])
-        _console().print(render_status(view, _gpu_by_pid()))
+        _print_fitted(render_status(view, _gpu_by_pid(), width=width, wide=wide), wide=wide)
         return
     from rich.live import Live
 
-    with Live(render_status(load_settled_view(rd), {}), auto_refresh=False, screen=False) as live:
+    with Live(render_status(load_settled_view(rd), {}, width=width, wide=wide), auto_refresh=False, screen=False) as live:
         try:
             while True:
-                live.update(render_status(load_settled_view(rd), _gpu_by_pid()), refresh=True)
+                live.update(render_status(load_settled_view(rd), _gpu_by_pid(), width=width, wide=wide), refresh=True)
                 time.sleep(interval)
         except KeyboardInterrupt:
             pass

@@ -7,6 +7,12 @@ Two layouts are read:
   (N, T, H, W, C) for 2D, plus optional ``params`` (N, P) and ``bc`` (N, B);
 * raw PDEBench files (dataset ``tensor``, with ``x-coordinate`` / ``t-coordinate``), found by
   the task's ``raw_glob`` and split by index range, since PDEBench files carry no split.
+
+A *steady* task (Darcy flow) has one frame per sample and no time to step through: its first
+``input_channels`` channels are the coefficient (Darcy's permeability, PDEBench's ``nu``) and
+the rest the solution. It is cached as two latent frames, coefficient alone then the whole
+field (:class:`ups.models.encoder.SteadyMapEncoder`), and trained as the map from the first
+to the second; a time-dependent task is trained on consecutive frames.
 """
 
 from __future__ import annotations
@@ -26,7 +32,13 @@ class TaskSpec:
     spatial_dims: int  # 1 or 2
     channels: int
     raw_glob: str  # raw PDEBench file pattern under the root
-    raw_extra_channel: str | None = None  # raw dataset appended as a channel (darcy's "nu")
+    raw_extra_channel: str | None = None  # raw dataset prepended as a channel (darcy's "nu")
+    input_channels: int = 0  # steady task: leading channels that are the coefficient (0: time-dependent)
+
+    @property
+    def steady(self) -> bool:
+        """One frame per sample, trained as a map coefficient -> solution (not a time step)."""
+        return self.input_channels > 0
 
     @property
     def data_rank(self) -> int:
@@ -37,7 +49,7 @@ class TaskSpec:
 TASKS: dict[str, TaskSpec] = {
     "advection1d": TaskSpec("advection1d", 1, 1, "1D_Advection_Sols_*.hdf5"),
     "burgers1d": TaskSpec("burgers1d", 1, 1, "1D_Burgers_Sols_*.hdf5"),
-    "darcy2d": TaskSpec("darcy2d", 2, 2, "2D_DarcyFlow_*.hdf5", raw_extra_channel="nu"),
+    "darcy2d": TaskSpec("darcy2d", 2, 2, "2D_DarcyFlow_*.hdf5", raw_extra_channel="nu", input_channels=1),
 }
 
 

@@ -39,12 +39,12 @@ import torch
 
 from ups.data import cache as cache_mod
 from ups.data.shards import DataError, SampleReader, ShardIndex
-from ups.data.tasks import get_task
+from ups.data.tasks import TaskSpec, get_task
 from ups.errors import UpsError
 from ups.faults import Fault, Faults
 from ups.jobs.config import PrecomputeConfig, parse_job_args
 from ups.jobs.writers import CacheWriters, write_batch
-from ups.models.encoder import build_encoder, weights_hash
+from ups.models.encoder import SteadyMapEncoder, build_encoder, weights_hash
 from ups.runs.rundir import RunDir
 from ups.status.reporter import ENV_RUN_DIR, NullReporter, Reporter
 
@@ -582,20 +582,24 @@ class PrecomputeJob:
         for task, split, index in plans:
             spec = get_task(task)
             channels = index.sample_shape[-1]
+            frames = steady_frames(spec, index)
             if task not in encoders:
                 enc = build_encoder(channels, spec.spatial_dims, latent_tokens=cfg.latent_tokens, latent_dim=cfg.latent_dim,
                                     seed=cfg.seed, checkpoint=cfg.encoder_checkpoint).to(self.device)
-                encoders[task] = (enc, weights_hash(enc))
+                whash = weights_hash(enc)
+                encoders[task] = (SteadyMapEncoder(enc, spec.input_channels) if frames else enc, whash)
             enc, whash = encoders[task]
-            # Without the skipped shards, later samples sit at other indices: never mix such a
-            # cache with one written from every shard.
+            # Without the skipped shards, later samples sit at other indices; a steady cache holds
+            # other frames than an older one of the same data: either way another hash, never mixed.
             skipped = {"skipped_shards": list(index.skipped)} if index.skipped else {}
             hash_ = cache_mod.config_hash({**cfg.latent_hash_parts(), "task": task, "encoder": whash,
-                                           "sample_shape": list(index.sample_shape), **skipped})
+                                           "sample_shape": list(index.sample_shape), **({"frames": frames} if frames else {}),
+                                           **skipped})
             folder = cache_mod.split_dir(cfg.cache_dir, task, split)
             meta = {"task": task, "split": split, "hash": hash_, "count": len(index), "encoder_hash": whash,
                     "dtype": cfg.cache_dtype, "sample_shape": list(index.sample_shape),
-                    "latent_shape": [index.sample_shape[0], cfg.latent_tokens, cfg.latent_dim],
+                    "latent_shape": [2 if frames else index.sample_shape[0], cfg.latent_tokens, cfg.latent_dim],
+                    "frames": frames or "time",
                     "config": cfg.latent_hash_parts(), "source_root": str(Path(cfg.root).resolve()), **skipped}
             valid = cache_mod.prepare_split(folder, meta, overwrite=cfg.overwrite)
             todo = [i for i in range(len(index)) if i not in valid]
@@ -660,6 +664,17 @@ class PrecomputeJob:
             return EXIT_PARTIAL
         self.say(f"done: {self.total} samples cached")
         return EXIT_OK
+
+
+def steady_frames(spec: TaskSpec, index: ShardIndex) -> str | None:
+    """What a steady task's two latent frames hold; None for a time-dependent task (its
+    frames are time steps). A steady task's files must hold one frame per sample."""
+    if not spec.steady:
+        return None
+    if index.sample_shape[0] != 1:
+        raise DataError(f"{index.shards[0].path}: {spec.name} is a steady task (one frame per sample), "
+                        f"but its samples have {index.sample_shape[0]} frames")
+    return "coefficient,solution"
 
 
 def _auto_write_workers() -> int:

@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from ups.data import cache as cache_mod
+from ups.data.tasks import get_task
 from ups.errors import UpsError
 from ups.faults import Faults
 from ups.jobs.config import TrainConfig, parse_job_args
@@ -48,26 +49,48 @@ class TrainError(UpsError):
 
 
 # ----------------------------------------------------------------------------- data
-def cache_folders(cfg: TrainConfig) -> list[Path]:
-    return [cache_mod.split_dir(cfg.cache_dir, t, s) for t in cfg.tasks for s in cfg.splits]
+def cache_folders(cfg: TrainConfig) -> dict[str, list[Path]]:
+    """Each task's cache folders, one per split."""
+    return {t: [cache_mod.split_dir(cfg.cache_dir, t, s) for s in cfg.splits] for t in cfg.tasks}
 
 
-def check_cache(cfg: TrainConfig) -> list[Path]:
-    """Refuse a cache that ``ups cache verify`` would fail; the folders to train on."""
-    folders = cache_folders(cfg)
-    for folder in folders:
-        if not folder.is_dir():
-            raise UpsError(f"{folder}: no latent cache (run `ups launch precompute` for it first)")
-        problems, _ = cache_mod.verify_cache(folder)
-        if problems:
-            raise UpsError(f"{folder}: cache fails verification ({len(problems)} problem(s), first: {problems[0]}); see `ups cache verify`")
-    return folders
+def check_cache(cfg: TrainConfig) -> dict[str, list[Path]]:
+    """Refuse a cache that ``ups cache verify`` would fail, or that cannot be trained on as
+    cached (a steady task cached without its coefficient frame, shapes that disagree); each
+    task's folders to train on."""
+    by_task = cache_folders(cfg)
+    shapes: dict[str, tuple[int, ...]] = {}
+    for task, folders in by_task.items():
+        for folder in folders:
+            if not folder.is_dir():
+                raise UpsError(f"{folder}: no latent cache (run `ups launch precompute` for it first)")
+            problems, _ = cache_mod.verify_cache(folder)
+            if problems:
+                raise UpsError(f"{folder}: cache fails verification ({len(problems)} problem(s), first: {problems[0]}); see `ups cache verify`")
+            meta = cache_mod.read_metadata(folder) or {}
+            shape = tuple(meta.get("latent_shape") or ())
+            if get_task(task).steady and meta.get("frames") != "coefficient,solution":
+                raise UpsError(f"{folder}: {task} is a steady task, trained as coefficient -> solution, but this cache "
+                               f"holds {shape[0] if shape else '?'} latent frame(s) without the coefficient alone; "
+                               f"rerun `ups launch precompute --tasks {task} --overwrite`")
+            if shapes.setdefault(task, shape) != shape:
+                raise UpsError(f"caches of {task} disagree on latent shape: {shapes[task]} vs {shape} in {folder}")
+    token_shapes = {t: s[1:] for t, s in shapes.items()}
+    if len(set(token_shapes.values())) > 1:
+        raise UpsError(f"caches disagree on latent tokens x dim ({token_shapes}): one operator trains on all tasks, "
+                       "so precompute them with the same --latent-tokens and --latent-dim")
+    return by_task
 
 
-class LatentPairs(torch.utils.data.Dataset):
-    """(z_t, z_t+1) pairs over every cached sample, from RAM or read from disk per item."""
+class TaskPairs(torch.utils.data.Dataset):
+    """(input, target) latent pairs of one task, from RAM or read from disk per item.
 
-    def __init__(self, files: list[Path], in_ram: bool) -> None:
+    Consecutive frames: (z_t, z_t+1) for a time-dependent task; for a steady task, whose
+    cache holds (coefficient, solution) frames, the one pair coefficient -> solution.
+    """
+
+    def __init__(self, task: str, files: list[Path], in_ram: bool) -> None:
+        self.task = task
         self.files = files
         first = cache_mod.read_sample(files[0])["latent"]
         self.steps = first.shape[0] - 1
@@ -85,18 +108,74 @@ class LatentPairs(torch.utils.data.Dataset):
         return z[t].float(), z[t + 1].float()
 
 
-def load_pairs(cfg: TrainConfig, folders: list[Path]) -> LatentPairs:
+class MultiTaskPairs(torch.utils.data.Dataset):
+    """Pairs of every task, addressed as (task id, index in that task)."""
+
+    def __init__(self, tasks: list[TaskPairs]) -> None:
+        self.tasks = tasks
+        self.names = [t.task for t in tasks]
+        self.token_shape = tasks[0].token_shape
+
+    def __len__(self) -> int:
+        return sum(len(t) for t in self.tasks)
+
+    def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, int]:
+        task, k = key
+        x, y = self.tasks[task][k]
+        return x, y, task
+
+
+class TaskBatchSampler(torch.utils.data.Sampler):
+    """Batches of one task at a time, on the same schedule on every rank.
+
+    Each epoch, each task's pairs are shuffled with (seed, epoch, task) and dealt out to the
+    ranks as DistributedSampler does (the tail that does not divide evenly is dropped), then
+    cut into full batches. The order of tasks over the epoch is shuffled with (seed, epoch)
+    alone. Every input is the same on every rank, so step k trains the same task everywhere
+    (the step's all-reduce checks it) while each rank reads its own share of that task.
+    """
+
+    def __init__(self, sizes: list[int], batch_size: int, *, rank: int = 0, world: int = 1, seed: int = 0) -> None:
+        self.sizes, self.batch_size, self.rank, self.world, self.seed = sizes, batch_size, rank, world, seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    @property
+    def batches_per_task(self) -> list[int]:
+        return [n // self.world // self.batch_size for n in self.sizes]
+
+    def schedule(self) -> list[int]:
+        """The task of each step of this epoch (a function of seed, epoch and sizes only)."""
+        order = [t for t, n in enumerate(self.batches_per_task) for _ in range(n)]
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        return [order[i] for i in torch.randperm(len(order), generator=g).tolist()]
+
+    def __iter__(self):
+        mine = []
+        for t, n in enumerate(self.sizes):
+            g = torch.Generator().manual_seed((self.seed * 1_000_003 + self.epoch) * 101 + t + 1)
+            perm = torch.randperm(n, generator=g)
+            share = perm[: n - n % self.world][self.rank :: self.world].tolist()
+            mine.append(iter([share[b : b + self.batch_size] for b in range(0, len(share) - self.batch_size + 1, self.batch_size)]))
+        for t in self.schedule():
+            yield [(t, k) for k in next(mine[t])]
+
+    def __len__(self) -> int:
+        return sum(self.batches_per_task)
+
+
+def load_pairs(cfg: TrainConfig, by_task: dict[str, list[Path]]) -> MultiTaskPairs:
     import psutil
 
-    files = sorted(f for folder in folders for f in folder.glob("sample_*.pt"))
-    if not files:
-        raise UpsError(f"{cfg.cache_dir}: no cached samples for {cfg.tasks}/{cfg.splits}")
-    size = sum(f.stat().st_size for f in files)
+    files = {t: sorted(f for folder in folders for f in folder.glob("sample_*.pt")) for t, folders in by_task.items()}
+    for task, found in files.items():
+        if not found:
+            raise UpsError(f"{cfg.cache_dir}: no cached samples for {task}/{cfg.splits}")
+    size = sum(f.stat().st_size for found in files.values() for f in found)
     in_ram = cfg.preload == "ram" or (cfg.preload == "auto" and size * RAM_MARGIN < psutil.virtual_memory().available)
-    shapes = {cache_mod.read_sample(f)["latent"].shape[1:] for f in (files[0], files[-1])}
-    if len(shapes) > 1:
-        raise UpsError(f"caches of {cfg.tasks} disagree on latent shape {sorted(map(tuple, shapes))}: train them separately")
-    return LatentPairs(files, in_ram)
+    return MultiTaskPairs([TaskPairs(t, found, in_ram) for t, found in files.items()])
 
 
 # ----------------------------------------------------------------------- distributed
@@ -126,6 +205,16 @@ class Dist:
     def destroy(self) -> None:
         if self.enabled and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def check_same_task(reduced: torch.Tensor, task: int, d: Dist, step: int, names: list[str]) -> None:
+    """After the step's all-reduce of [.., task, task^2]: every rank trained the same task
+    exactly when world * sum(t^2) == sum(t)^2 (zero variance). Every rank sees the same sums,
+    so every rank raises together: none is left waiting in the next collective."""
+    total, squares = reduced[2].item(), reduced[3].item()
+    if d.world * squares != total * total:
+        raise TrainError(f"step {step}: ranks trained different tasks (rank {d.rank}: {names[task]}; mean task id "
+                         f"{total / d.world:g}): do all ranks see the same cache?")
 
 
 # ---------------------------------------------------------------------------- faults
@@ -226,6 +315,10 @@ class Trainer:
         if not (self.cfg.resume and path.exists()):
             return 0
         state = torch.load(path, map_location=self.device, weights_only=True)
+        trained_on = (state.get("config") or {}).get("tasks")
+        if trained_on is not None and list(trained_on) != list(self.cfg.tasks):
+            raise UpsError(f"{path}: checkpoint trained on tasks {trained_on}, this run has {self.cfg.tasks} "
+                           "(same tasks in the same order to resume, or another checkpoint_dir)")
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         self.log(f"resumed from {path} at step {state['step']}")
@@ -241,36 +334,42 @@ class Trainer:
         tokens, dim = pairs.token_shape
         self.phase("model.build")
         torch.manual_seed(cfg.seed)
-        model = LatentOperator(tokens, dim, hidden=cfg.hidden, depth=cfg.depth).to(self.device)
+        model = LatentOperator(tokens, dim, hidden=cfg.hidden, depth=cfg.depth, tasks=len(pairs.names)).to(self.device)
         self.phase("ddp.wrap")
         ddp = torch.nn.parallel.DistributedDataParallel(model) if d.enabled else model
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
         start = self.load_checkpoint(model, opt)
-        sampler = torch.utils.data.DistributedSampler(pairs, num_replicas=d.world, rank=d.rank, shuffle=True, seed=cfg.seed) if d.enabled else None
-        loader = torch.utils.data.DataLoader(pairs, batch_size=cfg.batch_size, sampler=sampler, shuffle=sampler is None, drop_last=True)
-        if len(loader) == 0:
-            raise UpsError(f"{len(pairs)} pairs per {d.world} rank(s) is less than one batch of {cfg.batch_size}")
+        sampler = TaskBatchSampler([len(t) for t in pairs.tasks], cfg.batch_size, rank=d.rank, world=d.world, seed=cfg.seed)
+        for name, n, batches in zip(pairs.names, (len(t) for t in pairs.tasks), sampler.batches_per_task, strict=True):
+            if batches == 0:
+                raise UpsError(f"{name}: {n} pairs over {d.world} rank(s) is less than one batch of {cfg.batch_size} "
+                               "per rank (lower batch_size, or cache more samples)")
+        loader = torch.utils.data.DataLoader(pairs, batch_sampler=sampler)
         self.start_wandb()
         rep.set_total(cfg.steps, "steps")
         rep.set_step(start)
         self.phase("train")
-        self.log(f"{len(pairs)} pairs, {d.world} rank(s), device {self.device}, steps {start}->{cfg.steps}")
+        self.log(f"{len(pairs)} pairs ({', '.join(f'{t.task} {len(t)}' for t in pairs.tasks)}), {d.world} rank(s), "
+                 f"device {self.device}, steps {start}->{cfg.steps}")
+        task_steps = dict.fromkeys(pairs.names, 0)
         step, epoch, skips, t0 = start, 0, 0, time.perf_counter()
         while step < cfg.steps:
-            if sampler is not None:
-                sampler.set_epoch(epoch)
-            for x, y in loader:
+            sampler.set_epoch(epoch)
+            for x, y, task in loader:
                 if step >= cfg.steps:
                     break
                 lr = cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / cfg.steps)))
                 for g in opt.param_groups:
                     g["lr"] = lr
-                loss, failed = self.forward_backward(ddp, x.to(self.device), y.to(self.device), step)
-                # The one collective of every step, entered by every rank: [failed, loss].
-                # An OOM on any rank turns into a skip on all ranks, never a one-sided call.
-                flag = torch.tensor([float(failed), 0.0 if failed else loss], device=self.device)
+                t = int(task[0])
+                loss, failed = self.forward_backward(ddp, x.to(self.device), y.to(self.device), task.to(self.device), step)
+                # The one collective of every step, entered by every rank: [failed, loss, task, task^2].
+                # An OOM on any rank turns into a skip on all ranks, never a one-sided call; the
+                # task sums say whether every rank trained the same task (they always should).
+                flag = torch.tensor([float(failed), 0.0 if failed else loss, float(t), float(t * t)], device=self.device)
                 if not self.faults.skips_collective(step):
                     d.all_reduce_(flag)
+                    check_same_task(flag, t, d, step, pairs.names)
                 if flag[0].item() > 0:
                     opt.zero_grad(set_to_none=True)
                     skips += 1
@@ -289,25 +388,28 @@ class Trainer:
                 opt.zero_grad(set_to_none=True)
                 step += 1
                 rep.advance()
-                rep.metrics(loss=round(flag[1].item() / d.world, 6), lr=lr)
+                name, mean_loss = pairs.names[t], flag[1].item() / d.world
+                task_steps[name] += 1
+                rep.metrics(loss=round(mean_loss, 6), lr=lr, task=name, **{f"loss_{name}": round(mean_loss, 6), f"steps_{name}": task_steps[name]})
                 if step % cfg.log_every == 0:
-                    self.log(f"step {step}/{cfg.steps} loss {flag[1].item() / d.world:.5f} lr {lr:.2e} "
+                    self.log(f"step {step}/{cfg.steps} {name} loss {mean_loss:.5f} lr {lr:.2e} "
                              f"{(step - start) / (time.perf_counter() - t0):.1f} steps/s")
                     if self.wandb is not None:
-                        self.wandb.log({"loss": flag[1].item() / d.world, "lr": lr}, step=step)
+                        self.wandb.log({"loss": mean_loss, f"loss/{name}": mean_loss, "lr": lr}, step=step)
                 if step % cfg.checkpoint_every == 0 and step < cfg.steps:
                     self.save_checkpoint(model, opt, step)
             epoch += 1
         self.phase("eval")
-        val = self.evaluate(model, pairs)
-        rep.metrics(eval_loss=round(val, 6))
-        self.log(f"eval loss {val:.5f}")
+        per_task = self.evaluate(model, pairs)
+        val = sum(per_task.values()) / len(per_task)
+        rep.metrics(eval_loss=round(val, 6), **{f"eval_loss_{n}": round(v, 6) for n, v in per_task.items()})
+        self.log(f"eval loss {val:.5f}" + (f" ({', '.join(f'{n} {v:.5f}' for n, v in per_task.items())})" if len(per_task) > 1 else ""))
         self.save_checkpoint(model, opt, step)
         if self.wandb is not None:
-            self.wandb.log({"eval_loss": val}, step=step)
+            self.wandb.log({"eval_loss": val, **{f"eval_loss/{n}": v for n, v in per_task.items()}}, step=step)
         return 0
 
-    def forward_backward(self, ddp: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, step: int) -> tuple[float, bool]:
+    def forward_backward(self, ddp: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, task: torch.Tensor, step: int) -> tuple[float, bool]:
         """Local forward + backward with no gradient communication.
 
         DDP would all-reduce gradients inside backward; if one rank hit OOM in forward or
@@ -319,7 +421,7 @@ class Trainer:
             ctx = ddp.no_sync() if isinstance(ddp, torch.nn.parallel.DistributedDataParallel) else _null()
             with ctx:
                 self.faults.in_step(step)
-                loss = torch.nn.functional.mse_loss(ddp(x), y)
+                loss = torch.nn.functional.mse_loss(ddp(x, task), y)
                 loss.backward()
             return float(loss.detach()), False
         except (torch.OutOfMemoryError, RuntimeError) as exc:
@@ -341,14 +443,19 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
-    def evaluate(self, model: torch.nn.Module, pairs: LatentPairs) -> float:
-        g = torch.Generator().manual_seed(1234)
-        idx = torch.randint(len(pairs), (self.cfg.eval_batches * self.cfg.batch_size,), generator=g)
+    def evaluate(self, model: torch.nn.Module, pairs: MultiTaskPairs) -> dict[str, float]:
+        """Mean loss per task over ``eval_batches`` random batches of it on each rank."""
+        g = torch.Generator().manual_seed(1234 + self.d.rank)
+        losses = []
         with torch.no_grad():
-            xs, ys = zip(*(pairs[int(i)] for i in idx), strict=True)
-            loss = torch.nn.functional.mse_loss(model(torch.stack(xs).to(self.device)), torch.stack(ys).to(self.device))
-        total = self.d.all_reduce_(loss.detach().reshape(1).clone())  # every rank evaluates and joins
-        return float(total.item()) / self.d.world
+            for t, task in enumerate(pairs.tasks):
+                idx = torch.randint(len(task), (self.cfg.eval_batches * self.cfg.batch_size,), generator=g)
+                xs, ys = zip(*(task[int(i)] for i in idx), strict=True)
+                task_ids = torch.full((len(xs),), t, dtype=torch.long, device=self.device)
+                pred = model(torch.stack(xs).to(self.device), task_ids)
+                losses.append(torch.nn.functional.mse_loss(pred, torch.stack(ys).to(self.device)))
+        total = self.d.all_reduce_(torch.stack(losses).detach().clone())  # every rank evaluates and joins
+        return {name: float(v) / self.d.world for name, v in zip(pairs.names, total.tolist(), strict=True)}
 
 
 class _null:

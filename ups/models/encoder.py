@@ -41,6 +41,29 @@ class FieldEncoder(nn.Module):
         return z.reshape(b, t, self.tokens, -1)
 
 
+class SteadyMapEncoder(nn.Module):
+    """Encodes a steady sample (one frame) as two latent frames: the coefficient alone, then
+    the whole field, so that a trainer that maps frame 0 to frame 1 learns coefficient ->
+    solution with the same encoder, cache format and pair logic as a time-dependent task.
+
+    The coefficient frame is the sample with its solution channels zeroed: the encoder sees
+    the same channel layout in both frames, and frame 0 holds nothing of the solution.
+    """
+
+    def __init__(self, encoder: FieldEncoder, input_channels: int) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.input_channels = input_channels
+
+    def forward(self, fields: torch.Tensor) -> torch.Tensor:
+        """(B, 1, *spatial, C) -> (B, 2, tokens, dim)."""
+        if fields.shape[1] != 1:
+            raise ValueError(f"a steady sample has one frame, got {fields.shape[1]}")
+        coefficient = fields.clone()
+        coefficient[..., self.input_channels:] = 0
+        return self.encoder(torch.cat([coefficient, fields], dim=1))
+
+
 def build_encoder(channels: int, spatial_dims: int, *, latent_tokens: int, latent_dim: int, seed: int = 0, checkpoint: str | Path | None = None) -> FieldEncoder:
     """A deterministic encoder: seeded weights, or the state dict in ``checkpoint``."""
     gen_state = torch.random.get_rng_state()

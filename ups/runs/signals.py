@@ -32,8 +32,27 @@ def signal_name(signum: int | None) -> str | None:
         return f"signal {signum}"
 
 
+def own_lineage() -> set[int]:
+    """This process and its ancestors: never to be signalled by a command it runs (an
+    operator's `ups kill` from inside a job, a test runner whose own record is in a run)."""
+    pids, pid = set(), os.getpid()
+    while pid > 1 and pid not in pids:
+        pids.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                data = fh.read()
+            pid = int(data[data.rindex(b")") + 2 :].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return pids
+
+
 def check_identity(record: StatusRecord) -> None:
-    """Raise RefusedSignal unless ``record.pid`` is alive and is the process the record names."""
+    """Raise RefusedSignal unless ``record.pid`` is alive and is the process the record names,
+    and is not this command's own process or one of its ancestors."""
+    if record.pid in own_lineage():
+        raise RefusedSignal(f"pid {record.pid} ({record.label}) is this command's own process or one of its "
+                            "parents: refusing to signal it")
     live = process_start_time(record.pid)
     if live is None:
         raise RefusedSignal(f"{record.label} (pid {record.pid}) is not running", exit_code=1)

@@ -104,7 +104,14 @@ class RunView:
 
     @property
     def worst(self) -> HealthVerdict | None:
-        return worst(p.verdict for p in self.processes)
+        """The run's one-word health (``ups runs``, the follow line, the console's runs list):
+        the worst of the processes doing the work. The launcher counts only when it is in
+        trouble: it makes no progress of its own and reads 'starting' for its first 30 s, on
+        a run that is long done as well. Before any other record exists it is all there is."""
+        working = [p.verdict for p in self.processes if p.record.role != "launcher"]
+        if not working:
+            return worst(p.verdict for p in self.processes)
+        return worst(p.verdict for p in self.processes if p.record.role != "launcher" or p.verdict.health.is_problem)
 
     def ranks(self) -> list[ProcessView]:
         return [p for p in self.processes if p.record.role == "rank"]
