@@ -32,7 +32,23 @@ def test_fresh_heartbeat_and_progress_is_ok():
 def test_stale_progress_with_live_heartbeat_is_stalled_with_reason():
     v = classify_health(rec(phase="data.open", heartbeat_at=T0 + 73.5), T0 + 74, ALIVE)
     assert v.health is Health.STALLED
-    assert v.reason == "no progress for 74 s in phase data.open"
+    assert v.reason == "no progress for 74 s in phase data.open (limit 60 s: the default, until intervals are known)"
+
+
+def test_stall_limits_learn_from_the_process_and_keep_their_own_for_first_step_and_eval():
+    fast = rec(phase="train", interval_p99=0.05, heartbeat_at=T0 + 11.5)
+    v = classify_health(fast, T0 + 12, ALIVE)  # 50 ms steps: stalled after the 10 s floor, not 60 s
+    assert v.health is Health.STALLED and v.reason.endswith("(limit 10 s: the floor; p99 interval 0.1 s)")
+    slow = rec(phase="train", interval_p99=30.0, heartbeat_at=T0 + 119.5)
+    assert classify_health(slow, T0 + 120, ALIVE).health is Health.OK  # 30 s steps: 5 x 30 s = 150 s
+    v = classify_health(slow.with_changes(heartbeat_at=T0 + 159.5), T0 + 160, ALIVE)
+    assert v.health is Health.STALLED and "(limit 2 min: 5 x p99 interval 30 s)" in v.reason
+    first = rec(step=0, phase="train", heartbeat_at=T0 + 299.5)  # compiling the first step
+    assert classify_health(first, T0 + 300, ALIVE).health is Health.STARTING
+    evaluating = rec(phase="eval", interval_p99=0.05, heartbeat_at=T0 + 299.5)
+    assert classify_health(evaluating, T0 + 300, ALIVE).health is Health.OK
+    fixed = Thresholds.from_dict({"stalled_after": 2})  # --stalled-after / a config: one fixed limit
+    assert classify_health(slow.with_changes(heartbeat_at=T0 + 2.5), T0 + 3, ALIVE, fixed).health is Health.STALLED
 
 
 def test_stale_heartbeat_with_live_pid_is_unresponsive():
@@ -48,10 +64,11 @@ def test_gone_or_reused_pid_is_dead():
 
 
 def test_startup_grace_and_per_phase_limits():
+    fixed = Thresholds.from_dict({"stalled_after": 60})
     starting = rec(step=0, phase="dist.init", heartbeat_at=T0 + 20)
-    assert classify_health(starting, T0 + 20, ALIVE).health is Health.STARTING
-    assert classify_health(starting.with_changes(heartbeat_at=T0 + 90), T0 + 90, ALIVE).health is Health.STALLED
-    t = Thresholds.from_dict({"phase_stalled_after": {"dist.init": 300}})
+    assert classify_health(starting, T0 + 20, ALIVE, fixed).health is Health.STARTING
+    assert classify_health(starting.with_changes(heartbeat_at=T0 + 90), T0 + 90, ALIVE, fixed).health is Health.STALLED
+    t = Thresholds.from_dict({"stalled_after": 60, "phase_stalled_after": {"dist.init": 300}})
     assert classify_health(starting.with_changes(heartbeat_at=T0 + 90), T0 + 90, ALIVE, t).health is Health.OK
     idle = rec(phase="idle", heartbeat_at=T0 + 999)
     assert classify_health(idle, T0 + 1000, ALIVE).health is Health.OK

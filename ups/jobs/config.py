@@ -133,10 +133,19 @@ def _check(ok: bool, key: str, value: Any, expected: str) -> None:
 C = TypeVar("C")
 
 
+def _declared_type(cls: type, key: str) -> type:
+    """The type a field holds: ``float`` for ``float | None`` (its default says nothing)."""
+    import typing
+
+    hint = typing.get_type_hints(cls).get(key, str)
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if args and isinstance(args[0], type) else (hint if isinstance(hint, type) else str)
+
+
 def _coerce(cls: type, key: str, value: Any, default: Any) -> Any:
     if value is None:
         return None
-    kind = type(default) if default is not None else str
+    kind = type(default) if default is not None else _declared_type(cls, key)
     if isinstance(default, list):
         if isinstance(value, str):
             value = [v for v in value.replace(",", " ").split() if v]
@@ -228,8 +237,10 @@ class TrainConfig:
     """W&B project name."""
     heartbeat_interval: float = 1.0
     """Seconds between status record writes."""
-    stalled_after: float = 60.0
-    """No step for this long (heartbeat alive): stalled (waiting in a collective, hung in Python)."""
+    stalled_after: float | None = None
+    """No step for this long (heartbeat alive): stalled (waiting in a collective, hung in Python).
+    Unset: learned from the run, 5 x each rank's recent p99 step time (at least 10 s), with
+    limits of their own for the first step, eval and checkpoint."""
     unresponsive_after: float = 10.0
     """No heartbeat for this long (pid alive): unresponsive."""
 
@@ -244,7 +255,7 @@ class TrainConfig:
         _check(self.checkpoint_every >= 1, "checkpoint_every", self.checkpoint_every, ">= 1")
         _check(self.max_oom_skips >= 1, "max_oom_skips", self.max_oom_skips, ">= 1")
         _check(self.wandb_mode in ("offline", "online", "disabled"), "wandb_mode", self.wandb_mode, "offline, online or disabled")
-        for name in ("heartbeat_interval", "stalled_after", "unresponsive_after"):
+        for name in ("heartbeat_interval", "unresponsive_after", *(("stalled_after",) if self.stalled_after is not None else ())):
             _check(getattr(self, name) > 0, name, getattr(self, name), "> 0 seconds")
         return self
 
@@ -252,8 +263,8 @@ class TrainConfig:
         return {
             "heartbeat_interval": self.heartbeat_interval,
             "unresponsive_after": self.unresponsive_after,
-            "stalled_after": self.stalled_after,
-            "startup_grace": max(30.0, self.stalled_after),
+            **({"stalled_after": self.stalled_after, "startup_grace": max(30.0, self.stalled_after)}
+               if self.stalled_after is not None else {}),
         }
 
 

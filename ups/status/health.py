@@ -58,23 +58,39 @@ _SEVERITY = {
 class Thresholds:
     """When a process counts as stalled, unresponsive or slow. Seconds unless noted.
 
-    Per-run overrides live in run.json under ``thresholds``; per-phase stall limits let a
-    phase that legitimately waits (``idle``, ``supervise``) never count as stalled (None).
+    Stall limits learn from the run (nvidia-resiliency-ext derives its timeouts from observed
+    intervals with a safety factor of 5): a process is stalled after
+    ``max(stall_floor, stall_factor x its recent p99 progress interval)``, so 50 ms steps are
+    watched in seconds and 30 s steps are not called stalled after 60. Before a process has
+    made any progress (start-up, the first step: compiling, loading data) and in phases that
+    legitimately take long (eval, checkpoint, load) it has limits of its own: the false hang
+    kills that DLRover users report came from exactly those. ``stalled_after`` set (a run's
+    config, ``--stalled-after``) is one fixed limit instead. Per-run overrides live in
+    run.json under ``thresholds``.
     """
 
     heartbeat_interval: float = 1.0
     """How often a Reporter writes its record."""
     unresponsive_after: float = 10.0
     """No heartbeat for this long while the pid lives: the process cannot run Python."""
-    stalled_after: float = 60.0
-    """No progress for this long while heartbeats continue: the main loop is stuck."""
+    stalled_after: float | None = None
+    """A fixed stall limit (no progress for this long, heartbeats going on); None: learned."""
+    stall_floor: float = 10.0
+    """The learned limit is never shorter than this."""
+    stall_factor: float = 5.0
+    """The learned limit is this many times the process's recent p99 progress interval."""
+    stall_default: float = 60.0
+    """The limit while too few intervals are known to learn from."""
+    first_progress_after: float = 600.0
+    """Learned limits only: a process with no progress yet is 'starting' for this long."""
     phase_stalled_after: Mapping[str, float | None] = field(
-        default_factory=lambda: {"idle": None, "supervise": None, "done": None, "agent": None, "helper": None}
+        default_factory=lambda: {"idle": None, "supervise": None, "done": None, "agent": None, "helper": None,
+                                 "eval": 600.0, "checkpoint": 600.0, "load": 600.0}
     )
     """Per-phase stall limits; None means the phase never counts as stalled (a torchrun agent,
     a helper process and an idle DataLoader worker make no progress of their own)."""
     startup_grace: float = 30.0
-    """A process with no progress yet is 'starting' (not stalled) for this long."""
+    """Fixed limits only: a process with no progress yet is 'starting' for this long."""
     slow_ratio: float = 0.5
     """Slower than this fraction of the peers' median rate is 'slow'."""
 
@@ -93,16 +109,26 @@ class Thresholds:
                 merged.update(value or {})
                 kwargs[key] = merged
             else:
-                kwargs[key] = float(value)
+                kwargs[key] = None if value is None else float(value)
         return cls(**kwargs)
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: (dict(getattr(self, f.name)) if f.name == "phase_stalled_after" else getattr(self, f.name)) for f in fields(self)}
 
-    def stall_limit(self, phase: str) -> float | None:
+    def stall_limit(self, phase: str, p99: float | None = None, *, progressed: bool = True) -> tuple[float | None, str]:
+        """The stall limit for a process in ``phase`` and how it was decided (for the reason)."""
         if phase in self.phase_stalled_after:
-            return self.phase_stalled_after[phase]
-        return self.stalled_after
+            return self.phase_stalled_after[phase], f"the {phase} limit"
+        if self.stalled_after is not None:
+            return self.stalled_after, "fixed"
+        if not progressed:
+            return self.first_progress_after, "before the first progress"
+        if p99 is not None:
+            learned = self.stall_factor * p99
+            if learned > self.stall_floor:
+                return learned, f"{self.stall_factor:g} x p99 interval {_age(p99)}"
+            return self.stall_floor, f"the floor; p99 interval {_age(p99)}"
+        return self.stall_default, "the default, until intervals are known"
 
 
 @dataclass(frozen=True)
@@ -179,12 +205,14 @@ def classify_health(
             " (blocked in a C call, stopped, or in D state)",
         )
     since_progress = ages.progress
-    if record.step == 0 and ages.started < thresholds.startup_grace:
+    progressed = record.step > 0
+    grace = thresholds.startup_grace if thresholds.stalled_after is not None else thresholds.first_progress_after
+    if not progressed and ages.started < grace and record.phase not in thresholds.phase_stalled_after:
         return HealthVerdict(Health.STARTING, f"started {_age(ages.started)} ago, phase {record.phase}")
-    limit = thresholds.stall_limit(record.phase)
+    limit, how = thresholds.stall_limit(record.phase, record.interval_p99, progressed=progressed)
     if limit is not None and since_progress > limit:
         return HealthVerdict(
-            Health.STALLED, f"no progress for {_age(since_progress)} in phase {record.phase}"
+            Health.STALLED, f"no progress for {_age(since_progress)} in phase {record.phase} (limit {_age(limit)}: {how})"
         )
     if (
         peer_median_rate is not None

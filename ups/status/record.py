@@ -88,6 +88,7 @@ class StatusRecord:
     collective: dict[str, Any] | None = None  # now inside: {"op", "seq", "site", "since"}
     coll_seq: int = 0  # collectives entered so far (per-rank sequence number)
     command: str | None = None  # agents and helpers: what runs there ("torchrun ...")
+    interval_p99: float | None = None  # p99 of recent gaps between progress (learned stall limits)
     # Clocks (issue: wall clocks jump). CLOCK_MONOTONIC is shared by every process of one boot
     # of one host, so readers on the same boot judge ages with it; wall time across hosts.
     boot_id: str | None = None

@@ -42,6 +42,10 @@ ENV_ROLE = "UPS_ROLE"
 ENV_STACK_SIGNAL = "UPS_STACK_SIGNAL"
 DEFAULT_STACK_SIGNAL = signal.SIGUSR1
 RATE_WINDOW_S = 10.0
+INTERVALS_KEPT = 256  # recent gaps between progress, for the learned stall limit (p99)
+# Entering one of these breaks the current progress interval: an eval or a checkpoint between
+# two steps has a limit of its own and must not teach the process that steps are that slow.
+LONG_PHASES = frozenset(("eval", "checkpoint", "load", "dist.init", "ddp.wrap", "model.build", "data.load"))
 
 TYPE_CHECKING = False  # typing costs ~10 ms to import; annotations here are strings
 if TYPE_CHECKING:
@@ -167,6 +171,9 @@ class Reporter:
         self._state = "running"
         self._step = 0
         self._explicit = False  # the job reports its own progress: automatic counting stops
+        self._intervals: deque[float] = deque(maxlen=INTERVALS_KEPT)
+        self._interval_from: float | None = None  # monotonic start of the current interval
+        self._p99: float | None = None
         self._total = total
         self._unit = unit
         self._progress_at, self._progress_mono = now, mono
@@ -305,17 +312,25 @@ class Reporter:
             self._thread.start()
         return self
 
+    def _progressed(self) -> None:
+        now = time.monotonic()
+        start = self._interval_from
+        if start is not None:
+            self._intervals.append(now - start)
+        self._interval_from = now
+        self._progress_at, self._progress_mono = time.time(), now
+
     def advance(self, n: int = 1) -> None:
         """Count ``n`` units of work done. Cheap: no I/O, no lock."""
         self._explicit = True
         self._step += n
-        self._progress_at, self._progress_mono = time.time(), time.monotonic()
+        self._progressed()
 
     def set_step(self, step: int) -> None:
         """Set the absolute step (e.g. after resuming); counts as progress."""
         self._explicit = True
         self._step = step
-        self._progress_at, self._progress_mono = time.time(), time.monotonic()
+        self._progressed()
 
     def auto_progress(self, *, step: int | None = None, add: int = 0, unit: str | None = None) -> None:
         """Progress seen by the instrumentation (an optimizer step, a batch, samples fetched).
@@ -329,7 +344,7 @@ class Reporter:
             self._step += add
             if unit is not None:
                 self._unit = unit
-        self._progress_at, self._progress_mono = time.time(), time.monotonic()
+        self._progressed()
 
     def set_total(self, total: int | None, unit: str | None = None) -> None:
         self._total = total
@@ -352,6 +367,8 @@ class Reporter:
         """
         now, mono = time.time(), time.monotonic()
         self._phase = name
+        if name in LONG_PHASES:
+            self._interval_from = None
         # A phase change is progress: the loop moved on.
         self._phase_at = self._progress_at = now
         self._phase_mono = self._progress_mono = mono
@@ -377,13 +394,18 @@ class Reporter:
         self._gpu_sampler = sampler
 
     def collective(self, op: str | None, site: str | None = None) -> None:
-        """Enter (``op``) or leave (None) a collective; entering counts the per-rank sequence."""
+        """Enter (``op``) or leave (None) a collective; entering counts the per-rank sequence.
+        The record keeps the previous one's op and site beside the current one: a rank whose
+        op just changed while its peers' did not is the odd one out."""
         if op is None:
+            if self._collective is not None:
+                self._last_collective = (self._collective["op"], self._collective["site"])
             self._collective = None
             return
         self._coll_seq += 1
+        prev = getattr(self, "_last_collective", (None, None))
         self._collective = {"op": op, "seq": self._coll_seq, "site": site, "since": time.time(),
-                            "since_mono": time.monotonic()}
+                            "since_mono": time.monotonic(), "prev_op": prev[0], "prev_site": prev[1]}
 
     def fail(self, error: str | BaseException, exit_code: int | None = None, *, site: str | None = None) -> None:
         """Mark the process failed with ``error`` and write the record at once."""
@@ -482,6 +504,7 @@ class Reporter:
             "exit_code": self._exit_code,
             "collective": self._collective,
             "coll_seq": self._coll_seq,
+            "interval_p99": self._p99,
         }
 
     def snapshot(self) -> Any:
@@ -531,6 +554,11 @@ class Reporter:
             self._say(f"status record {self.path} is being written again")
         return True
 
+    def _update_p99(self) -> None:
+        if len(self._intervals) >= 8:
+            ordered = sorted(self._intervals)
+            self._p99 = round(ordered[int(0.99 * (len(ordered) - 1))], 4)
+
     def _update_rate(self, now: float) -> None:
         samples = self._samples
         samples.append((now, self._step))
@@ -555,6 +583,7 @@ class Reporter:
             if self._stop.is_set():
                 break
             self._update_rate(time.monotonic())
+            self._update_p99()
             self._sample_gpu()
             self._check_stack_handler()
             with self._lock:
