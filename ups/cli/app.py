@@ -79,6 +79,7 @@ def _register() -> None:
     from ups.cli import doctor as _doctor  # noqa: F401
     from ups.cli import gpu as _gpu  # noqa: F401
     from ups.cli import runs as _runs  # noqa: F401
+    from ups.cli import why as _why  # noqa: F401
     from ups.cli.cache import cache_app
     from ups.cli.data import data_app
     from ups.cli.launch import launch_app

@@ -34,6 +34,7 @@ InjectOption = Annotated[
     typer.Option("--inject", help="Fault to rehearse, e.g. worker_hang:worker=0,after=3 (repeatable; see the job's help)."),
 ]
 DetachOption = Annotated[bool, typer.Option("--detach", help="Start the job and return at once.")]
+ObserveOption = Annotated[bool, typer.Option("--observe-only", help="Automatic actions on processes (stack dumps of a hung process, a watchdog's kills) are logged as events, never done.")]
 SkipBadShardsOption = Annotated[
     bool,
     typer.Option("--skip-bad-shards", help="Leave out shards that fail the launch check, cache the rest; the run ends "
@@ -127,6 +128,7 @@ def launch_precompute(
     worker_timeout: Annotated[float | None, typer.Option("--worker-timeout", help="Seconds before a hung worker is killed.")] = None,
     skip_bad_shards: SkipBadShardsOption = False,
     inject: InjectOption = None,
+    observe_only: ObserveOption = False,
     detach: DetachOption = False,
     runs_dir: RunsDirOption = default_runs_dir(),
     json: JsonOption = False,
@@ -174,7 +176,7 @@ def launch_precompute(
         runs_dir, "precompute", precompute_command(cfg, config),
         argv=["ups", *sys.argv[1:]], config=resolved, env={"UPS_FAULTS": faults} if faults else {},
         thresholds=cfg.thresholds(), extra={"mode": "legacy" if cfg.num_workers == 0 else "parallel", "samples": total},
-        files={"config.json": jsonlib.dumps(resolved, indent=1).encode()},
+        files={"config.json": jsonlib.dumps(resolved, indent=1).encode()}, observe_only=observe_only,
     )
     start_and_follow(run, detach=detach, json_out=json)
 
@@ -273,6 +275,7 @@ def launch_train(
     debug: Annotated[bool, typer.Option("--debug", help="NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL, C++ stack traces.")] = False,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the last checkpoint.")] = False,
     inject: InjectOption = None,
+    observe_only: ObserveOption = False,
     detach: DetachOption = False,
     runs_dir: RunsDirOption = default_runs_dir(),
     json: JsonOption = False,
@@ -296,7 +299,7 @@ def launch_train(
     kwargs, _ = prepare_train(cache_dir=cache_dir, tasks=tasks, config=config, nproc=nproc, steps=steps, nnodes=nnodes,
                               node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, debug=debug, inject=inject, resume=resume,
                               runs_dir=runs_dir)
-    start_and_follow(launch_run(**kwargs), detach=detach, json_out=json)
+    start_and_follow(launch_run(**kwargs, observe_only=observe_only), detach=detach, json_out=json)
 
 
 @launch_app.command("pipeline")
@@ -381,7 +384,8 @@ UnresponsiveOption = Annotated[float | None, typer.Option("--unresponsive-after"
 
 
 def launch_program(ctx: typer.Context, launcher: str, *, name: str | None, total_steps: int | None, detach: bool,
-                   runs_dir: Path, json_out: bool, stalled_after: float | None, unresponsive_after: float | None) -> None:
+                   runs_dir: Path, json_out: bool, stalled_after: float | None, unresponsive_after: float | None,
+                   observe_only: bool = False) -> None:
     from ups.launch import programs
     from ups.launch.spawn import launch_run
 
@@ -412,7 +416,7 @@ def launch_program(ctx: typer.Context, launcher: str, *, name: str | None, total
     extra["program"] = {"launcher": launcher, "line": line_args, "target": line.target, "args": line.args}
     env = {"UPS_TOTAL_STEPS": str(total_steps)} if total_steps else {}
     run = launch_run(runs_dir, launcher, command, argv=["ups", *sys.argv[1:]], env=env, extra=extra,
-                     name=name or line.name, instrument=top_role, thresholds=thresholds)
+                     name=name or line.name, instrument=top_role, thresholds=thresholds, observe_only=observe_only)
     start_and_follow(run, detach=detach, json_out=json_out)
 
 
@@ -424,6 +428,7 @@ def launch_torchrun(
     total_steps: TotalStepsOption = None,
     stalled_after: StalledOption = None,
     unresponsive_after: UnresponsiveOption = None,
+    observe_only: ObserveOption = False,
     detach: DetachOption = False,
     runs_dir: RunsDirOption = default_runs_dir(),
     json: JsonOption = False,
@@ -450,7 +455,7 @@ def launch_torchrun(
     Exit codes (when following): 0 succeeded, 1 failed or killed, 2 bad input.
     """
     launch_program(ctx, "torchrun", name=name, total_steps=total_steps, detach=detach, runs_dir=runs_dir, json_out=json,
-                   stalled_after=stalled_after, unresponsive_after=unresponsive_after)
+                   stalled_after=stalled_after, unresponsive_after=unresponsive_after, observe_only=observe_only)
 
 
 @launch_app.command("python", cls=PassThroughCommand, context_settings=PROGRAM_SETTINGS,
@@ -461,6 +466,7 @@ def launch_python(
     total_steps: TotalStepsOption = None,
     stalled_after: StalledOption = None,
     unresponsive_after: UnresponsiveOption = None,
+    observe_only: ObserveOption = False,
     detach: DetachOption = False,
     runs_dir: RunsDirOption = default_runs_dir(),
     json: JsonOption = False,
@@ -479,4 +485,4 @@ def launch_python(
     Exit codes (when following): 0 succeeded, 1 failed or killed, 2 bad input.
     """
     launch_program(ctx, "python", name=name, total_steps=total_steps, detach=detach, runs_dir=runs_dir, json_out=json,
-                   stalled_after=stalled_after, unresponsive_after=unresponsive_after)
+                   stalled_after=stalled_after, unresponsive_after=unresponsive_after, observe_only=observe_only)

@@ -153,7 +153,7 @@ def torchrun_outcome(view: RunView, end: End) -> Outcome:
     summary = f"rank {bad} {how} in phase {info['phase']}"
     if info["state"] == "running" and not info["signal"]:
         still = [r for r in ranks if r != str(bad) and ended(r) > ended(str(bad))]
-        summary += f" at step {info['step']}" + (f", while rank {', '.join(still)} still ran" if still else "")
+        summary += f", last recorded at step {info['step']}" + (f", while rank {', '.join(still)} still ran" if still else "")
     if torchrun_root is not None and torchrun_root != bad:
         summary += f" (torchrun blamed rank {torchrun_root}, which failed after it)"
     failure: dict[str, Any] = {"rank": bad, "signal": info["signal"], "exit_code": info["exit_code"], "phase": info["phase"],
@@ -192,7 +192,7 @@ def python_outcome(view: RunView, end: End) -> Outcome:
         return Outcome("failed", f"killed by {_signal_of(rc)} {where} at step {rec.step}", failure)
     if rec.state == "running":
         code = f", exit code {rc}" if rc is not None else ""
-        return Outcome("failed", f"{NO_NORMAL_EXIT}{code}, {where} at step {rec.step}", failure)
+        return Outcome("failed", f"{NO_NORMAL_EXIT}{code}, {where}, last recorded at step {rec.step}", failure)
     return Outcome("failed", f"{rec.error or describe_returncode(rc)} {where}", failure)
 
 

@@ -51,6 +51,7 @@ def relaunch(run: RunDir, runs_root: str, *, num_workers: int | None, actor: str
         runs_root, m.get("kind") or "run", template, argv=m.get("argv"), config=config, env=env,
         thresholds=m.get("thresholds"), extra=extra, files=files, name=m.get("name"),
         instrument=m.get("top_role") if m.get("instrument") else None, cwd=m.get("cwd"),
+        observe_only=m.get("automatic") == "observe",
     )
     run.append_event("relaunch", actor=actor, new_run=new.run_id, num_workers=num_workers)
     new.append_event("relaunched_from", actor=actor, run=run.run_id, num_workers=num_workers)

@@ -26,6 +26,7 @@ def launch_run(
     name: str | None = None,
     instrument: str | None = None,
     cwd: str | None = None,
+    observe_only: bool = False,
 ) -> RunDir:
     """Write ``runs_root/<id>/`` with the job command, and start the supervisor.
 
@@ -47,6 +48,9 @@ def launch_run(
         "thresholds": thresholds or {},
         "instrument": bool(instrument) and os.environ.get("UPS_INSTRUMENT", "1").lower() not in ("0", "false", "no", "off"),
         "top_role": instrument,
+        # Automatic actions on processes (stack dumps, a watchdog's kills): "observe" logs what
+        # would be done and does nothing, so a false positive can never become a kill loop.
+        "automatic": "observe" if observe_only else "act",
     }
     fields.update(extra or {})
     run = RunDir.create(runs_root, kind, argv=argv if argv is not None else sys.argv, config=config, extra=fields, name=name)

@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from ups.launch import kinds as _kinds  # noqa: F401 - registers the per-kind finalizers
+from ups.launch.autostacks import StackCollector
 from ups.launch.exits import ExitWatcher
 from ups.launch.finalize import End, describe_returncode, finalize
 from ups.runs.rundir import RunDir
@@ -43,6 +44,7 @@ class Supervisor:
         self.pgid: int | None = None  # the job's process group: every signal goes to all of it
         self.terminate_requested: str | None = None
         self.exits = ExitWatcher(run, actor=ACTOR)
+        self.stacks = StackCollector(run, actor=ACTOR, observe_only=self.manifest.get("automatic") == "observe")
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         name = signal_name(signum) or str(signum)
@@ -64,6 +66,7 @@ class Supervisor:
         env.update({k: str(v) for k, v in (self.manifest.get("env") or {}).items()})
         env[ENV_RUN_DIR] = str(self.run.path.resolve())
         env[ENV_RUN_ID] = self.run.run_id
+        env["UPS_AUTOMATIC"] = self.manifest.get("automatic") or "act"  # jobs' own watchdogs obey it too
         env.setdefault("PYTHONUNBUFFERED", "1")
         top_role = self.manifest.get("top_role")
         if self.manifest.get("instrument") and top_role:
@@ -94,6 +97,7 @@ class Supervisor:
         )
         self.run.append_event("start", actor=ACTOR, pid=self.child.pid, command=command)
         self.exits.start()
+        self.stacks.start()
 
     def describe(self) -> str:
         return f"job pid {self.child.pid if self.child else '?'}"
@@ -120,6 +124,7 @@ class Supervisor:
     def finish(self, returncode: int | None) -> int:
         # Give the job's processes a moment to write their final records.
         time.sleep(0.2)
+        self.stacks.stop()
         self.exits.stop()
         view = load_run_view(self.run)
         outcome = finalize(view, End(returncode, self.terminate_requested is not None, dict(self.exits.exits)))
@@ -155,6 +160,7 @@ class Adopter(Supervisor):
         previous = (self.manifest.get("previous_launchers") or [{}])[-1]
         self.run.append_event("adopt", actor=ACTOR, previous_launcher=previous.get("pid"), job_pid=self.job_pid)
         self.exits.start()
+        self.stacks.start()
 
     def describe(self) -> str:
         return f"adopted job pid {self.job_pid}"

@@ -1,0 +1,35 @@
+"""``ups why``: one verdict that names what is wrong, who, where, since when, and what to do.
+
+The evidence is what ``ups`` already collects (records, phases, collectives, stack dumps,
+exit truth, torchrun's report, logs, events); :mod:`ups.why.rules` turns it into a
+:class:`~ups.why.verdict.Verdict`. Nothing here signals a process: the supervisor dumps the
+stacks of a process that turns stalled or unresponsive (ups.launch.evidence), so the frames
+are there when an operator asks.
+"""
+
+from __future__ import annotations
+
+from ups.runs.rundir import RunDir
+from ups.runs.view import RunView
+from ups.why.evidence import Evidence
+from ups.why.verdict import MODES, Verdict
+
+__all__ = ["MODES", "Verdict", "diagnose", "diagnose_view"]
+
+
+def diagnose_view(view: RunView) -> Verdict:
+    from ups.why.rules import RULES, healthy
+
+    ev = Evidence(view)
+    for rule in RULES:
+        verdict = rule(ev)
+        if verdict is not None:
+            return verdict
+    return healthy(ev)
+
+
+def diagnose(run: RunDir) -> Verdict:
+    """The verdict on a run now (a run nobody is left to finish is settled first)."""
+    from ups.launch.reconcile import load_settled_view
+
+    return diagnose_view(load_settled_view(run))

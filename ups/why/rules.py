@@ -1,0 +1,524 @@
+"""From evidence to a verdict: ordered rules, the first that speaks decides.
+
+Ended runs are judged by how they ended (the launcher's own root-cause analysis, with exit
+truth, names the process; the rules here say what kind of failure it was from its own words:
+the exception, the signal and the faulthandler frame, the log). Live runs are judged by what
+is stuck now: collectives first (a mismatch of ops or sequence numbers names the odd rank; a
+rank outside any collective while its peers wait in one is the one they wait for), then
+DataLoader workers, then any process that stopped making progress or answering.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from typing import Any
+
+from ups.runs.view import ProcessView
+from ups.status.health import Health
+from ups.status.record import StatusRecord
+from ups.why import stacks
+from ups.why.evidence import Evidence, shm_figures
+from ups.why.verdict import Verdict, who_of
+
+Rule = Callable[[Evidence], Verdict | None]
+
+OOM = re.compile(r"out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED", re.I)
+DISK_FULL = re.compile(r"No space left on device|ENOSPC|\[Errno 28\]|file write failed")
+RENDEZVOUS = re.compile(
+    r"address already in use|EADDRINUSE|Connection refused|ECONNREFUSED|Rendezvous\w*Error|rendezvous|"
+    r"server socket has failed to listen|failed to connect|Name or service not known|No route to host|"
+    r"timed out after .* (store|TCPStore)|Socket Timeout|DistStoreError|client socket has timed out", re.I)
+DATALOADER_RESOURCES = re.compile(
+    r"Too many open files|EMFILE|received 0 items of ancdata|shared memory|/dev/shm|Bus error|"
+    r"unable to (open|mmap|write to) .*shm|No space left on device.*shm", re.I)
+DATALOADER_WORKER = re.compile(r"DataLoader worker \(pid\(?s?\)? ?([\d, ]+)\)")
+SAVE_NOTE = re.compile(r"\(ups: while torch\.save wrote (?P<file>[^)]+)\)")
+CANNOT_WRITE = re.compile(r"cannot write (?P<file>\S+?):")
+IO_FRAMES = ("h5py", "netCDF4", "zarr", "io.py", "/fsspec/", "pyarrow")
+PROBLEMS = (Health.STALLED, Health.UNRESPONSIVE, Health.DEAD, Health.FAILED)
+
+
+def where_of(ev: Evidence, record: StatusRecord, section: stacks.Section | None = None) -> dict[str, Any]:
+    """Phase and the frame that matters: the program's own innermost frame, and the innermost
+    of all (the library call it is in) when that is elsewhere."""
+    section = section if section is not None else ev.stack(record)
+    own = section.own_frame if section else None
+    top = section.top if section else None
+    site = own.site if own else (record.error_site or None)
+    return {"phase": record.phase, "site": site, "function": own.function if own else None,
+            "frame": str(top) if top is not None and top is not own else None}
+
+
+def _label_list(views: list[ProcessView]) -> str:
+    return stacks.fold_labels([p.record.label for p in views])
+
+
+def _wait(views: list[ProcessView]) -> str:
+    """``rank 0 waits`` / ``ranks 0, 2 wait``."""
+    return f"{_label_list(views)} {'wait' if len(views) > 1 else 'waits'}"
+
+
+def _first_line(text: str | None, limit: int = 200) -> str:
+    line = next((ln.strip() for ln in (text or "").splitlines() if ln.strip()), "")
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _grep(text: str, pattern: re.Pattern[str], limit: int = 3) -> list[str]:
+    return [ln.strip()[:220] for ln in text.splitlines() if pattern.search(ln)][-limit:]
+
+
+# ------------------------------------------------------------------------ ended runs
+def ended(ev: Evidence) -> Verdict | None:
+    view = ev.view
+    if not view.is_final:
+        return None
+    m = ev.manifest
+    state, summary = m.get("state"), m.get("summary") or ""
+    if state == "succeeded":
+        return Verdict("succeeded", f"nothing wrong: the run succeeded ({summary})", ok=True,
+                       next=f"ups status {view.run_id}")
+    if state == "killed":
+        kill = next((e for e in reversed(ev.events) if e.get("event") == "kill"), {})
+        who = kill.get("actor", "an operator")
+        return Verdict("killed", f"the run was stopped by {who}" + (f" ({kill['reason']})" if kill.get("reason") else ""),
+                       evidence=[summary] if summary else [], next=f"ups relaunch {view.run_id}")
+    failure = m.get("failure") or {}
+    record = _failing_record(ev, failure)
+    verdict = classify_failure(ev, record, failure) if record is not None or failure else None
+    if verdict is not None:
+        if m.get("launcher_lost"):
+            verdict.evidence.append("the launcher died before the run ended; the state was settled from the records")
+        return verdict
+    if state == "lost":
+        return Verdict("lost", summary or "the launcher and every process vanished with no final record",
+                       evidence=["no process wrote how it ended (a reboot, or everything SIGKILLed)"],
+                       next=f"ups relaunch {view.run_id}")
+    return Verdict("failed", summary or f"the run ended {state}", next=f"ups logs {view.run_id}")
+
+
+def _failing_record(ev: Evidence, failure: dict) -> StatusRecord | None:
+    ranks = {p.record.rank: p.record for p in ev.processes("rank")}
+    if failure.get("rank") is not None and failure.get("name", "").find("worker") < 0 and failure["rank"] in ranks:
+        return ranks[failure["rank"]]
+    if failure.get("name"):
+        p = ev.view.process(failure["name"])
+        if p is not None:
+            return p.record
+    failed = sorted((p.record for p in ev.processes("rank", "worker", "agent") if p.record.state == "failed"),
+                    key=lambda r: r.heartbeat_at)
+    return failed[0] if failed else None
+
+
+def classify_failure(ev: Evidence, record: StatusRecord | None, failure: dict) -> Verdict | None:
+    """What kind of failure a failed process had, from its own words."""
+    if record is None:
+        return None
+    error = record.error or failure.get("error") or ""
+    signal_name = failure.get("signal")
+    log = ev.rank_log(record.rank) if record.role == "rank" and record.rank is not None else ""
+    text = "\n".join((error, _exception_text(ev, record), log[-20_000:] if log else ev.job_log[-20_000:]))
+    who = who_of(record)
+
+    # A rank that died of its DataLoader: the worker is the one to name.
+    worker_verdict = _dataloader_worker_failure(ev, record, error)
+    if worker_verdict is not None:
+        return worker_verdict
+    if record.phase == "dist.init" or (record.role == "agent" and RENDEZVOUS.search(error or text)):
+        rdzv = rendezvous_verdict(ev, record, text)
+        if rdzv is not None:
+            return rdzv
+    if OOM.search(error) or (signal_name is None and record.state == "failed" and OOM.search(_exception_text(ev, record))):
+        line = error if OOM.search(error) else next(iter(_grep(text, OOM)[-1:]), "")
+        return oom_verdict(ev, record, fatal=True, error=line)
+    if DISK_FULL.search(error) or DISK_FULL.search(_exception_text(ev, record)):
+        return disk_full_verdict(ev, record, error + "\n" + _exception_text(ev, record))
+    if DATALOADER_RESOURCES.search(error):
+        return resources_verdict(ev, record, error)
+    if signal_name:
+        fatal = ev.stack(record, "fatal")
+        where = where_of(ev, record, fatal)
+        ev_lines = [f"faulthandler: {fatal.title}" + (f", main thread in {fatal.top}" if fatal and fatal.top else "")] if fatal else []
+        if not fatal:
+            ev_lines.append("no faulthandler traceback in its stack file")
+        return Verdict("crashed_by_signal", f"{record.label} was killed by {signal_name} in phase {record.phase}",
+                       who=who, where=where, since=_ended_at(ev, record), evidence=ev_lines + _followers(failure),
+                       next=f"ups stacks {ev.view.run_id} --rank {record.rank}")
+    if record.state == "running" or failure.get("clean") is False:
+        return Verdict("no_normal_exit",
+                       f"{record.label} ended without a normal interpreter exit (os._exit or a signal) in phase "
+                       f"{record.phase}, last recorded at step {record.step}" + _while_peers(ev, record),
+                       who=who, where=where_of(ev, record), since=_ended_at(ev, record),
+                       evidence=_followers(failure),
+                       next=f"ups logs {ev.view.run_id} --rank {record.rank}")
+    if error:
+        section = ev.stack(record, "exception")
+        where = where_of(ev, record, section)
+        where["site"] = record.error_site or where.get("site")
+        message = error.split(" (at ")[0]
+        return Verdict("exception", f"{record.label} raised {message}", who=who, where=where,
+                       since=_ended_at(ev, record), evidence=_followers(failure),
+                       next=f"ups logs {ev.view.run_id}" + (f" --rank {record.rank}" if record.role == "rank" else ""))
+    return None
+
+
+def _exception_text(ev: Evidence, record: StatusRecord) -> str:
+    section = ev.stack(record, "exception")
+    return section.text if section else ""
+
+
+def _ended_at(ev: Evidence, record: StatusRecord) -> float | None:
+    ex = ev.exits.get(record.name)
+    return ex.at if ex else (record.heartbeat_at if record.is_final else None)
+
+
+def _followers(failure: dict) -> list[str]:
+    out = []
+    for f in failure.get("followed_by") or []:
+        how = f"killed by {f['signal']}" if f.get("signal") else (f.get("error") or f.get("state"))
+        out.append(f"then rank {f['rank']} ended: {how}")
+    if failure.get("torchrun_root") is not None and failure.get("rank") is not None and failure["torchrun_root"] != failure["rank"]:
+        out.append(f"torchrun's report blames rank {failure['torchrun_root']}, which failed after it")
+    return out[:4]
+
+
+def _while_peers(ev: Evidence, record: StatusRecord) -> str:
+    mine = ev.exits.get(record.name)
+    if mine is None:
+        return ""
+    later = [e.rank for e in ev.exits.values() if e.role == "rank" and e.name != record.name and e.at > mine.at]
+    return f", while rank {', '.join(map(str, sorted(later)))} still ran" if later else ""
+
+
+def _dataloader_worker_failure(ev: Evidence, rank: StatusRecord, error: str) -> Verdict | None:
+    if "DataLoader worker" not in error and not DATALOADER_RESOURCES.search(error):
+        return None
+    workers = [p for p in ev.processes("worker") if p.record.rank == rank.rank]
+    bad = [p for p in workers if p.verdict.health in (Health.DEAD, Health.FAILED)]
+    m = DATALOADER_WORKER.search(error)
+    pids = {int(x) for x in re.findall(r"\d+", m.group(1))} if m else set()
+    named = [p for p in workers if p.record.pid in pids] or bad
+    worker = named[0].record if named else None
+    if DATALOADER_RESOURCES.search(error):
+        return resources_verdict(ev, worker or rank, error, rank=rank)
+    if worker is None:
+        return None
+    fatal = ev.stack(worker, "fatal")
+    signal = re.search(r"killed by signal: ([\w ]+)", error)
+    what = f"killed by {signal.group(1).strip()}" if signal else "exited unexpectedly"
+    return Verdict("crashed_by_signal" if signal else "failed",
+                   f"{worker.label} {what} while fetching {worker.item or 'a batch'}; {rank.label} failed with it",
+                   who=who_of(worker), where=where_of(ev, worker, fatal), since=_ended_at(ev, worker),
+                   evidence=[_first_line(error)] + ([f"faulthandler: {fatal.title}"] if fatal else []),
+                   next=f"ups relaunch {ev.view.run_id} --num-workers 0")
+
+
+# ------------------------------------------------------------------- failure kinds
+def oom_verdict(ev: Evidence, record: StatusRecord, *, fatal: bool, error: str) -> Verdict:
+    skipped = record.metrics.get("skipped_steps")
+    how = "fatal: the process ended" if fatal else f"the step was skipped on every rank ({skipped} so far); training goes on"
+    gpu = record.gpu
+    ev_lines = [_first_line(error)] if error else []
+    if gpu is not None and gpu.peak:
+        ev_lines.append(f"peak CUDA memory {gpu.peak / 2**30:.1f} GiB on device {gpu.device}")
+    return Verdict("out_of_memory", f"{record.label} ran out of memory at step {record.step} ({how})", ok=False,
+                   who=who_of(record), where=where_of(ev, record), since=_ended_at(ev, record), evidence=ev_lines,
+                   next=("lower the batch size, or `ups relaunch " + ev.view.run_id + "` with more memory per rank") if fatal
+                   else f"ups logs {ev.view.run_id} --rank {record.rank}")
+
+
+def disk_full_verdict(ev: Evidence, record: StatusRecord, text: str) -> Verdict:
+    m = SAVE_NOTE.search(text) or CANNOT_WRITE.search(text)
+    target = m.group("file") if m else None
+    if target is None:
+        paths = re.findall(r"(/[\w./-]+\.(?:pt|pth|ckpt|safetensors|h5|tmp))", text)
+        target = paths[-1] if paths else None
+    what = f"writing {target}" if target else "writing"
+    kind = "checkpoint" if record.phase == "checkpoint" or (target and target.endswith((".pt", ".pth", ".ckpt"))) else "file"
+    free = None
+    if target:
+        try:
+            st = os.statvfs(os.path.dirname(target) or ".")
+            free = st.f_bavail * st.f_frsize
+        except OSError:
+            free = None
+    ev_lines = [_first_line(t) for t in _grep(text, DISK_FULL, 2)]
+    if free is not None:
+        ev_lines.append(f"{free / 2**30:.1f} GiB free there now")
+    return Verdict("disk_full", f"disk full: {record.label} failed {what} ({kind}) in phase {record.phase}",
+                   who=who_of(record), where=where_of(ev, record), since=_ended_at(ev, record), evidence=ev_lines,
+                   next=f"free space on {os.path.dirname(target) if target else 'the output disk'} (df -h), then `ups relaunch {ev.view.run_id}`")
+
+
+def rendezvous_verdict(ev: Evidence, record: StatusRecord, text: str) -> Verdict | None:
+    lines = _grep(text, RENDEZVOUS, 4)
+    if not lines:
+        return None
+    endpoint = _endpoint(ev, text)
+    holder = _port_holder(endpoint[1]) if endpoint and endpoint[1] else None
+    reason = "the port is in use" if re.search(r"address already in use|EADDRINUSE", text, re.I) else (
+        "nothing listens there" if re.search(r"Connection refused|ECONNREFUSED", text, re.I) else
+        "no answer in time" if re.search(r"timed? ?out|Timeout", text, re.I) else "it failed")
+    at = f"{endpoint[0]}:{endpoint[1]}" if endpoint else "the rendezvous endpoint"
+    ev_lines = lines[-2:]
+    if holder:
+        ev_lines.append(f"port {endpoint[1]} is held by pid {holder[0]} ({holder[1]})")
+    return Verdict("rendezvous_failed", f"{record.label} could not rendezvous at {at} in dist.init: {reason}",
+                   who=who_of(record), where={"phase": record.phase, "site": record.error_site, "function": None,
+                                              "frame": None},
+                   since=_ended_at(ev, record), evidence=ev_lines,
+                   next="use --standalone (one node), or a free port / the right --rdzv-endpoint HOST:PORT on every node")
+
+
+def _endpoint(ev: Evidence, text: str) -> tuple[str, int | None] | None:
+    command = " ".join(ev.manifest.get("command") or [])
+    for pattern in (r"--rdzv[-_]endpoint[= ](\S+?):(\d+)", r"--master[-_]addr[= ](\S+).*?--master[-_]port[= ](\d+)",
+                    r"(?:host|addr(?:ess)?)\W+([\w.\-]+)\W+port\W+(\d+)", r"\[([\w.\-:]+)\]:(\d+)", r"([\w.\-]+):(\d{2,5})\b"):
+        for source in (command, text):
+            m = re.search(pattern, source)
+            if m:
+                return m.group(1), int(m.group(2))
+    return None
+
+
+def _port_holder(port: int) -> tuple[int, str] | None:
+    """Who listens on a TCP port of this host (the holder of a busy rendezvous port)."""
+    try:
+        import psutil
+
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
+                proc = psutil.Process(conn.pid)
+                return conn.pid, " ".join(proc.cmdline())[:80]
+    except Exception:  # noqa: BLE001 - a lookup that is not allowed tells nothing
+        return None
+    return None
+
+
+def resources_verdict(ev: Evidence, record: StatusRecord, error: str, rank: StatusRecord | None = None) -> Verdict:
+    fds = re.search(r"Too many open files|EMFILE|ancdata", error, re.I)
+    facts = ev.proc(rank or record)
+    limit = record.metrics.get("nofile_limit") or (facts.nofile if facts else None)
+    figures = []
+    if fds:
+        figures.append(f"ulimit -n (open files) is {limit}" if limit else "the open-file limit (ulimit -n) was reached")
+        fix = ("raise it (`ulimit -n 65536` before launching), or torch.multiprocessing.set_sharing_strategy('file_system'), "
+               f"or `ups relaunch {ev.view.run_id} --num-workers 0`")
+        what = "ran out of file descriptors"
+    else:
+        shm = shm_figures()
+        if shm:
+            figures.append(f"/dev/shm is {shm[0] / 2**30:.1f} GiB, {shm[1] / 2**30:.1f} GiB free now")
+        fix = f"a larger /dev/shm (docker --shm-size=8g), fewer workers or a smaller batch, or `ups relaunch {ev.view.run_id} --num-workers 0`"
+        what = "ran out of shared memory"
+    who = record if record.role == "worker" else (rank or record)
+    return Verdict("dataloader_resources", f"DataLoader workers of {(rank or record).label} {what}",
+                   who=who_of(who), where=where_of(ev, who), since=_ended_at(ev, who),
+                   evidence=[_first_line(error)] + figures, next=fix)
+
+
+# ---------------------------------------------------------------------- live runs
+def unsupervised(ev: Evidence) -> Verdict | None:
+    if ev.view.supervision != "unsupervised":
+        return None
+    launcher = ev.manifest.get("launcher") or {}
+    alive = [p for p in ev.view.processes if p.record.role != "launcher" and p.verdict.health not in (Health.DEAD, Health.DONE, Health.FAILED)]
+    return Verdict("unsupervised", f"the run's launcher (pid {launcher.get('pid')}) is gone; {len(alive)} of its processes run on unsupervised",
+                   who=who_of(next((p.record for p in ev.view.processes if p.record.role == "launcher"), None)),
+                   evidence=["nobody will record how the run ends until a launcher takes it over"],
+                   next=f"ups adopt {ev.view.run_id}")
+
+
+def live_failure(ev: Evidence) -> Verdict | None:
+    """A process already failed while the run is still winding down."""
+    failed = sorted((p.record for p in ev.processes("rank", "agent") if p.record.state == "failed"), key=lambda r: r.heartbeat_at)
+    if not failed:
+        return None
+    return classify_failure(ev, failed[0], {"rank": failed[0].rank, "error": failed[0].error})
+
+
+def collectives(ev: Evidence) -> Verdict | None:
+    ranks = [p for p in ev.processes("rank") if p.record.state == "running"]
+    inside = [p for p in ranks if p.record.collective]
+    if len(ranks) < 2 or not inside or not any(p.verdict.health in (Health.STALLED, Health.UNRESPONSIVE) for p in ranks):
+        return None
+    colls = {p.record.rank: p.record.collective for p in inside}
+    keys = {(c["op"], c["seq"]) for c in colls.values()}
+    run = ev.view.run_id
+    if len(keys) > 1:
+        odd = _odd_ones(inside)
+        common = [p for p in inside if p not in odd]
+        o = odd[0].record
+        c = o.collective
+        groups = "; ".join(f"{_label_list([p for p in inside if (p.record.collective['op'], p.record.collective['seq']) == k])}: "
+                           f"{k[0]} #{k[1]} at {next(p.record.collective['site'] for p in inside if (p.record.collective['op'], p.record.collective['seq']) == k)}"
+                           for k in sorted(keys, key=str))
+        peers = _label_list(common) if common else "its peers"
+        what = "never entered by" if all(p.record.collective["op"] != c["op"] for p in common) else "mismatched with"
+        return Verdict("one_sided_collective",
+                       f"one-sided collective: {o.label} is in {c['op']} #{c['seq']}, {what} {peers}; every rank waits",
+                       who=who_of(o), where={"phase": o.phase, "site": c.get("site"), "function": c["op"], "frame": None},
+                       since=c.get("since"), evidence=[f"in collectives now: {groups}"] + _prev(c),
+                       next=f"ups stacks {run} --group (then fix the call at {c.get('site')}: every rank must make the same collectives in the same order)")
+    outside = [p for p in ranks if not p.record.collective]
+    if outside:
+        waiting = sorted(inside, key=lambda p: p.record.rank or 0)
+        c = waiting[0].record.collective
+        stuck = sorted(outside, key=lambda p: (p.verdict.health not in PROBLEMS, p.record.rank or 0))[0]
+        r = stuck.record
+        section = ev.stack(r)
+        where = where_of(ev, r, section)
+        ev_lines = [f"{_wait(waiting)} in {c['op']} #{c['seq']} at {c.get('site')}",
+                    f"{r.label} is in no collective: {stuck.verdict.reason}"]
+        if section is None:
+            ev_lines.append("no stack dump of it yet")
+        return Verdict("rank_stuck_peers_wait",
+                       f"{r.label} is stuck in its own code while {_wait(waiting)} for it in {c['op']}",
+                       who=who_of(r), where=where, since=max(r.progress_at, r.phase_at), evidence=ev_lines,
+                       next=f"ups stacks {run} --rank {r.rank}" if section is None else f"ups kill {run}  (after fixing {where.get('site') or 'the loop'})")
+    return None
+
+
+def _odd_ones(inside: list[ProcessView]) -> list[ProcessView]:
+    """The ranks whose collective differs: the minority; on a tie, the ranks whose op changed
+    from their previous one while their peers' did not (an error path's extra call)."""
+    by_key: dict[tuple, list[ProcessView]] = {}
+    for p in inside:
+        by_key.setdefault((p.record.collective["op"], p.record.collective["seq"]), []).append(p)
+    sizes = sorted({len(v) for v in by_key.values()})
+    smallest = [p for v in by_key.values() if len(v) == sizes[0] for p in v]
+    if len(sizes) > 1:
+        return smallest
+    changed = [p for p in inside if p.record.collective.get("prev_op") not in (None, p.record.collective["op"])]
+    return changed or sorted(inside, key=lambda p: -(p.record.collective["seq"]))[:1]
+
+
+def _prev(c: dict) -> list[str]:
+    if c.get("prev_op") and c["prev_op"] != c["op"]:
+        return [f"its previous collective was {c['prev_op']} at {c.get('prev_site')}"]
+    return []
+
+
+def ddp_backward(ev: Evidence) -> Verdict | None:
+    """DDP's gradient all-reduce runs in C++: peers waiting for a stuck rank sit in backward."""
+    ranks = [p for p in ev.processes("rank") if p.record.state == "running" and p.verdict.health in (Health.STALLED, Health.UNRESPONSIVE)]
+    if len(ranks) < 2:
+        return None
+    in_backward, elsewhere = [], []
+    for p in ranks:
+        section = ev.stack(p.record)
+        frames = section.stack if section else ()
+        (in_backward if any("autograd" in f.file or f.function in ("_engine_run_backward", "backward") for f in frames) else elsewhere).append(p)
+    if not in_backward or len(elsewhere) != 1:
+        return None
+    r = elsewhere[0].record
+    where = where_of(ev, r)
+    return Verdict("rank_stuck_peers_wait",
+                   f"{r.label} is stuck in its own code while {_wait(in_backward)} for it in backward "
+                   "(DDP's gradient all-reduce)", who=who_of(r), where=where, since=max(r.progress_at, r.phase_at),
+                   evidence=[f"{r.label}: {elsewhere[0].verdict.reason}", f"{_label_list(in_backward)}: in loss.backward()"],
+                   next=f"ups stacks {ev.view.run_id} --group")
+
+
+def stuck_workers(ev: Evidence) -> Verdict | None:
+    workers = [p for p in ev.processes("worker") if p.record.state == "running"
+               and p.verdict.health in (Health.STALLED, Health.UNRESPONSIVE)]
+    if not workers:
+        return None
+    p = sorted(workers, key=lambda p: p.verdict.health.severity, reverse=True)[0]
+    r = p.record
+    section = ev.stack(r)
+    frames = section.stack if section else ()
+    facts = ev.proc(r)
+    io_frame = next((f for f in frames if any(k in f.file for k in IO_FRAMES)), None)
+    blocked_io = facts is not None and facts.syscall in ("read", "pread64", "readv", "open", "openat")
+    file = r.metrics.get("file") or (facts.fd_path if facts else None)
+    if r.item and "#" in r.item and not file:
+        file = r.item.split("#")[0]  # our precompute names the shard in its item
+    ev_lines = [p.verdict.reason]
+    if facts is not None and facts.describe():
+        ev_lines.append(f"kernel: {facts.describe()}")
+    if section is None:
+        ev_lines.append("no stack dump of it yet")
+    where = where_of(ev, r, section)
+    if io_frame is not None:
+        where["frame"] = str(io_frame)
+    run = ev.view.run_id
+    worker_opt = f"--rank {r.rank or 0} --worker {r.worker}"
+    if io_frame is not None or blocked_io:
+        lib = "h5py" if io_frame is not None and "h5py" in io_frame.file else "a read"
+        what = f"opening {os.path.basename(file)}" if file and any(f.function in ("make_fid", "__init__") for f in frames[:3]) \
+            else (f"reading {os.path.basename(file)}" if file else "reading its data")
+        return Verdict("worker_stuck_in_read",
+                       f"{r.label} is stuck {what} ({lib}) while fetching {r.item or 'a batch'}; its rank waits for the batch",
+                       who=who_of(r), where=where, since=max(r.progress_at, r.phase_at),
+                       evidence=ev_lines + ([f"file: {file}"] if file else []),
+                       next=f"check the storage of {file or 'the data'} (a hung mount?), then `ups kill {run} {worker_opt}`"
+                            f" or `ups relaunch {run} --num-workers 0`")
+    return Verdict("unresponsive" if p.verdict.health is Health.UNRESPONSIVE else "stalled",
+                   f"{r.label} is {p.verdict.health.value} while fetching {r.item or 'a batch'}",
+                   who=who_of(r), where=where, since=max(r.progress_at, r.phase_at), evidence=ev_lines,
+                   next=f"ups stacks {run} {worker_opt}" if section is None else f"ups relaunch {run} --num-workers 0")
+
+
+def dead(ev: Evidence) -> Verdict | None:
+    gone = [p for p in ev.processes("rank", "worker", "agent") if p.verdict.health is Health.DEAD]
+    if not gone:
+        return None
+    p = gone[0]
+    r = p.record
+    fatal = ev.stack(r, "fatal")
+    return Verdict("dead", f"{r.label} (pid {r.pid}) is gone while its record says running, last phase {r.phase}",
+                   who=who_of(r), where=where_of(ev, r, fatal), since=r.heartbeat_at,
+                   evidence=[p.verdict.reason] + ([f"faulthandler: {fatal.title}"] if fatal else
+                                                  ["no fatal-signal traceback: os._exit, SIGKILL (the OOM killer?) or a signal without one"]),
+                   next=f"ups logs {ev.view.run_id}" + (f" --rank {r.rank}" if r.role == "rank" else ""))
+
+
+def hung(ev: Evidence) -> Verdict | None:
+    troubled = [p for p in ev.view.processes if p.record.role != "launcher" and p.verdict.health in (Health.STALLED, Health.UNRESPONSIVE)]
+    if not troubled:
+        return None
+    p = sorted(troubled, key=lambda p: (p.verdict.health.severity, p.record.role == "rank"), reverse=True)[0]
+    r = p.record
+    section = ev.stack(r)
+    facts = ev.proc(r)
+    ev_lines = [p.verdict.reason] + ([f"kernel: {facts.describe()}"] if facts and facts.describe() else [])
+    others = [q for q in troubled if q is not p]
+    if others:
+        ev_lines.append(f"also {', '.join(q.record.label for q in others[:4])}")
+    opt = f" --rank {r.rank}" if r.role == "rank" else (f" --rank {r.rank or 0} --worker {r.worker}" if r.role == "worker" else "")
+    return Verdict(p.verdict.health.value, f"{r.label} is {p.verdict.health.value} in phase {r.phase}",
+                   who=who_of(r), where=where_of(ev, r, section), since=max(r.progress_at, r.phase_at), evidence=ev_lines,
+                   next=f"ups stacks {ev.view.run_id}{opt}")
+
+
+def oom_skipped(ev: Evidence) -> Verdict | None:
+    for p in ev.processes("rank"):
+        if p.record.metrics.get("skipped_steps"):
+            lines = _grep(ev.job_log, OOM, 2)
+            rank_line = next((ln for ln in reversed(lines) if "rank" in ln), lines[-1] if lines else "")
+            m = re.search(r"rank (\d+)", rank_line)
+            who = next((q.record for q in ev.processes("rank") if m and q.record.rank == int(m.group(1))), p.record)
+            step = re.search(r"step (\d+)", rank_line)
+            v = oom_verdict(ev, who, fatal=False, error=rank_line)
+            if step:
+                v.headline = v.headline.replace(f"at step {who.step}", f"at step {step.group(1)}")
+            return v
+    return None
+
+
+def healthy(ev: Evidence) -> Verdict:
+    view = ev.view
+    step, total = view.progress
+    starting = [p for p in view.processes if p.verdict.health is Health.STARTING and p.record.role != "launcher"]
+    if not [p for p in view.processes if p.record.role != "launcher"] or (starting and not step):
+        return Verdict("starting", f"nothing wrong yet: the run is starting ({len(view.processes)} process record(s))", ok=True,
+                       next=f"ups status {view.run_id}")
+    rate = f", {view.rate:.3g} {view.unit}/s" if view.rate else ""
+    return Verdict("healthy", f"nothing: healthy, {len(view.processes)} processes, {step}" + (f"/{total}" if total else "")
+                   + f" {view.unit}{rate}", ok=True, next=f"ups status {view.run_id}")
+
+
+RULES: tuple[Rule, ...] = (ended, unsupervised, live_failure, collectives, ddp_backward, stuck_workers, dead, hung, oom_skipped)
