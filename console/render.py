@@ -107,3 +107,17 @@ def events_text(events) -> Text:
 
 def age(seconds: float) -> str:
     return fmt_age(seconds)
+
+
+def verdict_line(verdict) -> Text:  # noqa: ANN001
+    """`ups why` at the head of the run screen: the headline, then where and what next."""
+    if verdict is None:
+        return Text("")
+    t = Text.assemble(("why: ", "bold"), (verdict.headline, "green" if verdict.ok else "bold red"))
+    where = verdict.where or {}
+    loc = where.get("site") or where.get("frame")
+    if loc and not verdict.ok:
+        t.append(f"  at {loc}", "yellow")
+    if verdict.next and not verdict.ok:
+        t.append(f"\nnext: {verdict.next}", "dim")
+    return t

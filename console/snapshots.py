@@ -44,6 +44,7 @@ class RunDetail:
     log_name: str
     stack: str | None
     selected: str | None  # record name the log/stack/workers belong to
+    verdict: Any = None  # ups.why's verdict on the run (heads the run screen)
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,7 @@ class Poller:
         self.full_every = full_every
         self.tick = 0
         self._row_cache: dict[str, RunRow] = {}
+        self._verdicts: dict[tuple[str, str | None], Any] = {}
 
     def _view(self, run: RunDir, include: Callable[[str], bool] | None = None) -> RunView:
         from ups.status.reader import read_status_dir
@@ -168,7 +170,25 @@ class Poller:
         else:
             paths = [view.run.log_path("job")]
         stack = last_stack_dump(view.run, proc.record, max_bytes=12_000) if proc else None
-        return RunDetail(view, tuple(view.run.read_events(limit=30)), _tail(paths[0]), paths[0].name, stack, selected)
+        return RunDetail(view, tuple(view.run.read_events(limit=30)), _tail(paths[0]), paths[0].name, stack, selected,
+                         self._verdict(view))
+
+    def _verdict(self, view: RunView) -> Any:
+        """The run's verdict; an ended run's is computed once (it cannot change)."""
+        from ups.why import diagnose_view
+
+        key = (view.run_id, view.manifest_state)
+        if view.is_final and key in self._verdicts:
+            return self._verdicts[key]
+        try:
+            verdict = diagnose_view(view)
+        except Exception as exc:  # noqa: BLE001 - a verdict that cannot be made is a note, not a crash
+            from ups.why.verdict import Verdict
+
+            verdict = Verdict("failed", f"no verdict: {type(exc).__name__}: {exc}")
+        if view.is_final:
+            self._verdicts[key] = verdict
+        return verdict
 
 
 def _rank_of(name: str | None) -> int:

@@ -17,6 +17,7 @@ from console.render import (
     health_cell,
     reason_cell,
     run_header,
+    verdict_line,
 )
 from console.snapshots import Snapshot
 from console.widgets.live_table import LiveTable
@@ -58,6 +59,7 @@ class RunScreen(Screen):
 
     def compose(self) -> ComposeResult:
         yield Static(id="run-header")
+        yield Static(id="verdict")
         with Vertical(id="tables"):
             yield LiveTable(RANK_COLUMNS, id="ranks")
             yield Static("DataLoader workers of the selected rank", id="workers-title", classes="title")
@@ -111,6 +113,7 @@ class RunScreen(Screen):
         d = snap.detail
         view = d.view
         self._set("#run-header", run_header(view, snap.taken_at))
+        self._set("#verdict", verdict_line(d.verdict))
         ranks = view.ranks() + [p for p in view.processes if p.record.role in ("helper", "agent", "launcher")]
         self.query_one("#ranks", LiveTable).sync([(p.record.name, lambda p=p: rank_cells(p)) for p in ranks])
         sel = view.process(d.selected) if d.selected else None

@@ -40,7 +40,7 @@ def why_cmd(
         from rich.console import Console
         from rich.text import Text
 
-        console = Console(highlight=False)
+        console = Console(highlight=False, soft_wrap=True)  # no newlines inside a command to copy
         console.print(Text.assemble((f"{rd.run_id} ({view.state}): ", "bold"),
                                     (verdict.headline, "green" if verdict.ok else "bold red")))
         rest = verdict.text()[len(verdict.headline.rstrip(".")) + 1 :].strip()

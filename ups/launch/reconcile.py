@@ -66,6 +66,9 @@ def settle(view: RunView, *, actor: str | None = None) -> RunView:
     actor = actor or f"reader:{os.getpid()}"
     if view.run.settle(state, summary=summary, failure=outcome.failure, exit_code=rc, launcher_lost=True, **outcome.extra):
         view.run.append_event("reconcile", actor=actor, state=state, summary=summary, launcher_pid=launcher.get("pid"))
+        from ups.launch.supervise import record_verdict
+
+        record_verdict(view.run)
     return load_run_view(view.run)
 
 

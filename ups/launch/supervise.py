@@ -144,7 +144,18 @@ class Supervisor:
             detail=describe_returncode(returncode),
             summary=outcome.summary,
         )
+        record_verdict(self.run)
         return {"succeeded": 0, "partial": 3}.get(outcome.state, 1)
+
+
+def record_verdict(run: RunDir) -> None:
+    """The verdict of ``ups why`` on the ended run, kept in run.json beside the summary."""
+    try:
+        from ups.why import diagnose_view
+
+        run.update_manifest(verdict=diagnose_view(load_run_view(run)).to_dict())
+    except Exception as exc:  # noqa: BLE001 - the run's state is written; a verdict is a bonus
+        print(f"ups: no verdict for the ended run: {exc!r}", flush=True)
 
 
 class Adopter(Supervisor):

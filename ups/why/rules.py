@@ -432,7 +432,8 @@ def stuck_workers(ev: Evidence) -> Verdict | None:
     frames = section.stack if section else ()
     facts = ev.proc(r)
     io_frame = next((f for f in frames if any(k in f.file for k in IO_FRAMES)), None)
-    blocked_io = facts is not None and facts.syscall in ("read", "pread64", "readv", "open", "openat")
+    blocked_io = (facts is not None and facts.syscall in ("read", "pread64", "readv", "open", "openat")) \
+        or r.phase in ("data.open", "read")  # our precompute's own phases
     file = r.metrics.get("file") or (facts.fd_path if facts else None)
     if r.item and "#" in r.item and not file:
         file = r.item.split("#")[0]  # our precompute names the shard in its item
@@ -447,9 +448,9 @@ def stuck_workers(ev: Evidence) -> Verdict | None:
     run = ev.view.run_id
     worker_opt = f"--rank {r.rank or 0} --worker {r.worker}"
     if io_frame is not None or blocked_io:
-        lib = "h5py" if io_frame is not None and "h5py" in io_frame.file else "a read"
-        what = f"opening {os.path.basename(file)}" if file and any(f.function in ("make_fid", "__init__") for f in frames[:3]) \
-            else (f"reading {os.path.basename(file)}" if file else "reading its data")
+        lib = "h5py" if io_frame is not None and "h5py" in io_frame.file else "I/O"
+        opening = r.phase == "data.open" or any(f.function in ("make_fid", "__init__", "open") for f in frames[:3])
+        what = f"{'opening' if opening else 'reading'} {os.path.basename(file)}" if file else "reading its data"
         return Verdict("worker_stuck_in_read",
                        f"{r.label} is stuck {what} ({lib}) while fetching {r.item or 'a batch'}; its rank waits for the batch",
                        who=who_of(r), where=where, since=max(r.progress_at, r.phase_at),

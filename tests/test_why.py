@@ -1,0 +1,150 @@
+"""`ups why` and `ups stacks --group` on real processes: what an operator reads.
+
+The ten failure modes, each built for real, are in tests/test_why_modes.py; here: the
+pieces they stand on (stack files parsed, stacks folded, the automatic dumps and their
+observe-only mode, the verdict kept at the end of a run, exit codes).
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+from helpers import run_ups, wait_for
+
+from ups.runs.rundir import RunDir
+from ups.why import stacks
+
+PROGRAMS = Path(__file__).parent / "programs"
+FAST = {"UPS_HEARTBEAT_INTERVAL": "0.3"}
+
+
+def launched(res) -> RunDir:
+    assert res.returncode in (0, 1) and res.stdout.strip(), res.stderr
+    return RunDir(json.loads(res.stdout)["run_dir"])
+
+
+def why(run: RunDir) -> dict:
+    res = run_ups("why", str(run.path), "--json")
+    assert res.returncode in (0, 1), res.stderr
+    return json.loads(res.stdout)["verdict"]
+
+
+def test_a_real_dump_is_parsed_to_the_programs_own_frame(runs_root, tmp_path):
+    script = tmp_path / "prep.py"
+    script.write_text(textwrap.dedent("""\
+        import time
+
+        def load_everything():
+            time.sleep(120)  # a slow step the operator wants to see
+
+        load_everything()
+        """))
+    res = run_ups("launch", "python", "--detach", "--json", str(script), env=FAST, cwd=tmp_path)
+    run = launched(res)
+    wait_for(lambda: (run.status_dir / "rank-0.json").exists(), 20, message="the record")
+    dump = run_ups("stacks", str(run.path), "--rank", "0")
+    assert dump.returncode == 0, dump.stderr
+    section = stacks.latest((run.path / "stacks" / "rank-0.txt").read_text())
+    assert section.kind == "dump" and section.own_frame.function == "load_everything"
+    assert section.own_frame.site == "prep.py:4" and section.main.frames[-1].function == "<module>"
+    assert not section.main.ours  # never our heartbeat thread
+    grouped = run_ups("stacks", str(run.path), "--group")
+    assert grouped.stdout.strip() == "rank 0: load_everything at prep.py:4"
+
+
+def test_fold_labels_reads_like_a_training_team_writes_it():
+    assert stacks.fold_labels(["rank 0", "rank 2", "rank 3", "rank 4", "rank 7"]) == "ranks 0, 2-4, 7"
+    assert stacks.fold_labels(["rank 1"]) == "rank 1"
+    assert stacks.fold_labels(["rank 0", "rank 1", "rank 0 / worker 1"]) == "ranks 0, 1, rank 0 / worker 1"
+
+
+def test_stacks_group_folds_ranks_and_why_names_the_one_the_others_wait_for(runs_root, tmp_path):
+    """Our own train job, rank 1 hanging in Python: rank 0 waits in the step's all_reduce.
+    No flag: the launcher dumps both ranks' stacks when they turn stalled."""
+    from test_train import QUICK
+
+    cache = _cache(tmp_path)
+    config = tmp_path / "quick.yaml"
+    config.write_text(QUICK)
+    res = run_ups("launch", "train", "--cache-dir", str(cache), "--tasks", "burgers1d", "--config", str(config),
+                  "--nproc", "2", "--inject", "hang:rank=1,step=4", "--detach", "--json", env=FAST)
+    run = launched(res)
+
+    def named():  # the process and its frame (the frame once the launcher's automatic dump is in)
+        v = why(run)
+        return v["mode"] == "rank_stuck_peers_wait" and (v["where"] or {}).get("function") and v
+
+    v = wait_for(named, 90, interval=0.5, message="the verdict naming rank 1 and its frame")
+    assert v["who"]["rank"] == 1 and v["where"]["function"] == "hang_in_python" and v["where"]["site"].startswith("train.py:")
+    assert "rank 0 waits for it in all_reduce" in v["headline"] and not v["ok"]
+    auto = [e for e in run.read_events() if e["event"] == "stacks.auto"]
+    assert {e["target"] for e in auto} >= {"rank-0", "rank-1"} and all(e["result"].startswith("dumped") for e in auto)
+    lines = run_ups("stacks", str(run.path), "--group").stdout.strip().splitlines()
+    assert any(ln.startswith("rank 0: all_reduce at train.py:") for ln in lines), lines
+    assert any(ln.startswith("rank 1: hang_in_python at train.py:") for ln in lines), lines
+    assert run_ups("kill", str(run.path), "--grace", "3").returncode == 0
+
+
+def _cache(tmp_path: Path) -> Path:
+    from ups.data.synth import synthesize
+    from ups.faults import Faults
+    from ups.jobs import precompute as pre
+    from ups.jobs.config import PrecomputeConfig
+    from ups.status.reporter import NullReporter
+
+    synthesize(tmp_path / "data", "burgers1d", "train", 16, seed=2, timesteps=8, resolution=32)
+    cfg = PrecomputeConfig(root=str(tmp_path / "data"), tasks=["burgers1d"], cache_dir=str(tmp_path / "cache"), num_workers=0,
+                           device="cpu").validate()
+    pre.PrecomputeJob(cfg, NullReporter(), Faults()).execute()
+    return tmp_path / "cache"
+
+
+def test_observe_only_logs_the_automatic_dump_and_sends_nothing(runs_root, tmp_path):
+    script = tmp_path / "stuck.py"
+    script.write_text("import time\nwhile True:\n    time.sleep(1)\n")
+    res = run_ups("launch", "python", "--observe-only", "--stalled-after", "1", "--detach", "--json", str(script),
+                  env=FAST, cwd=tmp_path)
+    run = launched(res)
+    assert run.read_manifest()["automatic"] == "observe"
+    event = wait_for(lambda: next((e for e in run.read_events() if e["event"] == "stacks.auto"), None), 60,
+                     message="the automatic action, logged")
+    assert event["result"] == "observe-only: not signalled" and event["health"] in ("stalled", "starting", "unresponsive")
+    assert "no progress" in event["reason"] or event["health"] != "stalled"
+    assert not [e for e in run.read_events() if e["event"] == "signal"]  # nothing was sent
+    assert not (run.path / "stacks" / "rank-0.txt").read_text().strip()
+
+
+def test_an_ended_run_keeps_its_verdict_and_why_exits_by_it(runs_root, tmp_path):
+    ok = tmp_path / "ok.py"
+    ok.write_text("print('fine')\n")
+    bad = tmp_path / "bad.py"
+    bad.write_text("def parse(row):\n    return int(row)\n\nparse('x7')\n")
+    good = launched(run_ups("launch", "python", "--json", str(ok), cwd=tmp_path))
+    res = run_ups("why", str(good.path))
+    assert res.returncode == 0 and "nothing wrong: the run succeeded" in res.stdout
+    failed = launched(run_ups("launch", "python", "--json", str(bad), cwd=tmp_path))
+    m = failed.read_manifest()
+    assert m["verdict"]["mode"] == "exception" and m["verdict"]["where"]["site"] == "bad.py:2"
+    res = run_ups("why", str(failed.path))
+    assert res.returncode == 1
+    assert "rank 0 raised ValueError: invalid literal for int() with base 10: 'x7'" in res.stdout
+    assert "bad.py:2 in parse" in res.stdout and "Next: ups logs" in res.stdout
+    assert run_ups("why", str(tmp_path / "nope")).returncode == 2
+
+
+def test_why_on_a_healthy_live_run_says_nothing_is_wrong(runs_root, tmp_path):
+    script = tmp_path / "fit.py"
+    script.write_text(textwrap.dedent("""\
+        import time, torch
+        model = torch.nn.Linear(8, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for step in range(400):
+            loss = model(torch.randn(16, 8)).square().mean()
+            opt.zero_grad(); loss.backward(); opt.step()
+            time.sleep(0.05)
+        """))
+    run = launched(run_ups("launch", "python", "--detach", "--json", str(script), env=FAST, cwd=tmp_path))
+    v = wait_for(lambda: (w := why(run))["mode"] == "healthy" and w, 60, message="a healthy verdict")
+    assert v["ok"] is True and v["headline"].startswith("nothing: healthy") and "steps" in v["headline"]
