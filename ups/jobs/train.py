@@ -327,7 +327,9 @@ class Trainer:
     # -- the loop ------------------------------------------------------------------------
     def execute(self) -> int:
         cfg, d, rep = self.cfg, self.d, self.rep
-        self.phase("dist.init")
+        # dist.init and ddp.wrap (and every collective) are recorded by ups.instrument, which
+        # every process of a launched job runs: only the fault hooks remain here.
+        self.faults.on_phase("dist.init")
         d.init(self.device)
         self.phase("data.load")
         pairs = load_pairs(cfg, check_cache(cfg))
@@ -335,7 +337,7 @@ class Trainer:
         self.phase("model.build")
         torch.manual_seed(cfg.seed)
         model = LatentOperator(tokens, dim, hidden=cfg.hidden, depth=cfg.depth, tasks=len(pairs.names)).to(self.device)
-        self.phase("ddp.wrap")
+        self.faults.on_phase("ddp.wrap")
         ddp = torch.nn.parallel.DistributedDataParallel(model) if d.enabled else model
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
         start = self.load_checkpoint(model, opt)
@@ -483,10 +485,12 @@ def main(argv: list[str] | None = None) -> int:
     with rep:
         try:
             trainer = Trainer(cfg, rep, Faults.from_env())
-            if isinstance(rep, Reporter) and trainer.device.type == "cuda":
+            if isinstance(rep, Reporter) and rep._gpu_sampler is None and trainer.device.type == "cuda":  # noqa: SLF001
+                # Instrumented, the rank's record samples its CUDA device already; this is for
+                # a job run with UPS_INSTRUMENT=0.
                 from ups.gpu.torch_memory import cuda_memory_sampler
 
-                rep._gpu_sampler = cuda_memory_sampler(trainer.device)  # noqa: SLF001
+                rep.set_gpu_sampler(cuda_memory_sampler(trainer.device))
             code = trainer.execute()
             trainer.log("done")
         except UpsError as exc:
