@@ -71,6 +71,17 @@ def fallback(run: RunDir) -> ActionResult:
     return ActionResult(True, f"asked {run.run_id} to fall back to num_workers=0")
 
 
+def adopt(run: RunDir) -> ActionResult:
+    """A new launcher for a run whose launcher died."""
+    from ups.launch.reconcile import adopt as core_adopt
+
+    try:
+        pid = core_adopt(run, actor=ACTOR)
+    except UpsError as exc:
+        return ActionResult(False, str(exc))
+    return ActionResult(True, f"run {run.run_id} adopted by a new launcher (pid {pid})")
+
+
 def relaunch(run: RunDir, runs_dir: Path) -> ActionResult:
     """The same command as a new run with every DataLoader at num_workers=0 (a precompute
     resumes from its cache); the message is the new run's id."""

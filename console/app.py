@@ -24,7 +24,7 @@ from console.screens.other import ConfirmKill, RunsScreen
 from console.screens.run import RunScreen
 from console.snapshots import Poller, Snapshot
 
-ACTIONS = {"kill_process", "kill_run", "stacks", "fallback", "relaunch", "launch"}
+ACTIONS = {"kill_process", "kill_run", "stacks", "fallback", "relaunch", "launch", "adopt"}
 
 
 @dataclass
@@ -166,6 +166,8 @@ class UpsConsole(App):
             result = actions.stacks(run, record)
         elif what == "fallback":
             result = actions.fallback(run)
+        elif what == "adopt":
+            result = actions.adopt(run)
         elif what == "relaunch":
             result = actions.relaunch(run, self.runs_dir)
             if result.ok:

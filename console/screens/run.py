@@ -48,6 +48,7 @@ class RunScreen(Screen):
         Binding("s", "stacks", "Dump stacks"),
         Binding("f", "fallback", "Fallback w=0"),
         Binding("r", "relaunch", "Relaunch w=0"),
+        Binding("a", "adopt", "Adopt", show=False),
     ]
 
     def __init__(self, run_id: str) -> None:
@@ -154,6 +155,9 @@ class RunScreen(Screen):
 
     def action_fallback(self) -> None:
         self.app.perform("fallback", self.run_id, None)
+
+    def action_adopt(self) -> None:
+        self.app.perform("adopt", self.run_id, None)
 
     def action_relaunch(self) -> None:
         self.app.perform("relaunch", self.run_id, None)
