@@ -13,8 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import h5py
-import numpy as np
 import pytest
 from helpers import run_ups, wait_for
 
@@ -107,89 +105,9 @@ def test_live_run_shows_phases_collectives_workers_and_stacks(runs_root, tmp_pat
     assert wait_final(run)["state"] == "killed"
 
 
-def test_exception_on_rank1_is_named_with_file_and_line(runs_root, tmp_path):
-    res = run_ups("launch", "torchrun", "--json", "--nproc-per-node", "2", DDP, "--steps", "30", "--workers", "0",
-                  "--fail", "raise", "--fail-step", "5", env=FAST_HEARTBEAT, timeout=180, cwd=tmp_path)
-    run = launched(res)
-    assert res.returncode == 1
-    m = run.read_manifest()
-    assert m["state"] == "failed" and m["failure"]["rank"] == 1
-    assert m["summary"].startswith("rank 1 failed: FloatingPointError: loss is NaN at step 5 (at ddp_train.py:")
-    assert m["failure"]["error_site"].startswith("ddp_train.py:")
-    assert "in main" in m["summary"]
-    # torchrun's own report names it too: the error file was written without @record.
-    log = run.log_path("job").read_text()
-    assert "FloatingPointError: loss is NaN at step 5" in log and "error_file: <N/A>" not in log
-    assert "Traceback" in (run.path / "stacks" / "rank-1.txt").read_text()
-    assert records(run)["rank-1"].state == "failed"
-
-
-def test_rank_that_calls_os_exit_is_the_root_cause_not_the_rank_torchrun_blames(runs_root, tmp_path):
-    res = run_ups("launch", "torchrun", "--json", "--nproc-per-node", "2", DDP, "--steps", "40", "--workers", "0",
-                  "--fail", "exit", "--fail-step", "8", env=FAST_HEARTBEAT, timeout=180, cwd=tmp_path)
-    run = launched(res)
-    assert res.returncode == 1
-    m = run.read_manifest()
-    assert m["state"] == "failed"
-    assert m["failure"]["rank"] == 1 and m["failure"]["clean"] is False
-    assert "rank 1 ended without a normal interpreter exit" in m["summary"] and "while rank 0 still ran" in m["summary"]
-    assert m["failure"]["torchrun_root"] == 0  # what torchrun alone would have said
-    assert m["ranks"]["1"]["exit_code"] in (0, None) and m["ranks"]["0"]["state"] == "failed"
-    exits = {e["name"]: e for e in run.read_events() if e["event"] == "process.exit"}
-    assert exits["rank-1"]["clean"] is False and exits["rank-1"]["at"] < exits["rank-0"]["at"]
-
-
-def test_rank_stuck_in_its_own_code_is_stalled_and_its_stack_says_where(runs_root, tmp_path):
-    res = run_ups("launch", "torchrun", "--detach", "--json", "--stalled-after", "3", "--nproc-per-node", "2", DDP,
-                  "--steps", "100", "--workers", "0", "--fail", "sleep", "--fail-step", "5", env=FAST_HEARTBEAT, cwd=tmp_path)
-    run = launched(res)
-
-    def both_stalled():
-        procs = by_name(status(run))
-        return all(procs.get(f"rank-{r}", {}).get("health") == "stalled" for r in (0, 1)) and procs
-
-    procs = wait_for(both_stalled, 90, interval=0.3, message="both ranks stalled")
-    assert procs["rank-1"]["step"] == 5 and "no progress for" in procs["rank-1"]["reason"]
-    stacks1 = run_ups("stacks", str(run.path), "--rank", "1").stdout
-    assert "ddp_train.py" in stacks1 and "in main" in stacks1
-    stacks0 = run_ups("stacks", str(run.path), "--rank", "0").stdout
-    assert "backward" in stacks0  # waiting for rank 1 in DDP's gradient all-reduce
-    assert run_ups("kill", str(run.path), "--grace", "3").returncode == 0
-    assert wait_final(run)["state"] == "killed"
-
-
-# ------------------------------------------------------------------------- python
-def make_shards(root: Path, n: int, fifo_at: int | None = None) -> None:
-    root.mkdir(parents=True, exist_ok=True)
-    for k in range(n):
-        path = root / f"shard_{k:02d}.h5"
-        if k == fifo_at:
-            os.mkfifo(path)  # stands in for a file on a hung network mount
-            continue
-        with h5py.File(path, "w") as f:
-            f["tensor"] = np.random.default_rng(k).normal(size=(8, 16)).astype(np.float32)
-
-
-def test_data_script_worker_hung_in_a_read_is_unresponsive_with_the_h5py_frame(runs_root, tmp_path):
-    make_shards(tmp_path / "data", 4, fifo_at=2)
-    res = run_ups("launch", "python", "--detach", "--json", "--unresponsive-after", "2",
-                  str(PROGRAMS / "read_shards.py"), str(tmp_path / "data"), "--workers", "2",
-                  env=FAST_HEARTBEAT, cwd=tmp_path)
-    run = launched(res)
-
-    def hung_worker():
-        procs = by_name(status(run))
-        hung = [p for p in procs.values() if p["role"] == "worker" and p["health"] == "unresponsive"]
-        return hung and (procs, hung[0])
-
-    procs, worker = wait_for(hung_worker, 60, interval=0.3, message="a worker unresponsive")
-    assert worker["phase"] == "fetch" and worker["item"].startswith("index")  # the dataset index in flight
-    assert procs["rank-0"]["phase"] == "data"  # the main process waits on the DataLoader
-    res = run_ups("stacks", str(run.path), "--worker", str(worker["worker"]))
-    assert res.returncode == 0, res.stderr
-    assert "h5py/_hl/files.py" in res.stdout and "read_shards.py" in res.stdout
-    assert run_ups("kill", str(run.path), "--force").returncode == 0
-    assert wait_final(run)["state"] == "killed"
+# Failures of a watched program (an exception on one rank, os._exit mid-run, a rank stuck in
+# its own code, a DataLoader worker stuck in an HDF5 open) are the drills of tests/why_drills.py:
+# tests/test_why_modes.py checks there what status, stacks, run.json and `ups why` say of each.
 
 
 def test_relaunch_with_num_workers_0_gets_past_workers_that_deadlock(runs_root, tmp_path):

@@ -63,6 +63,8 @@ def launch(*args: str, timeout: float = 120):
     for line in res.stderr.splitlines():
         if line.startswith("run "):
             run = RunDir(line.split("(", 1)[1].split(")", 1)[0])
+    if run is None and res.stdout.lstrip().startswith("{"):  # --detach --json
+        run = RunDir(json.loads(res.stdout)["run_dir"])
     return res, run
 
 
@@ -133,6 +135,18 @@ def test_injected_worker_hang_is_detected_killed_and_the_job_completes(data_root
     kills = [e for e in events(run, "signal") if e["actor"] == "watchdog" and e["signal"] in ("SIGTERM", "SIGKILL")]
     assert kills and kills[0]["pid"] == hung[0]["pid"]
     assert len(latents(tmp_path / "c")) == 24 and run.read_manifest()["state"] == "succeeded"
+
+
+def test_observe_only_watchdog_logs_the_hung_worker_and_leaves_it_alone(data_root, fast_config, tmp_path, runs_root):
+    res, run = launch_burgers(fast_config, data_root, tmp_path / "c", "--inject", "worker_hang:worker=1,after=1",
+                              "--observe-only", "--detach", "--json")
+    assert res.returncode == 0, res.stderr
+    hung = wait_for(lambda: events(run, "worker.hung"), 60, message="the watchdog's verdict on worker 1")
+    assert hung[0]["worker"] == 1 and hung[0]["result"] == "observe-only: not dumped, not killed"
+    assert psutil.pid_exists(hung[0]["pid"]) and psutil.Process(hung[0]["pid"]).status() != "zombie"
+    assert not [e for e in events(run, "signal") if e["actor"] == "watchdog"]  # nothing was sent
+    assert "Thread" not in (run.path / hung[0]["stack_file"]).read_text()  # no dump was asked for
+    assert run_ups("kill", str(run.path), "--grace", "2").returncode == 0
 
 
 def test_shard_that_hangs_after_the_launch_check_is_quarantined_with_its_stack(data_root, fast_config, tmp_path, runs_root):

@@ -99,6 +99,9 @@ def test_sigsegv_on_rank1_in_model_build_is_named_with_its_traceback(cache_dir, 
     assert rank_records(run)[1].phase == "model.build"
     stack = (run.path / "stacks" / "rank-1.txt").read_text()
     assert "Fatal Python error: Segmentation fault" in stack and "on_phase" in stack and "ups/jobs/train.py" in stack
+    v = m["verdict"]  # what `ups why` says, kept in run.json
+    assert v["mode"] == "crashed_by_signal" and v["headline"] == "rank 1 was killed by SIGSEGV in phase model.build"
+    assert v["who"]["rank"] == 1 and v["evidence"][0].startswith("faulthandler: Segmentation fault, main thread in train.py:")
     wait_for(lambda: no_process_left(run), 15, message="no rank left running")
 
 
@@ -109,6 +112,8 @@ def test_oom_on_rank1_skips_the_step_on_both_ranks_and_finishes(cache_dir, quick
     assert recs[0].metrics["skipped_steps"] == 1 and recs[1].metrics["skipped_steps"] == 1
     assert recs[0].state == recs[1].state == "done"
     assert "step 3: OOM on 1 rank(s), step skipped on every rank" in run.log_path("job").read_text()
+    v = run.read_manifest()["verdict"]
+    assert v["ok"] and "rank 1 ran out of memory at step 3 (the step was skipped on every rank (1 so far)" in v["evidence"][0]
 
 
 def test_hang_on_rank1_shows_both_stalled_stacks_and_kill_ends_the_run(cache_dir, quick, runs_root):

@@ -2,12 +2,15 @@
 
     torchrun --nproc-per-node 2 ddp_train.py --steps 30 --workers 2
 
---fail {raise,exit,sleep} makes --fail-rank misbehave at --fail-step, as real programs do:
-raise (a NaN check), exit (os._exit(0) from a library's error path), sleep (stuck in its
-own code while its peers wait).
+--fail makes --fail-rank misbehave at --fail-step, as real programs do: raise (a NaN check),
+exit (os._exit(0) from a library's error path), sleep (stuck in its own code while its peers
+wait), oom (an activation too large to allocate), broadcast (the seeds' OOM handler: it tells
+the others to skip with a broadcast that only the failing rank makes), segv (a crash in a
+native extension while the model is built).
 """
 
 import argparse
+import ctypes
 import os
 import time
 
@@ -31,13 +34,20 @@ class Trajectories(Dataset):
         return self.x[i], self.y[i]
 
 
+def build_model(crash: bool = False) -> torch.nn.Module:
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 32))
+    if crash:
+        ctypes.string_at(0)  # a native extension reading a null pointer
+    return model
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--start-method", default="fork")
     p.add_argument("--step-time", type=float, default=0.0)
-    p.add_argument("--fail", choices=["raise", "exit", "sleep"])
+    p.add_argument("--fail", choices=["raise", "exit", "sleep", "oom", "broadcast", "segv"])
     p.add_argument("--fail-rank", type=int, default=1)
     p.add_argument("--fail-step", type=int, default=10)
     p.add_argument("--ckpt")
@@ -50,8 +60,7 @@ def main() -> None:
     loader = DataLoader(data, batch_size=16, sampler=sampler, num_workers=args.workers,
                         multiprocessing_context=args.start_method if args.workers else None,
                         persistent_workers=args.workers > 0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 32))
-    model = torch.nn.parallel.DistributedDataParallel(model)
+    model = torch.nn.parallel.DistributedDataParallel(build_model(args.fail == "segv" and rank == args.fail_rank))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
     step, epoch = 0, 0
@@ -63,12 +72,22 @@ def main() -> None:
                     raise FloatingPointError(f"loss is NaN at step {step}")
                 if args.fail == "exit":
                     os._exit(0)
-                while True:
-                    time.sleep(0.5)
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+                if args.fail == "sleep":
+                    while True:
+                        time.sleep(0.5)
+            try:
+                if args.fail in ("oom", "broadcast") and rank == args.fail_rank and step == args.fail_step:
+                    x = x.new_empty(2**45)  # far more than the box has: the allocator refuses
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            except RuntimeError as exc:
+                if args.fail != "broadcast" or "can't allocate memory" not in str(exc):
+                    raise
+                skip = torch.ones(1)
+                dist.broadcast(skip, src=rank)  # "skip this step": but the others never enter it
+                continue
             logged = loss.detach().clone()
             dist.all_reduce(logged)
             if rank == 0 and step % 10 == 0:

@@ -107,9 +107,10 @@ def boot() -> None:
         return  # the resource tracker and fork server: no record, no hooks
     state.parent = _parse_parent()
     _install_process_hooks()
-    from ups.instrument import imports, torch_hooks
+    from ups.instrument import imports, io_hooks, torch_hooks
 
     imports.when_imported("torch", torch_hooks.patch_torch)
+    imports.when_imported("h5py", io_hooks.patch_h5py)
     imports.when_imported("multiprocessing.process", _patch_multiprocessing)
     if _is_multiprocessing_child():
         return  # a worker or helper: decided in BaseProcess._bootstrap, once we know which

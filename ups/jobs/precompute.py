@@ -284,6 +284,9 @@ class PrecomputeJob:
         self.faults = faults
         run_dir = os.environ.get(ENV_RUN_DIR)
         self.run = RunDir(run_dir) if run_dir else None
+        # `ups launch --observe-only`: the watchdog logs what it would do to a hung worker
+        # (dump its stacks, kill it) and does nothing, so a false positive never becomes a kill loop.
+        self.observe_only = self.run is not None and self.run.read_manifest().get("automatic") == "observe"
         self.rank = 0
         self.state = JobState(fallback=cfg.num_workers == 0)
         self.device = self._pick_device()
@@ -328,6 +331,11 @@ class PrecomputeJob:
             if rec.worker in self.state.killed_by_watchdog:
                 return
             self.state.killed_by_watchdog.add(rec.worker)
+        if self.observe_only:
+            self.event("worker.hung", worker=rec.worker, pid=rec.pid, item=rec.item, phase=rec.phase, reason=why,
+                       stack_file=rec.stack_file, result="observe-only: not dumped, not killed")
+            self.say(f"worker {rec.worker} (pid {rec.pid}) hung in {rec.phase} on {rec.item}: {why}; observe-only, left alone")
+            return
         try:
             stack = dump_stacks(self.run, rec, actor="watchdog", timeout=3.0)
         except RefusedSignal as exc:

@@ -24,8 +24,13 @@ from ups.why.verdict import Verdict, who_of
 
 Rule = Callable[[Evidence], Verdict | None]
 
-OOM = re.compile(r"out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED", re.I)
-DISK_FULL = re.compile(r"No space left on device|ENOSPC|\[Errno 28\]|file write failed")
+# CUDA's words, and the CPU allocator's when a host allocation is refused.
+OOM = re.compile(r"out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|can't allocate memory|"
+                 r"Cannot allocate memory", re.I)
+# torch.save's zip writer reports a short write (a full disk, a quota) as "unexpected pos".
+DISK_FULL = re.compile(r"No space left on device|ENOSPC|\[Errno 28\]|file write failed|Disk quota exceeded|"
+                       r"unexpected pos \d+ vs \d+")
+TRACEBACK_FILE = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)')
 RENDEZVOUS = re.compile(
     r"address already in use|EADDRINUSE|Connection refused|ECONNREFUSED|Rendezvous\w*Error|rendezvous|"
     r"server socket has failed to listen|failed to connect|Name or service not known|No route to host|"
@@ -77,8 +82,9 @@ def ended(ev: Evidence) -> Verdict | None:
     m = ev.manifest
     state, summary = m.get("state"), m.get("summary") or ""
     if state == "succeeded":
+        skipped = oom_skipped(ev)  # survived, but worth knowing: a step skipped for lack of memory
         return Verdict("succeeded", f"nothing wrong: the run succeeded ({summary})", ok=True,
-                       next=f"ups status {view.run_id}")
+                       evidence=[skipped.headline] if skipped else [], next=f"ups status {view.run_id}")
     if state == "killed":
         kill = next((e for e in reversed(ev.events) if e.get("event") == "kill"), {})
         who = kill.get("actor", "an operator")
@@ -252,7 +258,7 @@ def disk_full_verdict(ev: Evidence, record: StatusRecord, text: str) -> Verdict:
 
 
 def rendezvous_verdict(ev: Evidence, record: StatusRecord, text: str) -> Verdict | None:
-    lines = _grep(text, RENDEZVOUS, 4)
+    lines = [ln for ln in _grep(text, RENDEZVOUS, 8) if not TRACEBACK_FILE.search(ln)][-4:]
     if not lines:
         return None
     endpoint = _endpoint(ev, text)
@@ -264,9 +270,16 @@ def rendezvous_verdict(ev: Evidence, record: StatusRecord, text: str) -> Verdict
     ev_lines = lines[-2:]
     if holder:
         ev_lines.append(f"port {endpoint[1]} is held by pid {holder[0]} ({holder[1]})")
-    return Verdict("rendezvous_failed", f"{record.label} could not rendezvous at {at} in dist.init: {reason}",
-                   who=who_of(record), where={"phase": record.phase, "site": record.error_site, "function": None,
-                                              "frame": None},
+    # A rank fails inside init_process_group; torchrun's agent fails before any rank starts,
+    # in its own rendezvous: its site is torchrun's frame that raised, not the `torchrun` script.
+    agent = record.role == "agent"
+    frames = list(TRACEBACK_FILE.finditer(text)) if agent else []
+    frame = f"{os.path.basename(frames[-1]['path'])}:{frames[-1]['line']} in {frames[-1]['fn']}" if frames else None
+    stage = "dist.init" if record.phase == "dist.init" else "rendezvous"
+    who = "torchrun's agent" if agent else record.label
+    return Verdict("rendezvous_failed", f"{who} could not rendezvous at {at}" + (" in dist.init" if stage == "dist.init" else "") + f": {reason}",
+                   who=who_of(record), where={"phase": stage, "site": None if agent else record.error_site,
+                                              "function": None, "frame": frame},
                    since=_ended_at(ev, record), evidence=ev_lines,
                    next="use --standalone (one node), or a free port / the right --rdzv-endpoint HOST:PORT on every node")
 
@@ -346,6 +359,23 @@ def collectives(ev: Evidence) -> Verdict | None:
     colls = {p.record.rank: p.record.collective for p in inside}
     keys = {(c["op"], c["seq"]) for c in colls.values()}
     run = ev.view.run_id
+    in_ddp = [p for p in ranks if not p.record.collective and _in_backward(ev, p)]
+    if in_ddp and len(in_ddp) + len(inside) == len(ranks):
+        # The peers sit in DDP's gradient all-reduce (C++, inside backward), the normal path of
+        # every step; the ranks in a collective of their own are the ones out of step.
+        o = sorted(inside, key=lambda p: p.record.rank or 0)[0].record
+        c = o.collective
+        return Verdict("one_sided_collective",
+                       f"one-sided collective: {o.label} is in {c['op']} #{c['seq']}, never entered by "
+                       f"{_label_list(in_ddp)}: {'they wait' if len(in_ddp) > 1 else 'it waits'} in DDP's gradient "
+                       "all-reduce (backward); every rank waits",
+                       who=who_of(o), where={"phase": o.phase, "site": c.get("site"), "function": c["op"], "frame": None},
+                       since=c.get("since"),
+                       evidence=[f"{_label_list(inside)}: {c['op']} #{c['seq']} at {c.get('site')}",
+                                 f"{_label_list(in_ddp)}: in loss.backward() (DDP all-reduces gradients there)"] + _prev(c),
+                       next=f"ups stacks {run} --group (then fix the call at {c.get('site')}: every rank must make the same "
+                            "collectives in the same order; an error path that skips a step must tell the others with a "
+                            "flag all-reduced by every rank)")
     if len(keys) > 1:
         odd = _odd_ones(inside)
         common = [p for p in inside if p not in odd]
@@ -400,6 +430,12 @@ def _prev(c: dict) -> list[str]:
     return []
 
 
+def _in_backward(ev: Evidence, p: ProcessView) -> bool:
+    section = ev.stack(p.record)
+    frames = section.stack if section else ()
+    return any("autograd" in f.file or f.function in ("_engine_run_backward", "backward") for f in frames)
+
+
 def ddp_backward(ev: Evidence) -> Verdict | None:
     """DDP's gradient all-reduce runs in C++: peers waiting for a stuck rank sit in backward."""
     ranks = [p for p in ev.processes("rank") if p.record.state == "running" and p.verdict.health in (Health.STALLED, Health.UNRESPONSIVE)]
@@ -407,9 +443,7 @@ def ddp_backward(ev: Evidence) -> Verdict | None:
         return None
     in_backward, elsewhere = [], []
     for p in ranks:
-        section = ev.stack(p.record)
-        frames = section.stack if section else ()
-        (in_backward if any("autograd" in f.file or f.function in ("_engine_run_backward", "backward") for f in frames) else elsewhere).append(p)
+        (in_backward if _in_backward(ev, p) else elsewhere).append(p)
     if not in_backward or len(elsewhere) != 1:
         return None
     r = elsewhere[0].record
@@ -419,6 +453,22 @@ def ddp_backward(ev: Evidence) -> Verdict | None:
                    "(DDP's gradient all-reduce)", who=who_of(r), where=where, since=max(r.progress_at, r.phase_at),
                    evidence=[f"{r.label}: {elsewhere[0].verdict.reason}", f"{_label_list(in_backward)}: in loss.backward()"],
                    next=f"ups stacks {ev.view.run_id} --group")
+
+
+def starved_loader(ev: Evidence) -> Verdict | None:
+    """Workers out of file descriptors or shared memory rarely crash the loop: the worker's
+    resource sharer dies with EMFILE and the main process waits forever for the batch. The
+    log says why while the rank stalls in its DataLoader."""
+    stuck = [p for p in ev.processes("rank", "worker") if p.record.state == "running"
+             and p.verdict.health in (Health.STALLED, Health.UNRESPONSIVE)]
+    if not stuck:
+        return None
+    lines = _grep(ev.job_log[-200_000:], DATALOADER_RESOURCES, 2)
+    if not lines:
+        return None
+    rank_no = stuck[0].record.rank or 0
+    rank = next((p.record for p in ev.processes("rank") if (p.record.rank or 0) == rank_no), stuck[0].record)
+    return resources_verdict(ev, rank, "\n".join(reversed(lines)), rank=rank)
 
 
 def stuck_workers(ev: Evidence) -> Verdict | None:
@@ -449,8 +499,9 @@ def stuck_workers(ev: Evidence) -> Verdict | None:
     worker_opt = f"--rank {r.rank or 0} --worker {r.worker}"
     if io_frame is not None or blocked_io:
         lib = "h5py" if io_frame is not None and "h5py" in io_frame.file else "I/O"
-        opening = r.phase == "data.open" or any(f.function in ("make_fid", "__init__", "open") for f in frames[:3])
-        what = f"{'opening' if opening else 'reading'} {os.path.basename(file)}" if file else "reading its data"
+        opening = (r.phase == "data.open" or (facts is not None and facts.syscall in ("open", "openat"))
+                   or any(f.function in ("make_fid", "__init__", "open") for f in frames[:3]))
+        what = f"{'opening' if opening else 'reading'} " + (os.path.basename(file) if file else "a file")
         return Verdict("worker_stuck_in_read",
                        f"{r.label} is stuck {what} ({lib}) while fetching {r.item or 'a batch'}; its rank waits for the batch",
                        who=who_of(r), where=where, since=max(r.progress_at, r.phase_at),
@@ -522,4 +573,5 @@ def healthy(ev: Evidence) -> Verdict:
                    + f" {view.unit}{rate}", ok=True, next=f"ups status {view.run_id}")
 
 
-RULES: tuple[Rule, ...] = (ended, unsupervised, live_failure, collectives, ddp_backward, stuck_workers, dead, hung, oom_skipped)
+RULES: tuple[Rule, ...] = (ended, unsupervised, live_failure, collectives, ddp_backward, starved_loader, stuck_workers, dead,
+                          hung, oom_skipped)

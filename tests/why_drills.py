@@ -1,0 +1,337 @@
+"""The ten failure modes of `ups why`, each built for real: a real program under `ups launch`,
+a real fault (a FIFO for a hung mount, a real allocator refusal, /dev/full, a held port, a low
+`ulimit -n`), and what the verdict must name.
+
+Shared by tests/test_why_modes.py (each drill is a test) and scripts/bench_why.py (seconds
+from the failure becoming visible to the verdict). A drill's ``visible`` says when the failure
+shows under the run's thresholds (a hang: the process turned stalled or unresponsive; a crash:
+the run ended); ``check`` asserts what an operator reads in the verdict and what else a user
+checks (status, stacks, run.json).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from helpers import run_ups
+
+from ups.runs.rundir import RunDir
+
+PROGRAMS = Path(__file__).parent / "programs"
+DDP = str(PROGRAMS / "ddp_train.py")
+FAST = {"UPS_HEARTBEAT_INTERVAL": "0.3"}
+FINAL = ("succeeded", "partial", "failed", "killed", "lost")
+VERDICT_WITHIN_S = 15.0
+
+
+@dataclass
+class Drill:
+    name: str
+    mode: str  # the verdict's mode
+    launch: Callable[[Path], RunDir]  # builds the failure in a scratch folder; returns the run
+    visible: Callable[[RunDir], bool]  # the failure shows under the run's thresholds
+    check: Callable[[RunDir, dict], None]  # asserts on the verdict (dict of `ups why --json`)
+    cleanup: Callable[[], None] | None = None
+
+
+def launched(res: subprocess.CompletedProcess) -> RunDir:
+    assert res.stdout.strip(), res.stderr
+    return RunDir(json.loads(res.stdout)["run_dir"])
+
+
+def status(run: RunDir) -> dict:
+    res = run_ups("status", str(run.path), "--json")
+    assert res.returncode == 0, res.stderr
+    return {p["name"]: p for p in json.loads(res.stdout)["processes"]}
+
+
+def ended(run: RunDir) -> bool:
+    return run.read_manifest()["state"] in FINAL
+
+
+def health_of(run: RunDir, name: str) -> str | None:
+    from ups.runs.view import load_run_view
+
+    p = load_run_view(run).process(name)
+    return p.verdict.health.value if p else None
+
+
+def in_trouble(*names: str) -> Callable[[RunDir], bool]:
+    return lambda run: all(health_of(run, n) in ("stalled", "unresponsive") for n in names)
+
+
+def torchrun(tmp: Path, *line: str, ups_opts: tuple[str, ...] = ()) -> RunDir:
+    res = run_ups("launch", "torchrun", "--detach", "--json", *ups_opts, "--nproc-per-node", "2", DDP, *line,
+                  env=FAST, cwd=tmp)
+    return launched(res)
+
+
+def site_in(where: dict, file: str) -> bool:
+    return (where.get("site") or "").startswith(f"{file}:")
+
+
+# ---------------------------------------------------------------- 1. worker stuck in HDF5
+def make_shards(root: Path, n: int, fifo_at: int | None = None) -> None:
+    import h5py
+    import numpy as np
+
+    root.mkdir(parents=True, exist_ok=True)
+    for k in range(n):
+        path = root / f"shard_{k:02d}.h5"
+        if k == fifo_at:
+            os.mkfifo(path)  # stands in for a file on a hung network mount
+            continue
+        with h5py.File(path, "w") as f:
+            f["tensor"] = np.random.default_rng(k).normal(size=(8, 16)).astype(np.float32)
+
+
+def launch_h5py(tmp: Path) -> RunDir:
+    make_shards(tmp / "data", 4, fifo_at=2)
+    res = run_ups("launch", "python", "--detach", "--json", "--unresponsive-after", "2",
+                  str(PROGRAMS / "read_shards.py"), str(tmp / "data"), "--workers", "2", env=FAST, cwd=tmp)
+    return launched(res)
+
+
+def worker_in_trouble(run: RunDir) -> bool:
+    from ups.runs.view import load_run_view
+
+    return any(p.verdict.health.value == "unresponsive" for p in load_run_view(run).workers(0))
+
+
+def check_h5py(run: RunDir, v: dict) -> None:
+    assert v["who"]["role"] == "worker" and v["who"]["rank"] == 0
+    assert "opening shard_02.h5 (h5py)" in v["headline"] and "index" in v["headline"]
+    assert "h5py" in (v["where"]["frame"] or "") and site_in(v["where"], "read_shards.py")
+    assert v["next"].startswith("check the storage of") and "--num-workers 0" in v["next"]
+    procs = status(run)
+    worker = procs[v["who"]["name"]]
+    assert worker["phase"] == "fetch" and worker["item"].startswith("index")  # the dataset index in flight
+    assert procs["rank-0"]["phase"] == "data"  # the main process waits on the DataLoader
+    dump = run_ups("stacks", str(run.path), "--worker", str(worker["worker"])).stdout
+    assert "h5py/_hl/files.py" in dump and "read_shards.py" in dump
+
+
+# ------------------------------------------------------- 2. a rank stuck, its peers waiting
+def check_rank_stuck(run: RunDir, v: dict) -> None:
+    assert v["who"]["rank"] == 1 and site_in(v["where"], "ddp_train.py") and v["where"]["function"] == "main"
+    assert "rank 1 is stuck in its own code while rank 0 waits for it" in v["headline"]
+    procs = status(run)
+    assert procs["rank-1"]["step"] == 5 and "no progress for" in procs["rank-1"]["reason"]
+    assert "backward" in run_ups("stacks", str(run.path), "--rank", "0").stdout  # DDP's gradient all-reduce
+
+
+# ---------------------------------------------------------- 3. a one-sided collective
+def check_one_sided(run: RunDir, v: dict) -> None:
+    assert v["who"]["rank"] == 1 and v["where"]["function"] == "broadcast" and site_in(v["where"], "ddp_train.py")
+    assert v["headline"].startswith("one-sided collective: rank 1 is in broadcast #")
+    assert "rank 0" in v["headline"]
+
+
+# ---------------------------------------------------------- 4. SIGSEGV in model build
+def check_segv(run: RunDir, v: dict) -> None:
+    assert v["who"]["rank"] == 1 and "killed by SIGSEGV" in v["headline"]
+    assert v["where"]["function"] == "build_model" and site_in(v["where"], "ddp_train.py")
+    assert any("Segmentation fault" in e for e in v["evidence"])
+    m = run.read_manifest()
+    assert m["failure"]["rank"] == 1 and m["failure"]["signal"] == "SIGSEGV"
+
+
+# ------------------------------------------------------------ 5. an uncaught exception
+def check_exception(run: RunDir, v: dict) -> None:
+    assert v["who"]["rank"] == 1 and site_in(v["where"], "ddp_train.py")
+    assert v["headline"] == "rank 1 raised FloatingPointError: loss is NaN at step 5"
+    assert any(e.startswith("then rank 0 ended") for e in v["evidence"])
+    m = run.read_manifest()
+    assert m["state"] == "failed" and m["failure"]["rank"] == 1
+    assert m["summary"].startswith("rank 1 failed: FloatingPointError: loss is NaN at step 5 (at ddp_train.py:")
+    assert "in main" in m["summary"] and m.get("verdict", {}).get("mode") == "exception", "run.json's verdict"
+    # torchrun's own report names it too: the error file was written without @record.
+    log = run.log_path("job").read_text()
+    assert "FloatingPointError: loss is NaN at step 5" in log and "error_file: <N/A>" not in log
+    assert "Traceback" in (run.path / "stacks" / "rank-1.txt").read_text()
+
+
+# -------------------------------------------------------------- 6. os._exit(0) mid-run
+def check_os_exit(run: RunDir, v: dict) -> None:
+    assert v["who"]["rank"] == 1 and "while rank 0 still ran" in v["headline"]
+    assert v["headline"].startswith("rank 1 ended without a normal interpreter exit")
+    assert "torchrun's report blames rank 0, which failed after it" in v["evidence"]
+    m = run.read_manifest()
+    assert m["failure"]["rank"] == 1 and m["failure"]["clean"] is False and m["failure"]["torchrun_root"] == 0
+    assert m["ranks"]["1"]["exit_code"] in (0, None) and m["ranks"]["0"]["state"] == "failed"
+    exits = {e["name"]: e for e in run.read_events() if e["event"] == "process.exit"}
+    assert exits["rank-1"]["clean"] is False and exits["rank-1"]["at"] < exits["rank-0"]["at"]
+
+
+# ------------------------------------------------------------- 7. out of memory on one rank
+def check_oom(run: RunDir, v: dict) -> None:
+    assert v["who"]["rank"] == 1 and v["headline"] == "rank 1 ran out of memory at step 4 (fatal: the process ended)"
+    assert any("can't allocate memory" in e for e in v["evidence"])
+    assert site_in(v["where"], "ddp_train.py")
+
+
+# --------------------------------------------------------------------- 8. disk full
+def launch_disk_full(tmp: Path) -> RunDir:
+    ckpt = tmp / "ckpt" / "model.pt"
+    ckpt.parent.mkdir()
+    ckpt.symlink_to("/dev/full")  # every write there fails as on a full disk (ENOSPC), for real
+    return torchrun(tmp, "--steps", "4", "--workers", "0", "--ckpt", str(ckpt))
+
+
+def check_disk_full(run: RunDir, v: dict) -> None:
+    assert v["who"]["rank"] == 0 and v["headline"].startswith("disk full: rank 0 failed writing ")
+    assert "ckpt/model.pt (checkpoint)" in v["headline"] and v["where"]["phase"] == "checkpoint"
+    assert v["next"].startswith("free space on ") and "/ckpt" in v["next"]
+
+
+# ------------------------------------------------------- 9. a busy port at rendezvous
+class PortHolder:
+    """Something else listening where the job wants to rendezvous (this test process)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.port = self.sock.getsockname()[1]
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+_holder: list[PortHolder] = []
+
+
+def launch_busy_port(tmp: Path) -> RunDir:
+    holder = PortHolder()
+    _holder.append(holder)
+    script = tmp / "tiny.py"
+    script.write_text("import torch.distributed as dist\ndist.init_process_group('gloo')\ndist.destroy_process_group()\n")
+    res = run_ups("launch", "torchrun", "--detach", "--json", "--nnodes", "1", "--nproc-per-node", "2",
+                  "--master-addr", "127.0.0.1", "--master-port", str(holder.port), str(script), env=FAST, cwd=tmp)
+    return launched(res)
+
+
+def check_busy_port(run: RunDir, v: dict) -> None:
+    port = _holder[-1].port
+    assert v["who"]["role"] == "agent" and v["where"]["phase"] == "rendezvous"
+    assert v["headline"] == f"torchrun's agent could not rendezvous at 127.0.0.1:{port}: the port is in use"
+    assert "rendezvous" in (v["where"]["frame"] or "") and not any(e.startswith("File ") for e in v["evidence"])
+    assert f"port {port} is held by pid {os.getpid()}" in " ".join(v["evidence"])
+    assert "--standalone" in v["next"]
+
+
+def release_port() -> None:
+    while _holder:
+        _holder.pop().close()
+
+
+# ------------------------------------------- 10. DataLoader workers out of file descriptors
+FD_HUNGRY = textwrap.dedent("""\
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+
+    class Many(Dataset):  # many small tensors a sample: one file descriptor each between processes
+        def __len__(self):
+            return 4096
+
+        def __getitem__(self, i):
+            return [torch.full((4,), float(i)) for _ in range(64)]
+
+
+    total = 0.0
+    for batch in DataLoader(Many(), batch_size=8, num_workers=2):
+        total += sum(t.sum().item() for t in batch)
+    print(total)
+    """)
+
+
+def launch_fds(tmp: Path) -> RunDir:
+    script = tmp / "many.py"
+    script.write_text(FD_HUNGRY)
+    # A box whose open-file limit is low, as many containers' are: the job inherits it.
+    res = subprocess.run(["bash", "-c", 'ulimit -n 128 && exec "$0" -m ups "$@"', sys.executable, "launch", "python",
+                          "--detach", "--json", "--stalled-after", "3", str(script)],
+                         capture_output=True, text=True, cwd=tmp, env={**os.environ, **FAST}, timeout=60)
+    return launched(res)
+
+
+def check_fds(run: RunDir, v: dict) -> None:
+    assert v["headline"] == "DataLoader workers of rank 0 ran out of file descriptors"
+    assert "ulimit -n (open files) is 128" in v["evidence"] and any("Too many open files" in e for e in v["evidence"])
+    assert "ulimit -n 65536" in v["next"] and "--num-workers 0" in v["next"]
+
+
+STALL = ("--stalled-after", "3")
+DRILLS: tuple[Drill, ...] = (
+    Drill("worker_stuck_in_hdf5_open", "worker_stuck_in_read", launch_h5py, worker_in_trouble, check_h5py),
+    Drill("rank_stuck_while_peers_wait", "rank_stuck_peers_wait",
+          lambda tmp: torchrun(tmp, "--steps", "100", "--workers", "0", "--fail", "sleep", "--fail-step", "5", ups_opts=STALL),
+          in_trouble("rank-1"), check_rank_stuck),
+    Drill("one_sided_broadcast", "one_sided_collective",
+          lambda tmp: torchrun(tmp, "--steps", "100", "--workers", "0", "--fail", "broadcast", "--fail-step", "5",
+                               ups_opts=STALL),
+          in_trouble("rank-0", "rank-1"), check_one_sided),
+    Drill("sigsegv_in_model_build", "crashed_by_signal",
+          lambda tmp: torchrun(tmp, "--workers", "0", "--fail", "segv"), ended, check_segv),
+    Drill("exception_on_one_rank", "exception",
+          lambda tmp: torchrun(tmp, "--steps", "30", "--workers", "0", "--fail", "raise", "--fail-step", "5"),
+          ended, check_exception),
+    Drill("os_exit_mid_run", "no_normal_exit",
+          lambda tmp: torchrun(tmp, "--steps", "40", "--workers", "0", "--fail", "exit", "--fail-step", "8"),
+          ended, check_os_exit),
+    Drill("out_of_memory_on_one_rank", "out_of_memory",
+          lambda tmp: torchrun(tmp, "--steps", "30", "--workers", "0", "--fail", "oom", "--fail-step", "4"),
+          ended, check_oom),
+    Drill("disk_full_writing_a_checkpoint", "disk_full", launch_disk_full, ended, check_disk_full),
+    Drill("busy_port_at_rendezvous", "rendezvous_failed", launch_busy_port, ended, check_busy_port, release_port),
+    Drill("dataloader_out_of_file_descriptors", "dataloader_resources", launch_fds, in_trouble("rank-0"), check_fds),
+)
+
+
+def run_drill(drill: Drill, tmp: Path, *, visible_within: float = 120.0, poll: float = 0.25) -> dict:
+    """Build the failure, wait until it is visible, then until the verdict names it.
+
+    Returns {"run", "visible_s" (from launch), "verdict_s" (from visible), "verdict", "problem"}:
+    problem is the last assertion the verdict failed, None when it named the right mode, who
+    and where within VERDICT_WITHIN_S."""
+    import time
+
+    from ups.why import diagnose
+
+    t0 = time.monotonic()
+    run = drill.launch(tmp)
+    seen = None
+    while time.monotonic() - t0 < visible_within:
+        if drill.visible(run):
+            seen = time.monotonic()
+            break
+        time.sleep(poll)
+    out = {"run": run, "visible_s": None if seen is None else round(seen - t0, 2), "verdict_s": None, "verdict": None,
+           "problem": f"not visible within {visible_within:g} s"}
+    if seen is None:
+        return out
+    deadline = seen + VERDICT_WITHIN_S
+    while True:
+        verdict = diagnose(run).to_dict()
+        at = time.monotonic()
+        out["verdict"] = verdict
+        try:
+            assert verdict["mode"] == drill.mode, f"mode {verdict['mode']}: {verdict['headline']}"
+            drill.check(run, verdict)
+            out["problem"] = None
+            out["verdict_s"] = round(max(0.0, at - seen), 2)
+            return out
+        except Exception as exc:  # noqa: BLE001 - e.g. run.json's verdict not written yet: retried to the deadline
+            out["problem"] = str(exc) or repr(exc)
+        if time.monotonic() > deadline:
+            return out
+        time.sleep(poll)
