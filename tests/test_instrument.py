@@ -116,11 +116,12 @@ def test_relaunch_with_num_workers_0_gets_past_workers_that_deadlock(runs_root, 
                   env=FAST_HEARTBEAT, cwd=tmp_path)
     old = launched(res)
 
-    def stuck():
-        procs = by_name(status(old))
-        return any(p["role"] == "worker" and p["health"] == "stalled" and p["phase"] == "fetch" for p in procs.values())
+    def stuck():  # what the operator sees before relaunching: a worker that sits in fetch (it turns
+        procs = by_name(status(old))  # 'stalled' only after the 30 s start-up grace: no need to wait it out)
+        return any(p["role"] == "worker" and p["phase"] == "fetch" and p["step"] == 0 and p["progress_age"] > 2
+                   and p["health"] in ("starting", "stalled") for p in procs.values())
 
-    wait_for(stuck, 60, interval=0.3, message="a DataLoader worker stalled in fetch")
+    wait_for(stuck, 60, interval=0.3, message="a DataLoader worker stuck in fetch")
     res = run_ups("relaunch", str(old.path), "--num-workers", "0", "--json", env=FAST_HEARTBEAT, timeout=120)
     assert res.returncode == 0, res.stderr
     new = launched(res)

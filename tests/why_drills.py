@@ -1,4 +1,5 @@
-"""The ten failure modes of `ups why`, each built for real: a real program under `ups launch`,
+"""The ten failure modes of `ups why` (and the one-sided collective again, as it ends where the
+backend times collectives out), each built for real: a real program under `ups launch`,
 a real fault (a FIFO for a hung mount, a real allocator refusal, /dev/full, a held port, a low
 `ulimit -n`), and what the verdict must name.
 
@@ -135,6 +136,14 @@ def check_one_sided(run: RunDir, v: dict) -> None:
     assert "rank 0" in v["headline"]
 
 
+def check_one_sided_timed_out(run: RunDir, v: dict) -> None:
+    """The same call where the backend times collectives out (NCCL's watchdog; here gloo's)."""
+    assert v["who"]["rank"] == 1 and v["where"]["function"] == "broadcast" and site_in(v["where"], "ddp_train.py")
+    assert v["headline"].startswith("one-sided collective: rank 1 timed out in broadcast #")
+    assert v["headline"].endswith("never entered by rank 0")
+    assert "rank 0 was in DDP's gradient all-reduce (backward)" in v["evidence"]
+
+
 # ---------------------------------------------------------- 4. SIGSEGV in model build
 def check_segv(run: RunDir, v: dict) -> None:
     assert v["who"]["rank"] == 1 and "killed by SIGSEGV" in v["headline"]
@@ -157,6 +166,8 @@ def check_exception(run: RunDir, v: dict) -> None:
     log = run.log_path("job").read_text()
     assert "FloatingPointError: loss is NaN at step 5" in log and "error_file: <N/A>" not in log
     assert "Traceback" in (run.path / "stacks" / "rank-1.txt").read_text()
+    shown = run_ups("status", str(run.path), "--wide").stdout  # the verdict heads the ended run's status
+    assert "why: rank 1 raised FloatingPointError: loss is NaN at step 5. Where: ddp_train.py:" in " ".join(shown.split())
 
 
 # -------------------------------------------------------------- 6. os._exit(0) mid-run
@@ -239,18 +250,21 @@ FD_HUNGRY = textwrap.dedent("""\
     from torch.utils.data import DataLoader, Dataset
 
 
-    class Many(Dataset):  # many small tensors a sample: one file descriptor each between processes
+    class Many(Dataset):  # from sample 64 on, many small tensors a sample: one file descriptor each
         def __len__(self):
             return 4096
 
         def __getitem__(self, i):
-            return [torch.full((4,), float(i)) for _ in range(64)]
+            return [torch.full((4,), float(i)) for _ in range(64 if i >= 64 else 1)]
 
 
-    total = 0.0
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for batch in DataLoader(Many(), batch_size=8, num_workers=2):
-        total += sum(t.sum().item() for t in batch)
-    print(total)
+        loss = model(torch.cat(batch)).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
     """)
 
 
@@ -280,6 +294,10 @@ DRILLS: tuple[Drill, ...] = (
           lambda tmp: torchrun(tmp, "--steps", "100", "--workers", "0", "--fail", "broadcast", "--fail-step", "5",
                                ups_opts=STALL),
           in_trouble("rank-0", "rank-1"), check_one_sided),
+    Drill("one_sided_broadcast_timed_out", "one_sided_collective",
+          lambda tmp: torchrun(tmp, "--steps", "100", "--workers", "0", "--fail", "broadcast", "--fail-step", "5",
+                               "--pg-timeout", "4"),
+          ended, check_one_sided_timed_out),
     Drill("sigsegv_in_model_build", "crashed_by_signal",
           lambda tmp: torchrun(tmp, "--workers", "0", "--fail", "segv"), ended, check_segv),
     Drill("exception_on_one_rank", "exception",

@@ -11,6 +11,7 @@ native extension while the model is built).
 
 import argparse
 import ctypes
+import datetime
 import os
 import time
 
@@ -51,9 +52,10 @@ def main() -> None:
     p.add_argument("--fail-rank", type=int, default=1)
     p.add_argument("--fail-step", type=int, default=10)
     p.add_argument("--ckpt")
+    p.add_argument("--pg-timeout", type=float, default=1800, help="seconds before a collective times out")
     args = p.parse_args()
 
-    dist.init_process_group("gloo")
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.pg_timeout))
     rank = dist.get_rank()
     data = Trajectories(1024, 32)
     sampler = DistributedSampler(data, shuffle=True)

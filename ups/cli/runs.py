@@ -280,6 +280,9 @@ def render_status(view: RunView, nvml: dict[int, int], *, width: int | None = No
         parts.append(Text(view.manifest_problem, style="red"))
     if m.get("summary"):
         parts.append(Text(f"summary: {m['summary']}"))
+    verdict = m.get("verdict") or {}
+    if verdict.get("text") and not verdict.get("ok"):  # an ended run's `ups why`, kept in run.json
+        parts.append(Text(f"why: {verdict['text']}"))
     table = process_table(view, nvml, reasons=True)
     below: list = []
     if not wide and width is not None and _natural_width(_console(), table) > width:

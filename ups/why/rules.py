@@ -30,6 +30,10 @@ OOM = re.compile(r"out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|can
 # torch.save's zip writer reports a short write (a full disk, a quota) as "unexpected pos".
 DISK_FULL = re.compile(r"No space left on device|ENOSPC|\[Errno 28\]|file write failed|Disk quota exceeded|"
                        r"unexpected pos \d+ vs \d+")
+# A collective that never completed, ended by the backend's timeout: gloo's own words, and
+# NCCL's watchdog (10 min by default), which aborts the process (SIGABRT) after saying so.
+COLLECTIVE_TIMEOUT = re.compile(r"Timed out waiting \d+ms for (?:send|recv)|Watchdog caught collective operation timeout|"
+                                r"collective operation timeout|WorkNCCL\(SeqNum=", re.I)
 TRACEBACK_FILE = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)')
 RENDEZVOUS = re.compile(
     r"address already in use|EADDRINUSE|Connection refused|ECONNREFUSED|Rendezvous\w*Error|rendezvous|"
@@ -135,6 +139,9 @@ def classify_failure(ev: Evidence, record: StatusRecord | None, failure: dict) -
         rdzv = rendezvous_verdict(ev, record, text)
         if rdzv is not None:
             return rdzv
+    timed_out = collective_timeout(ev, record, text)
+    if timed_out is not None:
+        return timed_out
     if OOM.search(error) or (signal_name is None and record.state == "failed" and OOM.search(_exception_text(ev, record))):
         line = error if OOM.search(error) else next(iter(_grep(text, OOM)[-1:]), "")
         return oom_verdict(ev, record, fatal=True, error=line)
@@ -167,6 +174,52 @@ def classify_failure(ev: Evidence, record: StatusRecord | None, failure: dict) -
                        since=_ended_at(ev, record), evidence=_followers(failure),
                        next=f"ups logs {ev.view.run_id}" + (f" --rank {record.rank}" if record.role == "rank" else ""))
     return None
+
+
+def collective_timeout(ev: Evidence, record: StatusRecord, text: str) -> Verdict | None:
+    """Ranks that died because the backend timed a collective out. Which side times out first
+    is a race (the rank in the one-sided call, or a peer waiting elsewhere, which then sees
+    "connection closed by peer"), so every rank's record is read: the one that died inside a
+    collective its peers were not in is named."""
+    ranks = [p for p in ev.processes("rank") if p.record.is_final or p.verdict.health is Health.DEAD]
+    texts = [text] + [p.record.error or "" for p in ranks]
+    if not any(COLLECTIVE_TIMEOUT.search(t) for t in texts):
+        return None
+    inside = [p for p in ranks if p.record.collective]
+    if not inside:
+        return None
+    keys = {(p.record.collective["op"], p.record.collective["seq"]) for p in inside}
+    line = next((ln for t in texts for ln in _grep(t, COLLECTIVE_TIMEOUT, 1)), "")
+    outside = [p for p in ev.processes("rank") if not p.record.collective]
+    if len(keys) == 1 and not outside:
+        r = inside[0].record
+        c = r.collective
+        return Verdict("collective_timeout",
+                       f"every rank timed out together in {c['op']} #{c['seq']} at {c.get('site')}: no rank was missing, "
+                       "so the transport failed (network, NCCL) or a rank outside this view left",
+                       who=who_of(r), where={"phase": r.phase, "site": c.get("site"), "function": c["op"], "frame": None},
+                       since=_ended_at(ev, r), evidence=[_first_line(line)],
+                       next=f"ups logs {ev.view.run_id} (then NCCL_DEBUG=INFO on a relaunch)")
+    odd = inside if outside else _odd_ones(inside)
+    o = sorted(odd, key=lambda p: p.record.rank or 0)[0].record
+    c = o.collective
+    peers = [p for p in ev.processes("rank") if p not in odd]
+
+    def doing(p: ProcessView) -> str:
+        r = p.record
+        if r.collective:
+            return f"{r.label} was in {r.collective['op']} #{r.collective['seq']} at {r.collective.get('site')}"
+        if _in_backward(ev, p, "exception") or _in_backward(ev, p):
+            return f"{r.label} was in DDP's gradient all-reduce (backward)"
+        return f"{r.label} was in no collective (phase {r.phase})"
+
+    return Verdict("one_sided_collective",
+                   f"one-sided collective: {o.label} timed out in {c['op']} #{c['seq']}, never entered by "
+                   f"{_label_list(peers) if peers else 'its peers'}",
+                   who=who_of(o), where={"phase": o.phase, "site": c.get("site"), "function": c["op"], "frame": None},
+                   since=c.get("since"), evidence=[_first_line(line)] + [doing(p) for p in peers[:4]] + _prev(c),
+                   next=f"fix the call at {c.get('site')}: every rank must make the same collectives in the same order "
+                        "(an error path that skips a step tells the others with a flag all-reduced by every rank)")
 
 
 def _exception_text(ev: Evidence, record: StatusRecord) -> str:
@@ -430,8 +483,8 @@ def _prev(c: dict) -> list[str]:
     return []
 
 
-def _in_backward(ev: Evidence, p: ProcessView) -> bool:
-    section = ev.stack(p.record)
+def _in_backward(ev: Evidence, p: ProcessView, kind: str | None = None) -> bool:
+    section = ev.stack(p.record, kind)
     frames = section.stack if section else ()
     return any("autograd" in f.file or f.function in ("_engine_run_backward", "backward") for f in frames)
 
