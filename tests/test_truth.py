@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -67,16 +69,29 @@ def test_launcher_killed_mid_training_is_unsupervised_then_settled_from_the_reco
     assert [e for e in run.read_events() if e["event"] == "reconcile" and e["state"] == "succeeded"]
 
 
-def test_adopt_gives_the_run_a_new_launcher_that_names_the_root_cause(runs_root, tmp_path):
+def test_adopt_gives_the_run_a_new_launcher_that_names_the_root_cause(runs_root, tmp_path, procs):
+    """The adopter arrives late: rank 1 left with os._exit and rank 0 failed after it (its peer
+    gone) before `ups adopt` started, while torchrun's agent (frozen here, as a loaded box can
+    leave it) had not yet reaped them. The adopter never saw them end; their records and last
+    heartbeats still tell the order."""
     res = run_ups("launch", "torchrun", "--detach", "--json", "--nproc-per-node", "2", DDP, "--steps", "200",
-                  "--workers", "0", "--step-time", "0.1", "--fail", "exit", "--fail-step", "25", env=FAST, cwd=tmp_path)
+                  "--workers", "0", "--step-time", "0.1", "--fail", "exit", "--fail-step", "30", env=FAST, cwd=tmp_path)
     run = launched(res)
     wait_for(lambda: training(run), 90, interval=0.3, message="both ranks training")
     old = kill_launcher(run)
-    wait_for(lambda: status(run)["state"] == "unsupervised", 15, message="unsupervised")
-
-    res = run_ups("adopt", str(run.path), "--json", timeout=180)
-    assert res.returncode == 1, res.stderr  # followed to the end: the run failed
+    data = wait_for(lambda: (d := status(run))["state"] == "unsupervised" and d, 15, message="unsupervised")
+    agent = next(p["pid"] for p in data["processes"] if p["role"] == "agent")
+    os.kill(agent, signal.SIGSTOP)
+    try:
+        wait_for(lambda: {p["name"]: p["health"] for p in status(run)["processes"]}.get("rank-0") == "failed"
+                 and not _alive(run, "rank-1"), 60, interval=0.3, message="rank 1 gone, rank 0 failed after it")
+        adopter = procs.popen([sys.executable, "-m", "ups", "adopt", str(run.path), "--json"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: any(e["event"] == "adopt" for e in run.read_events()), 30, message="the adopter watching")
+    finally:
+        os.kill(agent, signal.SIGCONT)
+    out, err = adopter.communicate(timeout=120)
+    assert adopter.returncode == 1, err  # followed to the end: the run failed
     m = run.read_manifest()
     assert m["launcher"]["adopted"] is True and m["launcher"]["pid"] != old
     assert m["previous_launchers"][-1]["pid"] == old
@@ -84,6 +99,15 @@ def test_adopt_gives_the_run_a_new_launcher_that_names_the_root_cause(runs_root,
     assert "rank 1 ended without a normal interpreter exit" in m["summary"]
     assert any(e["event"] == "adopt" for e in run.read_events())
     assert run_ups("adopt", str(run.path)).returncode == 1  # nothing left to adopt
+
+
+def _alive(run: RunDir, name: str) -> bool:
+    """The recorded process still runs (a zombie, exited but not reaped, does not)."""
+    from ups.status.procs import process_start_time, same_start
+    from ups.status.reader import read_record_file
+
+    rec = read_record_file(run.status_dir / f"{name}.json")
+    return same_start(process_start_time(rec.pid), rec.pid_start)
 
 
 def test_adopt_refuses_a_supervised_run(runs_root, tmp_path):

@@ -132,7 +132,11 @@ class ExitWatcher:
             if rec is None or rec.pid != pid:
                 continue
             if not same_start(process_start_time(pid), rec.pid_start):
-                self._note(rec, rec, at=time.time(), exact=False)
+                # Gone before we could watch it (an adopter arriving late, a loaded box): it
+                # ended after its last heartbeat, and maybe long before now. Its last sign of
+                # life keeps the order against peers whose exact ends came after it (ranks
+                # that torchrun stopped because this one left); "now" could put it after them.
+                self._note(rec, rec, at=min(time.time(), rec.heartbeat_at), exact=False)
 
     # -- an end ---------------------------------------------------------------------------
     def _ended(self, fd: int) -> None:
