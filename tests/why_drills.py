@@ -1,5 +1,5 @@
 """The ten failure modes of `ups why` (and the one-sided collective again, as it ends where the
-backend times collectives out), each built for real: a real program under `ups launch`,
+backend times collectives out, and CUDA used in a DataLoader worker), each built for real: a real program under `ups launch`,
 a real fault (a FIFO for a hung mount, a real allocator refusal, /dev/full, a held port, a low
 `ulimit -n`), and what the verdict must name.
 
@@ -284,6 +284,44 @@ def check_fds(run: RunDir, v: dict) -> None:
     assert "ulimit -n 65536" in v["next"] and "--num-workers 0" in v["next"]
 
 
+# ---------------------------------------- CUDA inside a DataLoader worker (a GPU-only mode)
+CUDA_DATASET = textwrap.dedent("""\
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+
+    class OnDevice(Dataset):
+        def __len__(self):
+            return 64
+
+        def __getitem__(self, i):
+            x = torch.full((4,), float(i))
+            return x.to("cuda") if i >= 8 else x  # the mistake: the device belongs in the training loop
+
+
+    if torch.cuda.is_available():
+        torch.zeros(1, device="cuda")  # the parent uses CUDA first, as a training script does
+    for batch in DataLoader(OnDevice(), batch_size=4, num_workers=2):
+        pass
+    """)
+
+
+def launch_cuda_in_worker(tmp: Path) -> RunDir:
+    """On a GPU box: CUDA cannot start in a forked worker. Here (no CUDA): the CPU analogue,
+    the same call failing in the worker because there is no CUDA at all."""
+    script = tmp / "cudaset.py"
+    script.write_text(CUDA_DATASET)
+    return launched(run_ups("launch", "python", "--detach", "--json", str(script), env=FAST, cwd=tmp))
+
+
+def check_cuda_in_worker(run: RunDir, v: dict) -> None:
+    assert v["who"]["role"] == "worker" and "used CUDA inside the Dataset while fetching index" in v["headline"]
+    assert v["headline"].endswith("; rank 0 failed with it")
+    assert v["where"] == {"phase": "fetch", "site": "cudaset.py:11", "function": "__getitem__",
+                          "frame": v["where"]["frame"]} and "cuda" in (v["where"]["frame"] or "")
+    assert v["next"].startswith("return CPU tensors from the Dataset") and "spawn" in v["next"]
+
+
 STALL = ("--stalled-after", "3")
 DRILLS: tuple[Drill, ...] = (
     Drill("worker_stuck_in_hdf5_open", "worker_stuck_in_read", launch_h5py, worker_in_trouble, check_h5py),
@@ -312,6 +350,7 @@ DRILLS: tuple[Drill, ...] = (
     Drill("disk_full_writing_a_checkpoint", "disk_full", launch_disk_full, ended, check_disk_full),
     Drill("busy_port_at_rendezvous", "rendezvous_failed", launch_busy_port, ended, check_busy_port, release_port),
     Drill("dataloader_out_of_file_descriptors", "dataloader_resources", launch_fds, in_trouble("rank-0"), check_fds),
+    Drill("cuda_in_dataloader_worker", "cuda_in_worker", launch_cuda_in_worker, ended, check_cuda_in_worker),
 )
 
 

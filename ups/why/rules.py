@@ -34,6 +34,13 @@ DISK_FULL = re.compile(r"No space left on device|ENOSPC|\[Errno 28\]|file write 
 # NCCL's watchdog (10 min by default), which aborts the process (SIGABRT) after saying so.
 COLLECTIVE_TIMEOUT = re.compile(r"Timed out waiting \d+ms for (?:send|recv)|Watchdog caught collective operation timeout|"
                                 r"collective operation timeout|WorkNCCL\(SeqNum=", re.I)
+# An exception raised in a DataLoader worker reaches the rank as "Caught X in DataLoader
+# worker process N", followed by the worker's own traceback.
+WORKER_CAUGHT = re.compile(r"Caught (?P<exc>\w+) in DataLoader worker process (?P<worker>\d+)")
+# CUDA touched inside a worker: forked after the parent initialised CUDA (GPU), or on a box or
+# build without it (the CPU analogue): the Dataset must hand back CPU tensors.
+CUDA_IN_WORKER = re.compile(r"Cannot re-initialize CUDA in forked subprocess|Torch not compiled with CUDA enabled|"
+                            r"Found no NVIDIA driver|CUDA driver initialization failed", re.I)
 TRACEBACK_FILE = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)')
 RENDEZVOUS = re.compile(
     r"address already in use|EADDRINUSE|Connection refused|ECONNREFUSED|Rendezvous\w*Error|rendezvous|"
@@ -131,7 +138,10 @@ def classify_failure(ev: Evidence, record: StatusRecord | None, failure: dict) -
     text = "\n".join((error, _exception_text(ev, record), log[-20_000:] if log else ev.job_log[-20_000:]))
     who = who_of(record)
 
-    # A rank that died of its DataLoader: the worker is the one to name.
+    # A rank that died of its DataLoader: the worker is the one to name (its exception, else its death).
+    in_worker = worker_exception(ev, record, "\n".join((error, _exception_text(ev, record))))
+    if in_worker is not None:
+        return in_worker
     worker_verdict = _dataloader_worker_failure(ev, record, error)
     if worker_verdict is not None:
         return worker_verdict
@@ -174,6 +184,38 @@ def classify_failure(ev: Evidence, record: StatusRecord | None, failure: dict) -
                        since=_ended_at(ev, record), evidence=_followers(failure),
                        next=f"ups logs {ev.view.run_id}" + (f" --rank {record.rank}" if record.role == "rank" else ""))
     return None
+
+
+def worker_exception(ev: Evidence, rank: StatusRecord, text: str) -> Verdict | None:
+    """A rank that died of an exception its DataLoader worker raised: the worker, its own
+    error and line (from the "Original Traceback" the rank re-raised), the batch in flight."""
+    m = WORKER_CAUGHT.search(text)
+    if m is None:
+        return None
+    original = text[text.find("Original Traceback"):] if "Original Traceback" in text else ""
+    section = stacks.parse("=== uncaught exception in worker (pid 0) ===\n" + original)[0] if original else None
+    worker_no = int(m["worker"])
+    workers = sorted((p.record for p in ev.processes("worker") if p.record.rank == rank.rank and p.record.worker == worker_no),
+                     key=lambda r: r.started_at)
+    worker = workers[-1] if workers else None
+    said = section.title if section and section.title else m["exc"]
+    own = section.own_frame if section else None
+    where = {"phase": "fetch", "site": own.site if own else None, "function": own.function if own else None,
+             "frame": str(section.top) if section and section.top is not None and section.top is not own else None}
+    label = worker.label if worker else f"{rank.label} / worker {worker_no}"
+    fetching = f" while fetching {worker.item}" if worker is not None and worker.item else ""
+    run = ev.view.run_id
+    if CUDA_IN_WORKER.search(original or text):
+        return Verdict("cuda_in_worker", f"{label} used CUDA inside the Dataset{fetching}: {said}; {rank.label} failed with it",
+                       who=who_of(worker or rank), where=where, since=_ended_at(ev, rank),
+                       evidence=[f"{rank.label}: {_first_line(text)}"],
+                       next=f"return CPU tensors from the Dataset and move batches to the GPU in the training loop (fix "
+                            f"{where['site'] or 'its __getitem__'}); a worker that must use CUDA needs "
+                            f"multiprocessing_context='spawn'; or `ups relaunch {run} --num-workers 0`")
+    return Verdict("worker_exception", f"{label} raised {said}{fetching}; {rank.label} failed with it",
+                   who=who_of(worker or rank), where=where, since=_ended_at(ev, rank),
+                   evidence=[f"{rank.label}: {_first_line(text)}"],
+                   next=f"fix {where['site'] or 'the Dataset'} (the sample in that batch), then `ups relaunch {run}`")
 
 
 def collective_timeout(ev: Evidence, record: StatusRecord, text: str) -> Verdict | None:

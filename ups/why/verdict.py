@@ -10,7 +10,7 @@ from ups.status.record import StatusRecord
 
 MODES = (
     "healthy", "succeeded", "starting", "worker_stuck_in_read", "rank_stuck_peers_wait", "one_sided_collective", "collective_timeout",
-    "crashed_by_signal", "exception", "no_normal_exit", "out_of_memory", "disk_full", "rendezvous_failed",
+    "crashed_by_signal", "exception", "worker_exception", "cuda_in_worker", "no_normal_exit", "out_of_memory", "disk_full", "rendezvous_failed",
     "dataloader_resources", "stalled", "unresponsive", "dead", "failed", "killed", "lost", "unsupervised",
 )
 
