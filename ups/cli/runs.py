@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # the run/status modules load only when a command runs (fast 
     from rich.text import Text
 
     from ups.runs.rundir import RunDir
-    from ups.runs.view import ProcessView, RunView
+    from ups.runs.view import NodeView, ProcessView, RunView
     from ups.status.record import StatusRecord
 
 WideOption = Annotated[
@@ -182,6 +182,7 @@ def status_payload(view: RunView, gpu_by_pid: dict[int, int] | None = None) -> d
         "manifest_problem": view.manifest_problem,
         "progress": {"step": step, "total": total, "rate": view.rate, "unit": view.unit, "eta_s": view.eta_s},
         "processes": processes,
+        "nodes": [n.to_dict() for n in view.nodes],
         "unreadable": [{"file": p.file, "problem": p.problem} for p in view.problems],
         "read_at": view.read_at,
     }
@@ -240,10 +241,19 @@ def process_table(view: RunView, nvml: dict[int, int], *, reasons: bool):
     yielding = ("PHASE", "PROGRESS", "RATE", "GPU") if not reasons else ("GPU", "HEALTH")
     for col in ("PROCESS", "PID", "PHASE", "PROGRESS", "RATE", "HB/PROG", "GPU", "HEALTH"):
         table.add_column(col, no_wrap=col not in yielding)
-    for p in view.processes:
+    for p, node in grouped_processes(view):
+        if node is not None:  # a multi-node run: a heading row per node, its processes under it
+            h = node.health
+            table.add_row(
+                Text(f"node {node.host}" + (" (here)" if node.local else ""), "bold"),
+                str(node.launcher_pid or "-"), Text(node.state or "?", STATE_STYLES.get(node.state or "", "")),
+                "", "", "", "",
+                _one_line(Text.assemble((h, HEALTH_STYLES.get(h, "")), (f" {node.reason}" if reasons and h != "ok" else "", "dim"))),
+            )
+            continue
         r = p.record
         table.add_row(
-            short_label(r),
+            ("  " if view.nodes else "") + short_label(r),
             str(r.pid),
             _one_line(Text(r.phase)),
             _one_line(Text(_progress_cell(r))),
@@ -253,6 +263,17 @@ def process_table(view: RunView, nvml: dict[int, int], *, reasons: bool):
             _health_cell(p, reason=reasons),
         )
     return table
+
+
+def grouped_processes(view: RunView) -> list[tuple[ProcessView | None, NodeView | None]]:
+    """The processes in order; a multi-node run's grouped by node, each group after its node."""
+    if not view.nodes:
+        return [(p, None) for p in view.processes]
+    out: list[tuple[ProcessView | None, NodeView | None]] = []
+    for node in view.nodes:
+        out.append((None, node))
+        out.extend((p, None) for p in view.processes if p.record.host == node.host)
+    return out
 
 
 def render_status(view: RunView, nvml: dict[int, int], *, width: int | None = None, wide: bool = False):
@@ -285,13 +306,16 @@ def render_status(view: RunView, nvml: dict[int, int], *, width: int | None = No
     if not wide and width is not None and _natural_width(_console(), table) > width:
         table = process_table(view, nvml, reasons=False)
         for p in view.processes:
-            if p.verdict.health.is_problem:
+            if p.verdict.health.is_problem and p.verdict.health.value != "unreachable":  # said once per node below
                 h = p.verdict.health.value
                 below.append(Text.assemble(f"{p.record.label}: ", (h, HEALTH_STYLES.get(h, "")), f": {p.verdict.reason}"))
     parts.append(table)
     parts.extend(below)
     for prob in view.problems:
         parts.append(Text(f"unreadable status file {prob.file}: {prob.problem}", style="yellow"))
+    for node in view.nodes:
+        if not node.reachable:
+            parts.append(Text(node.reason, style="bold magenta"))
     if not view.processes and not view.problems:
         parts.append(Text("no process has written a status record yet", style="dim"))
     return Group(*parts)
