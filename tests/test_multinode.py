@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -129,3 +130,114 @@ def test_shared_runs_dir_one_run_every_node_then_a_lost_node(shared_run):
     assert on_node0["state"] == "failed" and on_node0["run"]["summary"].startswith("node node1 unreachable")
     text = run_ups("status", str(run.path), "--wide").stdout
     assert "node node1 unreachable" in text
+
+
+# ------------------------------------------------------------------ no shared folder: SSH
+@pytest.fixture
+def sshd(tmp_path):
+    """A real sshd on 127.0.0.1 (a free port), a throwaway host key and user key: `ssh
+    127.0.0.1 CMD` works as it does between two boxes. The environment for ups: UPS_SSH."""
+    import shutil
+    import subprocess
+
+    sshd_bin = shutil.which("sshd") or ("/usr/sbin/sshd" if Path("/usr/sbin/sshd").exists() else None)
+    if sshd_bin is None or shutil.which("ssh") is None or shutil.which("ssh-keygen") is None:
+        pytest.skip("needs openssh-server and openssh-client (sshd, ssh, ssh-keygen): apt-get install openssh-server")
+    d = tmp_path / "sshd"
+    d.mkdir()
+    for key in ("host_key", "user_key"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / key)], check=True)
+    (d / "authorized_keys").write_text((d / "user_key.pub").read_text())
+    port = free_port()
+    config = d / "sshd_config"
+    config.write_text(f"""Port {port}
+ListenAddress 127.0.0.1
+HostKey {d / 'host_key'}
+AuthorizedKeysFile {d / 'authorized_keys'}
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+StrictModes no
+UsePAM no
+PidFile {d / 'sshd.pid'}
+LogLevel ERROR
+""")
+    Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # sshd's privilege-separation folder
+    proc = subprocess.Popen([sshd_bin, "-D", "-e", "-f", str(config)], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=open(d / "sshd.log", "wb"))  # noqa: SIM115
+    ssh = (f"ssh -i {d / 'user_key'} -p {port} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
+           "-o LogLevel=ERROR")
+
+    def answers() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"sshd exited: {(d / 'sshd.log').read_text()[-500:]}")
+        return subprocess.run([*ssh.split(), "-o", "BatchMode=yes", "127.0.0.1", "true"], capture_output=True,
+                              timeout=10).returncode == 0
+
+    try:
+        wait_for(answers, 15, interval=0.2, message="sshd to accept a login")
+        yield ssh
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_two_runs_dirs_read_over_ssh_then_a_lost_node(tmp_path, sshd):
+    import subprocess
+
+    a, b = tmp_path / "node0-runs", tmp_path / "node1-runs"
+    port = free_port()
+    run0 = launch_node(a, 0, port, "exp-b", tmp_path)
+    wait_for(lambda: (run0.status_dir / "agent@node0.json").exists(), 20, message="node0's agent record")
+    run1 = launch_node(b, 1, port, "exp-b", tmp_path)
+    try:
+        # This shell is node0's; node1 is reached over ssh, where `ups` is this checkout's.
+        remote_ups = f"env UPS_HOSTNAME=node1 PYTHONPATH={os.environ['PYTHONPATH']} {sys.executable} -m ups"
+        env = {"UPS_HOSTNAME": "node0", "UPS_RUNS_DIR": str(a), "UPS_SSH": sshd, "UPS_REMOTE_UPS": remote_ups}
+        node1 = f"127.0.0.1:{b}"
+        data = wait_for(lambda: (d := status_json("exp-b", "--remote", node1, env=env)) and training(d) and d, 45,
+                        interval=0.3, message="both nodes' ranks training, node1's over ssh")
+        assert [(n["host"], n["state"], n["reachable"]) for n in data["nodes"]] == [
+            ("node0", "running", True), ("node1", "running", True)]
+        procs = {p["name"]: p for p in data["processes"]}
+        assert (procs["rank-0"]["host"], procs["rank-1"]["host"]) == ("node0", "node1")
+        assert {"launcher@node0", "launcher@node1", "agent@node1"} <= set(procs)
+        assert data["remotes"] == [{"remote": node1, "host": "node1", "status": "ok", "reason": ""}]
+
+        # The stream itself: NDJSON, one snapshot a line, node1's records judged on node1.
+        stream = subprocess.Popen([*sshd.split(), "127.0.0.1", f"{remote_ups} status exp-b --json --follow "
+                                   f"--interval 0.3 --runs-dir {b}"], stdout=subprocess.PIPE, text=True)
+        lines = [json.loads(stream.stdout.readline()) for _ in range(2)]
+        stream.terminate()
+        stream.wait(timeout=10)
+        assert all(ln["host"] == "node1" and {r["host"] for r in ln["records"]} == {"node1"} for ln in lines)
+
+        # Actions go over the same ssh to node1's ups.
+        stacks = run_ups("stacks", "exp-b", "--rank", "1", "--remote", node1, env=env)
+        assert stacks.returncode == 0, stacks.stderr
+        assert "--- rank 1" in stacks.stdout and "(most recent call first)" in stacks.stdout
+
+        # A node that cannot be reached is shown as such, never as dead ranks.
+        cut = status_json("exp-b", "--remote", f"127.0.0.2:{b}", "--remote-timeout", "5", env=env)
+        nodes = {n["host"]: n for n in cut["nodes"]}
+        assert nodes["127.0.0.2"]["health"] == "unreachable" and "127.0.0.2" in nodes["127.0.0.2"]["reason"]
+        assert nodes["node0"]["reachable"] and cut["state"] == "running"
+        assert not any(p["health"] == "dead" for p in cut["processes"])
+
+        assert sorted(kill_node(run1, "node1")) == ["agent@node1", "launcher@node1", "rank-1"]
+
+        def ended(d: dict) -> bool:
+            return d["state"] == "failed" and {n["host"]: n["state"] for n in d["nodes"]}.get("node1") in FINAL
+
+        data = wait_for(lambda: (d := status_json("exp-b", "--remote", node1, env=env)) and ended(d) and d, 40,
+                        interval=0.3, message="the run to end failed, node1 settled")
+        nodes = {n["host"]: n for n in data["nodes"]}
+        assert nodes["node0"]["state"] == "failed"
+        assert "node node1" in data["run"]["summary"] and "node1" in data["run"]["failed_nodes"]
+        text = run_ups("status", "exp-b", "--remote", node1, "--wide", env=env).stdout
+        assert "node node0 (here)" in text and "node node1" in text
+    finally:
+        kill_everything(run0, run1)
+
+
+FINAL = ("succeeded", "partial", "failed", "killed", "lost")

@@ -56,16 +56,17 @@ def check_run_id(run_id: str) -> str:
 
 
 def merge_node_states(nodes: dict[str, dict[str, Any]], nnodes: int | None = None) -> dict[str, Any]:
-    """The run's state from its nodes' manifests: running while any node runs (or fewer than
-    ``nnodes`` joined); once every node has ended, the worst of their ends (killed, failed,
-    lost, partial, succeeded), with a summary that names the nodes that did not succeed."""
+    """The run's state from its nodes' manifests (those this reader sees: every node's on a
+    shared folder, its own otherwise): running while any node runs; once every node has
+    ended, the worst of their ends (killed, failed, lost, partial, succeeded), with a summary
+    that names the nodes that did not succeed. ``nnodes``: how many nodes the run has."""
     if not nodes:
         return {"state": "launching"}
     states = {host: n.get("state") for host, n in nodes.items()}
     running = [h for h, s in states.items() if s not in FINAL_RUN_STATES]
     bad = sorted(h for h, s in states.items() if s in FINAL_RUN_STATES and s != "succeeded")
     out: dict[str, Any] = {"failed_nodes": bad}
-    if running or (nnodes is not None and len(nodes) < nnodes and not bad):
+    if running:
         out["state"] = "launching" if all(s == "launching" for s in states.values()) else "running"
         if bad:
             out["summary"] = "; ".join(f"node {h} {states[h]}: {nodes[h].get('summary') or '-'}" for h in bad)
@@ -78,7 +79,7 @@ def merge_node_states(nodes: dict[str, dict[str, Any]], nnodes: int | None = Non
         first = nodes[bad[0]].get("failure")
         out["failure"] = dict(first, node=bad[0]) if isinstance(first, dict) else {"node": bad[0]}
     else:
-        out["summary"] = f"every node ({len(nodes)}) succeeded"
+        out["summary"] = f"every node ({len(nodes)}{f' of {nnodes}' if nnodes and nnodes > len(nodes) else ''}) succeeded"
     return out
 
 
