@@ -8,6 +8,7 @@ run's merged state (failed, naming the node).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -68,6 +69,18 @@ def kill_everything(*runs: RunDir) -> None:
                     pass
 
 
+async def console_rows(runs_dir: Path, run_id: str) -> list[str]:
+    """The keys of the console's process table on the run's screen: nodes head their groups."""
+    from console.app import UpsConsole
+
+    app = UpsConsole(runs_dir, run_id=run_id, poll=False, gpu_provider=None)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await pilot.pause(0.2)
+        keys = list(app.screen.query_one("#ranks")._order)
+    assert keys.index("node:node1") < keys.index("rank-1") and keys.index("rank-0") < keys.index("node:node1"), keys
+    return keys
+
+
 def status_json(run_ref: str, *args: str, env: dict | None = None) -> dict:
     res = run_ups("status", run_ref, "--json", *args, env=env)
     assert res.returncode == 0, res.stderr
@@ -107,6 +120,7 @@ def test_shared_runs_dir_one_run_every_node_then_a_lost_node(shared_run):
     assert shared["multinode"]["nnodes"] == 2 and "launcher" not in shared  # per-node keys live in nodes/
     text = run_ups("status", str(run.path), "--wide")
     assert "node node0" in text.stdout and "node node1" in text.stdout and "launcher@node1" in text.stdout
+    assert asyncio.run(console_rows(run.path.parent, "exp-a"))[:2] == ["node:node0", "rank-0"]
 
     assert sorted(kill_node(run, "node1")) == ["agent@node1", "launcher@node1", "rank-1"]
 
@@ -182,8 +196,11 @@ LogLevel ERROR
         proc.wait(timeout=10)
 
 
-def test_two_runs_dirs_read_over_ssh_then_a_lost_node(tmp_path, sshd):
+def test_two_runs_dirs_read_over_ssh_then_a_lost_node(tmp_path, sshd, monkeypatch):
     import subprocess
+
+    from console.snapshots import Poller
+    from ups.runs.remote import RemoteSpec
 
     a, b = tmp_path / "node0-runs", tmp_path / "node1-runs"
     port = free_port()
@@ -203,6 +220,20 @@ def test_two_runs_dirs_read_over_ssh_then_a_lost_node(tmp_path, sshd):
         assert (procs["rank-0"]["host"], procs["rank-1"]["host"]) == ("node0", "node1")
         assert {"launcher@node0", "launcher@node1", "agent@node1"} <= set(procs)
         assert data["remotes"] == [{"remote": node1, "host": "node1", "status": "ok", "reason": ""}]
+
+        # The console on node0 with --remote: node1's processes under node1, read in a thread.
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        poller = Poller(a, gpu_provider=None, remotes=[RemoteSpec.parse(node1)])
+        try:
+            def grouped():
+                view = poller.snapshot("exp-b", None).detail.view
+                return [(n.host, n.reachable) for n in view.nodes] == [("node0", True), ("node1", True)] and \
+                    view.process("rank-1") is not None and view
+            view = wait_for(grouped, 20, interval=0.2, message="the console's view of both nodes")
+            assert view.process("rank-1").record.host == "node1" and view.process("rank-1").verdict.health.value == "ok"
+        finally:
+            poller.close()
 
         # The stream itself: NDJSON, one snapshot a line, node1's records judged on node1.
         stream = subprocess.Popen([*sshd.split(), "127.0.0.1", f"{remote_ups} status exp-b --json --follow "

@@ -38,7 +38,10 @@ def kill_run(run: RunDir, view: RunView, *, actor: str, reason: str, grace: floa
 def find_logs(run: RunDir, rank: int | None) -> list[Path]:
     """The job's log, or one rank's logs (``logs/rank-R.log`` or torchrun's stdout + stderr)."""
     if rank is None:
-        return [run.log_path("job")]
+        path = run.log_path("job")
+        if not path.exists() and run.is_multinode:  # a reader on no node of the run: the first node's log
+            return sorted(run.logs_dir.glob("job@*.log"))[:1] or [path]
+        return [path]
     direct = run.log_path(f"rank-{rank}")
     if direct.exists():
         return [direct]
