@@ -272,3 +272,49 @@ def test_two_runs_dirs_read_over_ssh_then_a_lost_node(tmp_path, sshd, monkeypatc
 
 
 FINAL = ("succeeded", "partial", "failed", "killed", "lost")
+
+
+# ------------------------------------------------------------- bad input, merging rules
+@pytest.mark.parametrize(("args", "says"), [
+    (["launch", "torchrun", "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:1", "s.py"],
+     "needs the same run id on every node"),
+    (["launch", "torchrun", "--run-id", "x", "--nnodes", "2", "s.py"], "needs a rendezvous"),
+    (["launch", "torchrun", "--run-id", "a/b", "--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:1", "s.py"],
+     "letters, digits"),
+    (["status", "--follow"], "add --json"),
+    (["status", "x", "--remote", "-x"], "expected HOST or HOST:RUNS_DIR"),
+])
+def test_multinode_bad_input_is_one_line(tmp_path, args, says):
+    (tmp_path / "s.py").write_text("")
+    (tmp_path / "runs").mkdir()
+    res = run_ups(*args, env={"UPS_RUNS_DIR": str(tmp_path / "runs")}, cwd=tmp_path)
+    assert res.returncode == 2 and says in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert not any((tmp_path / "runs").iterdir())
+
+
+def test_node_manifests_merge_and_a_node_joins_once(tmp_path, monkeypatch):
+    from ups.errors import UpsError
+    from ups.runs.rundir import merge_node_states
+
+    monkeypatch.setenv("UPS_HOSTNAME", "node0")
+    run = RunDir.create(tmp_path, "torchrun", run_id="exp-c", multinode={"nnodes": 2, "node_rank": 0})
+    monkeypatch.setenv("UPS_HOSTNAME", "node1")
+    assert RunDir.create(tmp_path, "torchrun", run_id="exp-c", multinode={"nnodes": 2, "node_rank": 1}) == run
+    with pytest.raises(UpsError, match="node node1 has already joined run exp-c"):
+        RunDir.create(tmp_path, "torchrun", run_id="exp-c", multinode={"nnodes": 2, "node_rank": 1})
+    run.set_state("running")
+    assert run.read_manifest()["state"] == "running" and set(run.read_nodes()) == {"node0", "node1"}
+    run.set_state("succeeded", summary="ok")  # node1's own manifest: node0 still runs
+    m = run.read_manifest()
+    assert m["state"] == "running" and m["nodes"]["node1"]["state"] == "succeeded"  # node0 has not ended
+    monkeypatch.setenv("UPS_HOSTNAME", "node0")
+    run.set_state("failed", summary="rank 0 failed", failure={"name": "rank-0", "rank": 0})
+    m = run.read_manifest()
+    assert (m["state"], m["failed_nodes"], m["failure"]["node"]) == ("failed", ["node0"], "node0")
+    assert m["summary"] == "node node0 failed: rank 0 failed"
+    assert json.loads(run.manifest_path.read_text())["state"] == "running"  # run.json: only what all nodes share
+    assert merge_node_states({"a": {"state": "succeeded"}, "b": {"state": "succeeded"}})["state"] == "succeeded"
+    assert merge_node_states({"a": {"state": "killed"}, "b": {"state": "failed"}})["state"] == "killed"
+    monkeypatch.setenv("UPS_HOSTNAME", "elsewhere")  # a host that is no node of the run cannot write its state
+    with pytest.raises(UpsError, match="elsewhere is not a node of multi-node run exp-c"):
+        run.set_state("killed")
