@@ -108,7 +108,10 @@ def remote_action(spec, what: str, run_id: str, record: StatusRecord, *, force: 
     """Kill or dump the stacks of a process of another node: that node's ``ups``, over ssh."""
     from ups.runs.remote import remote_ups
 
-    target = ["--rank", str(record.rank if record.rank is not None else 0)]
+    if record.role in ("launcher", "agent"):
+        target: list[str] = []  # that node's part of the run: its launcher stops its agent and ranks
+    else:
+        target = ["--rank", str(record.rank if record.rank is not None else 0)]
     if record.role == "worker":
         target += ["--worker", str(record.worker)]
     if what == "kill":
