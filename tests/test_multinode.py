@@ -144,6 +144,8 @@ def test_shared_runs_dir_one_run_every_node_then_a_lost_node(shared_run):
     assert on_node0["state"] == "failed" and on_node0["run"]["summary"].startswith("node node1 unreachable")
     text = run_ups("status", str(run.path), "--wide").stdout
     assert "node node1 unreachable" in text
+    why = json.loads(run_ups("why", str(run.path), "--json").stdout)["verdict"]
+    assert why["mode"] == "node_unreachable" and why["headline"].startswith("node node1 is unreachable")
 
 
 # ------------------------------------------------------------------ no shared folder: SSH
