@@ -17,7 +17,7 @@ def console_cmd(
     readonly: Annotated[bool, typer.Option("--readonly", help="Watch only: no kill, stacks, fallback or launch.")] = False,
     runs_dir: RunsDirOption = default_runs_dir(),
     remote: Annotated[list[str] | None, typer.Option(
-        "--remote", help="Another node of a multi-node run whose records live there, read over SSH: HOST or "
+        "--remote", metavar="HOST[:RUNS_DIR]", help="Another node of a multi-node run whose records live there, read over SSH: HOST or "
                          "HOST:RUNS_DIR (repeatable). Its processes join the run's screen, grouped by node; kill and "
                          "stacks on them go to that node's ups over the same SSH.")] = None,
 ) -> None:

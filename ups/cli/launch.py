@@ -477,13 +477,15 @@ def launch_torchrun(
     that leaves with os._exit or a signal while its peers run is named as the root cause.
     UPS_INSTRUMENT=0 turns the instrumentation off.
 
+    Several nodes (c10d rendezvous): the same line on every node, each with its
+    --node-rank, joins one run named by --run-id (or torchrun's --rdzv-id); each node
+    has its own launcher and node manifest. With a shared runs folder, `ups status
+    exp7` on any node shows every node; without one, `ups status exp7 --remote node1`
+    reads the other node over SSH.
+
     \b
-    Several nodes (c10d rendezvous): the same line on every node joins one run, named by
-    --run-id (or torchrun's --rdzv-id); each node has its launcher and its node manifest:
         ups launch torchrun --run-id exp7 --nnodes 2 --node-rank 0 --rdzv-backend c10d \\
             --rdzv-endpoint node0:29400 --nproc-per-node 8 train.py
-    With a shared runs folder, `ups status exp7` on any node shows every node; without
-    one, `ups status exp7 --remote node1` reads the other node over SSH.
 
     Exit codes (when following): 0 succeeded, 1 failed or killed, 2 bad input.
     """

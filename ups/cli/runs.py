@@ -323,7 +323,7 @@ def render_status(view: RunView, nvml: dict[int, int], *, width: int | None = No
 
 RemoteOption = Annotated[
     list[str] | None,
-    typer.Option("--remote", help="Another node of a multi-node run, read over SSH: HOST or HOST:RUNS_DIR (repeatable). "
+    typer.Option("--remote", metavar="HOST[:RUNS_DIR]", help="Another node of a multi-node run, read over SSH: HOST or HOST:RUNS_DIR (repeatable). "
                                   "Runs `ssh HOST ups status RUN --json --follow` there (UPS_SSH: the ssh command; "
                                   "UPS_REMOTE_UPS: the ups command there)."),
 ]
@@ -538,7 +538,7 @@ def kill_cmd(
     reason: Annotated[str, typer.Option(help="Why: recorded in the run's event log.")] = "operator request",
     runs_dir: RunsDirOption = default_runs_dir(),
     json: JsonOption = False,
-    remote: Annotated[list[str] | None, typer.Option("--remote", help="Do it on that node of a multi-node run, over SSH "
+    remote: Annotated[list[str] | None, typer.Option("--remote", metavar="HOST[:RUNS_DIR]", help="Do it on that node of a multi-node run, over SSH "
                                                                       "(HOST or HOST:RUNS_DIR, repeatable).")] = None,
 ) -> None:
     """Stop a run, or one rank or DataLoader worker of it.
@@ -592,7 +592,7 @@ def stacks_cmd(
     timeout: Annotated[float, typer.Option(help="Seconds to wait for each dump.")] = 5.0,
     runs_dir: RunsDirOption = default_runs_dir(),
     json: JsonOption = False,
-    remote: Annotated[list[str] | None, typer.Option("--remote", help="Dump them on that node of a multi-node run, over "
+    remote: Annotated[list[str] | None, typer.Option("--remote", metavar="HOST[:RUNS_DIR]", help="Dump them on that node of a multi-node run, over "
                                                                       "SSH (HOST or HOST:RUNS_DIR, repeatable).")] = None,
 ) -> None:
     """Print where processes are stuck: every thread's Python stack.
