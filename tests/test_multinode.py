@@ -320,3 +320,50 @@ def test_node_manifests_merge_and_a_node_joins_once(tmp_path, monkeypatch):
     monkeypatch.setenv("UPS_HOSTNAME", "elsewhere")  # a host that is no node of the run cannot write its state
     with pytest.raises(UpsError, match="elsewhere is not a node of multi-node run exp-c"):
         run.set_state("killed")
+
+
+def test_launch_train_on_two_nodes_succeeds_as_one_run(tmp_path):
+    """Our own train job, across two nodes into a shared runs folder: one run, both nodes
+    end succeeded, each node's launcher judging its own ranks."""
+    import subprocess
+
+    from ups.data.synth import synthesize
+    from ups.faults import Faults
+    from ups.jobs import precompute as pre
+    from ups.jobs.config import PrecomputeConfig
+    from ups.status.reporter import NullReporter
+
+    synthesize(tmp_path / "data", "burgers1d", "train", 8, seed=2, timesteps=4, resolution=16)
+    config = tmp_path / "quick.yaml"
+    config.write_text("batch_size: 4\nhidden: 16\ncheckpoint_every: 100\nlog_every: 5\nwandb_mode: disabled\n"
+                      "heartbeat_interval: 0.3\n")
+    cfg = PrecomputeConfig(root=str(tmp_path / "data"), tasks=["burgers1d"], cache_dir=str(tmp_path / "cache"),
+                           num_workers=0, device="cpu").validate()
+    pre.PrecomputeJob(cfg, NullReporter(), Faults()).execute()
+    runs, port = tmp_path / "runs", free_port()
+
+    def node(rank: int):
+        return subprocess.Popen(
+            [sys.executable, "-m", "ups", "launch", "train", "--run-id", "exp-t", "--nnodes", "2", "--node-rank", str(rank),
+             "--rdzv-endpoint", f"127.0.0.1:{port}", "--nproc", "1", "--cache-dir", str(tmp_path / "cache"),
+             "--tasks", "burgers1d", "--steps", "10", "--config", str(config), "--detach", "--json"],
+            env={**os.environ, **NODE_ENV, "UPS_HOSTNAME": f"node{rank}", "UPS_RUNS_DIR": str(runs)},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    launches = [node(0), node(1)]  # both nodes at once, as a cluster's scheduler starts them
+    outs = [p.communicate(timeout=60) for p in launches]
+    assert all(p.returncode == 0 for p in launches), [err for _, err in outs]
+    run = RunDir(json.loads(outs[0][0])["run_dir"])
+    assert json.loads(outs[1][0])["run_dir"] == str(run.path)
+    try:
+        data = wait_for(lambda: (d := status_json(str(run.path))) and d["state"] not in ("launching", "running") and d,
+                        90, interval=0.5, message="the train run to end")
+        assert data["state"] == "succeeded", data["run"].get("summary")
+        assert data["run"]["summary"] == "every node (2) succeeded"
+        assert [(n["host"], n["state"]) for n in data["nodes"]] == [("node0", "succeeded"), ("node1", "succeeded")]
+        procs = {p["name"]: p for p in data["processes"]}
+        assert (procs["rank-0"]["step"], procs["rank-1"]["step"], procs["rank-1"]["world_size"]) == (10, 10, 2)
+        command = run.read_nodes()["node1"]["command"]
+        assert command[command.index("--rdzv-id") + 1] == "exp-t" and command[command.index("--node-rank") + 1] == "1"
+    finally:
+        kill_everything(run)
