@@ -346,7 +346,7 @@ def test_launch_train_on_two_nodes_succeeds_as_one_run(tmp_path):
         return subprocess.Popen(
             [sys.executable, "-m", "ups", "launch", "train", "--run-id", "exp-t", "--nnodes", "2", "--node-rank", str(rank),
              "--rdzv-endpoint", f"127.0.0.1:{port}", "--nproc", "1", "--cache-dir", str(tmp_path / "cache"),
-             "--tasks", "burgers1d", "--steps", "10", "--config", str(config), "--detach", "--json"],
+             "--tasks", "burgers1d", "--steps", "4", "--config", str(config), "--detach", "--json"],
             env={**os.environ, **NODE_ENV, "UPS_HOSTNAME": f"node{rank}", "UPS_RUNS_DIR": str(runs)},
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -362,7 +362,7 @@ def test_launch_train_on_two_nodes_succeeds_as_one_run(tmp_path):
         assert data["run"]["summary"] == "every node (2) succeeded"
         assert [(n["host"], n["state"]) for n in data["nodes"]] == [("node0", "succeeded"), ("node1", "succeeded")]
         procs = {p["name"]: p for p in data["processes"]}
-        assert (procs["rank-0"]["step"], procs["rank-1"]["step"], procs["rank-1"]["world_size"]) == (10, 10, 2)
+        assert (procs["rank-0"]["step"], procs["rank-1"]["step"], procs["rank-1"]["world_size"]) == (4, 4, 2)
         command = run.read_nodes()["node1"]["command"]
         assert command[command.index("--rdzv-id") + 1] == "exp-t" and command[command.index("--node-rank") + 1] == "1"
     finally:

@@ -265,9 +265,10 @@ def merge_remote(local: RunView | None, sources: list[RemoteStatusSource], *, ru
         manifest["multinode"] = {"nnodes": len(nodes) or None}
     manifest.setdefault("id", run_id)
     views = list(node_views(manifest, tuple(merged), lost, here))
-    for host, reason in lost.items():  # a node never heard from: a row of its own
-        if not any(n.host == host for n in views):
-            views.append(NodeView(host, None, None, Health.UNREACHABLE.value, reason, 0))
+    for r in remotes:  # a node not heard from yet, or never: a row of its own
+        if not any(n.host == r["host"] for n in views):
+            health = Health.UNREACHABLE.value if r["status"] == "unreachable" else Health.STARTING.value
+            views.append(NodeView(r["host"], None, None, health, r["reason"], 0))
     node_tuple = tuple(views)
     manifest = _with_lost_nodes(manifest, node_tuple)
     manifest["remotes"] = remotes
