@@ -116,6 +116,8 @@ def test_shared_runs_dir_one_run_every_node_then_a_lost_node(shared_run):
     assert [(n["host"], n["node_rank"], n["state"], n["reachable"]) for n in data["nodes"]] == [
         ("node0", 0, "running", True), ("node1", 1, "running", True)]
     assert sorted(p.name for p in run.nodes_dir.iterdir()) == ["node0.json", "node1.json"]
+    command = run.read_nodes()["node1"]["command"]  # torchrun's rendezvous id is the run's (none was given)
+    assert command[command.index("--rdzv-id") + 1] == "exp-a"
     shared = json.loads(run.manifest_path.read_text())
     assert shared["multinode"]["nnodes"] == 2 and "launcher" not in shared  # per-node keys live in nodes/
     text = run_ups("status", str(run.path), "--wide")

@@ -419,7 +419,6 @@ def launch_program(ctx: typer.Context, launcher: str, *, name: str | None, total
             thresholds[key] = value
     if launcher == "torchrun":
         line = programs.parse_torchrun(line_args)
-        command = programs.torchrun_command(line)
         top_role = "agent"
         extra: dict[str, Any] = {"world_size": programs.world_size(line), "nproc": line.values.get("nproc_per_node"),
                                  "nnodes": line.values.get("nnodes") or 1}
@@ -429,6 +428,7 @@ def launch_program(ctx: typer.Context, launcher: str, *, name: str | None, total
             if not run_id:
                 raise UpsError("a run across nodes needs the same run id on every node: give --run-id ID before the "
                                "torchrun options, or torchrun's --rdzv-id ID")
+        command = programs.torchrun_command(line, rdzv_id=run_id if multinode is not None else None)
     else:
         multinode = None
         line = programs.parse_python(line_args)

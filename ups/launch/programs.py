@@ -165,11 +165,15 @@ def python_executable() -> str:
     return shutil.which("python") or shutil.which("python3") or sys.executable
 
 
-def torchrun_command(line: ProgramLine) -> list[str]:
+def torchrun_command(line: ProgramLine, *, rdzv_id: str | None = None) -> list[str]:
     """torchrun + our additions (only where the user gave none of their own) + their line.
 
-    ``{RUN}`` is replaced by the run folder when the run is created."""
+    ``{RUN}`` is replaced by the run folder when the run is created. ``rdzv_id`` (a run
+    across nodes: its run id) becomes ``--rdzv-id`` when the line has none: two runs on
+    one endpoint never meet in torchrun's default rendezvous id."""
     extra: list[str] = []
+    if rdzv_id and not line.has("rdzv_id"):
+        extra += ["--rdzv-id", rdzv_id]
     if not line.has(*RENDEZVOUS):
         extra.append("--standalone")  # it picks a free port; never `--master-port 0` without it
     if not line.has("log_dir"):
