@@ -180,7 +180,10 @@ UsePAM no
 PidFile {d / 'sshd.pid'}
 LogLevel ERROR
 """)
-    Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # sshd's privilege-separation folder
+    try:
+        Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # sshd's privilege-separation folder (as root)
+    except OSError:
+        pass  # not root: sshd runs unprivileged for this user, without it
     proc = subprocess.Popen([sshd_bin, "-D", "-e", "-f", str(config)], stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=open(d / "sshd.log", "wb"))  # noqa: SIM115
     ssh = (f"ssh -i {d / 'user_key'} -p {port} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
