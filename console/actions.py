@@ -102,3 +102,30 @@ def launch(args: list[str]) -> ActionResult:
         return ActionResult(True, json.loads(res.stdout)["run_id"])
     except (ValueError, KeyError):
         return ActionResult(False, "launch printed no run id")
+
+
+def remote_action(spec, what: str, run_id: str, record: StatusRecord, *, force: bool = False) -> ActionResult:  # noqa: ANN001
+    """Kill or dump the stacks of a process of another node: that node's ``ups``, over ssh."""
+    from ups.runs.remote import remote_ups
+
+    if record.role in ("launcher", "agent"):
+        target: list[str] = []  # that node's part of the run: its launcher stops its agent and ranks
+    else:
+        target = ["--rank", str(record.rank if record.rank is not None else 0)]
+    if record.role == "worker":
+        target += ["--worker", str(record.worker)]
+    if what == "kill":
+        args = ["kill", run_id, *target, *(["--force"] if force else []), "--reason", f"operator: kill {record.label} from the console"]
+    elif what == "stacks":
+        args = ["stacks", run_id, *target]
+    else:
+        return ActionResult(False, f"{what} acts on this node's runs; {record.label} runs on {record.host}")
+    try:
+        res = remote_ups(spec, *args)
+    except UpsError as exc:
+        return ActionResult(False, str(exc))
+    if res.returncode == 255:
+        return ActionResult(False, f"node {spec.host} unreachable over ssh: {res.stderr.strip()[-200:]}")
+    lines = (res.stdout.strip() or res.stderr.strip()).splitlines()
+    message = f"{spec.host}: " + (lines[-1] if what == "kill" and lines else f"stacks of {record.label} dumped there")
+    return ActionResult(res.returncode == 0, message if res.returncode == 0 else f"{spec.host}: {res.stderr.strip()[-300:]}")

@@ -60,6 +60,7 @@ class UpsConsole(App):
         process_table: Any = None,
         poll: bool = True,
         local_host: str | None = None,
+        remotes: list[Any] | None = None,
     ) -> None:
         super().__init__()
         self.runs_dir = Path(runs_dir)
@@ -72,7 +73,7 @@ class UpsConsole(App):
 
             gpu_provider = get_provider()
         self.poller = Poller(self.runs_dir, gpu_provider=gpu_provider, clock=clock, process_table=process_table,
-                             local_host=local_host)
+                             local_host=local_host, remotes=remotes)
         self.selected_run: str | None = None
         self.selected_process: str | None = None
         self.stats = RefreshStats()
@@ -88,6 +89,9 @@ class UpsConsole(App):
             self.poll()
         else:
             self.poll_once()
+
+    def on_unmount(self) -> None:
+        self.poller.close()  # the ssh streams of other nodes
 
     # -- polling ------------------------------------------------------------------------
     @work(thread=True, exclusive=True, group="poll", exit_on_error=False)
@@ -160,6 +164,11 @@ class UpsConsole(App):
         from ups.runs.rundir import RunDir
 
         run = RunDir(self.runs_dir / run_id)
+        spec = self.poller.remote_for(run_id, record.host) if record is not None else None
+        if spec is not None:  # a process of another node: that node's ups does it, over ssh
+            result = actions.remote_action(spec, what, run_id, record, force=force)
+            self.call_from_thread(self.notify, result.message, severity="information" if result.ok else "error", timeout=6)
+            return
         if what == "kill":
             result = actions.kill_run(run, force=force) if record is None else actions.kill_process(run, record, force=force)
         elif what == "stacks":
@@ -178,5 +187,6 @@ class UpsConsole(App):
         self.call_from_thread(self.notify, message, severity="information" if result.ok else "error", timeout=6)
 
 
-def run_console(runs_dir: str | Path, run_id: str | None = None, readonly: bool = False, refresh: float = 1.0) -> None:
-    UpsConsole(runs_dir, run_id=run_id, readonly=readonly, refresh=refresh).run()
+def run_console(runs_dir: str | Path, run_id: str | None = None, readonly: bool = False, refresh: float = 1.0,
+                remotes: list[Any] | None = None) -> None:
+    UpsConsole(runs_dir, run_id=run_id, readonly=readonly, refresh=refresh, remotes=remotes).run()

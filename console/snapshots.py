@@ -95,8 +95,11 @@ class Poller:
         process_table: Callable[[list[int]], Any] | None = None,
         full_every: int = 10,
         local_host: str | None = None,
+        remotes: list[Any] | None = None,
     ) -> None:
         self.local_host = local_host
+        self.remotes = list(remotes or [])  # ups.runs.remote.RemoteSpec: other nodes, over SSH
+        self._sources: dict[str, list[Any]] = {}  # run id -> RemoteStatusSource per remote
         self.runs_dir = Path(runs_dir)
         self.gpu_provider = gpu_provider
         self.clock = clock
@@ -122,7 +125,32 @@ class Poller:
         # The real clock is judged on CLOCK_MONOTONIC like every reader; a fixed test clock is wall time.
         mono = time.monotonic() if self.clock is time.time else None
         view = load_run_view(run, now=now, process_table=table, source=_Src(), local_host=self.local_host, mono=mono)
-        return settle(view, actor="console") if view.supervision == "gone" else view
+        view = settle(view, actor="console") if view.supervision == "gone" else view
+        if self.remotes and (view.manifest or {}).get("multinode"):
+            from ups.runs.remote import merge_remote
+
+            view = merge_remote(view, self.sources(view.run_id), run_id=view.run_id)
+        return view
+
+    def sources(self, run_id: str) -> list[Any]:
+        """The other nodes' streams of one run, started on first use; each is read by a
+        thread of its own, so a slow or lost node never holds up a tick."""
+        if run_id not in self._sources:
+            from ups.runs.remote import open_sources
+
+            self._sources[run_id] = open_sources(self.remotes, run_id)
+        return self._sources[run_id]
+
+    def remote_for(self, run_id: str, host: str) -> Any:
+        """The RemoteSpec through which a node of a run is reached (None: not a remote one)."""
+        return next((s.spec for s in self._sources.get(run_id, []) if s.host == host), None)
+
+    def close(self) -> None:
+        from ups.runs.remote import stop_sources
+
+        for sources in self._sources.values():
+            stop_sources(sources)
+        self._sources.clear()
 
     def snapshot(self, selected_run: str | None, selected_process: str | None, *, with_gpu: bool = True) -> Snapshot:
         t0 = time.perf_counter()

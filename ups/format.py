@@ -63,6 +63,7 @@ HEALTH_STYLES = {
     "stalled": "bold yellow",
     "unresponsive": "bold red",
     "dead": "bold red",
+    "unreachable": "bold magenta",
     "done": "dim green",
     "failed": "bold red",
 }

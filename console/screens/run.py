@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -37,6 +38,14 @@ def rank_cells(p) -> tuple:
         r.label, health_cell(p.verdict.health.value, width=0), r.phase, bar(r.step, r.total), fmt_rate(r.rate, r.unit),
         age(p.heartbeat_age) if r.state == "running" else "-", str(r.pid), gpu_cell(r.gpu), r.host,
         reason_cell(p.verdict.health.value, p.verdict.reason),
+    )
+
+
+def node_cells(n) -> tuple:  # noqa: ANN001 - a NodeView
+    """A node's heading row: its name, health, its launcher's state and pid."""
+    return (
+        Text(f"node {n.host}" + (" (here)" if n.local else ""), style="bold"), health_cell(n.health, width=0),
+        n.state or "?", f"{n.processes} proc", "", "", str(n.launcher_pid or "-"), "", n.host, reason_cell(n.health, n.reason),
     )
 
 
@@ -116,7 +125,13 @@ class RunScreen(Screen):
         self._set("#run-header", run_header(view, snap.taken_at))
         self._set("#verdict", verdict_line(d.verdict))
         ranks = view.ranks() + [p for p in view.processes if p.record.role in ("helper", "agent", "launcher")]
-        self.query_one("#ranks", LiveTable).sync([(p.record.name, lambda p=p: rank_cells(p)) for p in ranks])
+        rows = [(p.record.name, lambda p=p: rank_cells(p)) for p in ranks]
+        if view.nodes:  # a multi-node run: each node heads its group of processes
+            rows = []
+            for node in view.nodes:
+                rows.append((f"node:{node.host}", lambda n=node: node_cells(n)))
+                rows += [(p.record.name, lambda p=p: rank_cells(p)) for p in ranks if p.record.host == node.host]
+        self.query_one("#ranks", LiveTable).sync(rows)
         sel = view.process(d.selected) if d.selected else None
         rank = sel.record.rank if sel is not None else 0
         workers = view.workers(rank)

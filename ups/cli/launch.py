@@ -43,6 +43,9 @@ SkipBadShardsOption = Annotated[
 # Faults the launch itself rehearses (not passed on to a job).
 LAUNCH_FAULTS = ("shard_probe_hang",)
 ConfigOption = Annotated[Path | None, typer.Option("--config", help="YAML config; options given here override it.")]
+RunIdOption = Annotated[str | None, typer.Option(
+    "--run-id", help="The run's id (its folder's name). Across nodes: the same on every node, so that they join one "
+                     "run (default there: torchrun's --rdzv-id).")]
 
 
 def start_and_follow(run: Any, *, detach: bool, json_out: bool) -> None:
@@ -182,13 +185,16 @@ def launch_precompute(
 
 
 # ------------------------------------------------------------------------------ train
-def torchrun_command(nproc: int, nnodes: int, node_rank: int | None, rdzv_endpoint: str | None) -> list[str]:
+def torchrun_command(nproc: int, nnodes: int, node_rank: int | None, rdzv_endpoint: str | None,
+                     rdzv_id: str | None = None) -> list[str]:
     """torchrun with a rendezvous that never collides: --standalone on one node (it picks a
     free port; never `--master-port 0` without it, which hangs), c10d across nodes."""
     cmd = [sys.executable, "-m", "torch.distributed.run"]
     if nnodes > 1:
         cmd += ["--nnodes", str(nnodes), "--node-rank", str(node_rank or 0), "--rdzv-backend", "c10d",
                 "--rdzv-endpoint", str(rdzv_endpoint)]
+        if rdzv_id:
+            cmd += ["--rdzv-id", rdzv_id]
     else:
         cmd += ["--standalone"]
     cmd += ["--nproc-per-node", str(nproc), "--log-dir", "{RUN}/logs/torchrun", "--redirects", "3", "--tee", "3",
@@ -201,7 +207,7 @@ DEBUG_ENV = {"NCCL_DEBUG": "INFO", "TORCH_DISTRIBUTED_DEBUG": "DETAIL", "TORCH_S
 
 def prepare_train(
     *, cache_dir, tasks, config, nproc, steps, nnodes, node_rank, rdzv_endpoint, debug, inject, resume, runs_dir,
-    require_cache: bool = True,
+    require_cache: bool = True, run_id: str | None = None,
 ) -> tuple[dict[str, Any], Any]:
     """Validate everything and return launch_run's arguments for a train run (and the config).
 
@@ -218,6 +224,8 @@ def prepare_train(
         raise UpsError("--nproc and --nnodes must be >= 1")
     if nnodes > 1 and not rdzv_endpoint:
         raise UpsError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node) and --node-rank")
+    if nnodes > 1 and not run_id:
+        raise UpsError("--nnodes > 1 needs --run-id ID, the same on every node: the nodes join one run of that id")
     faults = validate_faults(inject or [], KNOWN_FAULTS)
     from ups.data.cache import METADATA_NAME, split_dir
 
@@ -232,11 +240,13 @@ def prepare_train(
         env["UPS_FAULTS"] = faults
     resolved = asdict(cfg)
     return dict(
-        runs_root=runs_dir, kind="train", command=torchrun_command(nproc, nnodes, node_rank, rdzv_endpoint),
+        runs_root=runs_dir, kind="train", command=torchrun_command(nproc, nnodes, node_rank, rdzv_endpoint, run_id),
         argv=["ups", *sys.argv[1:]], config=resolved, env=env, thresholds=cfg.thresholds(),
         extra={"nproc": nproc, "nnodes": nnodes, "world_size": nproc * nnodes},
         files={"config.json": jsonlib.dumps(resolved, indent=1).encode()},
         instrument="agent",  # torchrun's agent, the ranks and any helper report as a user's program does
+        run_id=run_id,
+        multinode={"nnodes": nnodes, "node_rank": node_rank or 0, "rdzv_endpoint": rdzv_endpoint} if nnodes > 1 else None,
     ), cfg
 
 
@@ -272,6 +282,7 @@ def launch_train(
     nnodes: Annotated[int, typer.Option("--nnodes", help="Nodes (each runs this command with its --node-rank).")] = 1,
     node_rank: Annotated[int | None, typer.Option("--node-rank")] = None,
     rdzv_endpoint: Annotated[str | None, typer.Option("--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous (multi-node).")] = None,
+    run_id: RunIdOption = None,
     debug: Annotated[bool, typer.Option("--debug", help="NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL, C++ stack traces.")] = False,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the last checkpoint.")] = False,
     inject: InjectOption = None,
@@ -293,12 +304,17 @@ def launch_train(
 
     Faults (--inject): segv:rank=R,phase=P  oom:rank=R,step=S  hang:rank=R,step=S
     skip_collective:rank=R,step=S.
+
+    \b
+    Several nodes: the same command on each, with its own --node-rank:
+        ups launch train --nnodes 2 --node-rank 0 --rdzv-endpoint HOST0:29400 --run-id exp7 ...
+        ups launch train --nnodes 2 --node-rank 1 --rdzv-endpoint HOST0:29400 --run-id exp7 ...
     """
     from ups.launch.spawn import launch_run
 
     kwargs, _ = prepare_train(cache_dir=cache_dir, tasks=tasks, config=config, nproc=nproc, steps=steps, nnodes=nnodes,
                               node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, debug=debug, inject=inject, resume=resume,
-                              runs_dir=runs_dir)
+                              runs_dir=runs_dir, run_id=run_id)
     start_and_follow(launch_run(**kwargs, observe_only=observe_only), detach=detach, json_out=json)
 
 
@@ -385,7 +401,7 @@ UnresponsiveOption = Annotated[float | None, typer.Option("--unresponsive-after"
 
 def launch_program(ctx: typer.Context, launcher: str, *, name: str | None, total_steps: int | None, detach: bool,
                    runs_dir: Path, json_out: bool, stalled_after: float | None, unresponsive_after: float | None,
-                   observe_only: bool = False) -> None:
+                   observe_only: bool = False, run_id: str | None = None) -> None:
     from ups.launch import programs
     from ups.launch.spawn import launch_run
 
@@ -403,11 +419,18 @@ def launch_program(ctx: typer.Context, launcher: str, *, name: str | None, total
             thresholds[key] = value
     if launcher == "torchrun":
         line = programs.parse_torchrun(line_args)
-        command = programs.torchrun_command(line)
         top_role = "agent"
         extra: dict[str, Any] = {"world_size": programs.world_size(line), "nproc": line.values.get("nproc_per_node"),
                                  "nnodes": line.values.get("nnodes") or 1}
+        multinode = programs.multinode(line)
+        if multinode is not None:
+            run_id = run_id or line.values.get("rdzv_id")
+            if not run_id:
+                raise UpsError("a run across nodes needs the same run id on every node: give --run-id ID before the "
+                               "torchrun options, or torchrun's --rdzv-id ID")
+        command = programs.torchrun_command(line, rdzv_id=run_id if multinode is not None else None)
     else:
+        multinode = None
         line = programs.parse_python(line_args)
         command = [programs.python_executable(), *line_args]
         top_role = "rank"
@@ -416,7 +439,8 @@ def launch_program(ctx: typer.Context, launcher: str, *, name: str | None, total
     extra["program"] = {"launcher": launcher, "line": line_args, "target": line.target, "args": line.args}
     env = {"UPS_TOTAL_STEPS": str(total_steps)} if total_steps else {}
     run = launch_run(runs_dir, launcher, command, argv=["ups", *sys.argv[1:]], env=env, extra=extra,
-                     name=name or line.name, instrument=top_role, thresholds=thresholds, observe_only=observe_only)
+                     name=name or line.name, instrument=top_role, thresholds=thresholds, observe_only=observe_only,
+                     run_id=run_id, multinode=multinode)
     start_and_follow(run, detach=detach, json_out=json_out)
 
 
@@ -429,6 +453,7 @@ def launch_torchrun(
     stalled_after: StalledOption = None,
     unresponsive_after: UnresponsiveOption = None,
     observe_only: ObserveOption = False,
+    run_id: RunIdOption = None,
     detach: DetachOption = False,
     runs_dir: RunsDirOption = default_runs_dir(),
     json: JsonOption = False,
@@ -452,10 +477,21 @@ def launch_torchrun(
     that leaves with os._exit or a signal while its peers run is named as the root cause.
     UPS_INSTRUMENT=0 turns the instrumentation off.
 
+    Several nodes (c10d rendezvous): the same line on every node, each with its
+    --node-rank, joins one run named by --run-id (or torchrun's --rdzv-id); each node
+    has its own launcher and node manifest. With a shared runs folder, `ups status
+    exp7` on any node shows every node; without one, `ups status exp7 --remote node1`
+    reads the other node over SSH.
+
+    \b
+        ups launch torchrun --run-id exp7 --nnodes 2 --node-rank 0 --rdzv-backend c10d \\
+            --rdzv-endpoint node0:29400 --nproc-per-node 8 train.py
+
     Exit codes (when following): 0 succeeded, 1 failed or killed, 2 bad input.
     """
     launch_program(ctx, "torchrun", name=name, total_steps=total_steps, detach=detach, runs_dir=runs_dir, json_out=json,
-                   stalled_after=stalled_after, unresponsive_after=unresponsive_after, observe_only=observe_only)
+                   stalled_after=stalled_after, unresponsive_after=unresponsive_after, observe_only=observe_only,
+                   run_id=run_id)
 
 
 @launch_app.command("python", cls=PassThroughCommand, context_settings=PROGRAM_SETTINGS,

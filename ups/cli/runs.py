@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # the run/status modules load only when a command runs (fast 
     from rich.text import Text
 
     from ups.runs.rundir import RunDir
-    from ups.runs.view import ProcessView, RunView
+    from ups.runs.view import NodeView, ProcessView, RunView
     from ups.status.record import StatusRecord
 
 WideOption = Annotated[
@@ -182,6 +182,7 @@ def status_payload(view: RunView, gpu_by_pid: dict[int, int] | None = None) -> d
         "manifest_problem": view.manifest_problem,
         "progress": {"step": step, "total": total, "rate": view.rate, "unit": view.unit, "eta_s": view.eta_s},
         "processes": processes,
+        "nodes": [n.to_dict() for n in view.nodes],
         "unreadable": [{"file": p.file, "problem": p.problem} for p in view.problems],
         "read_at": view.read_at,
     }
@@ -240,10 +241,19 @@ def process_table(view: RunView, nvml: dict[int, int], *, reasons: bool):
     yielding = ("PHASE", "PROGRESS", "RATE", "GPU") if not reasons else ("GPU", "HEALTH")
     for col in ("PROCESS", "PID", "PHASE", "PROGRESS", "RATE", "HB/PROG", "GPU", "HEALTH"):
         table.add_column(col, no_wrap=col not in yielding)
-    for p in view.processes:
+    for p, node in grouped_processes(view):
+        if node is not None:  # a multi-node run: a heading row per node, its processes under it
+            h = node.health
+            table.add_row(
+                Text(f"node {node.host}" + (" (here)" if node.local else ""), "bold"),
+                str(node.launcher_pid or "-"), Text(node.state or "?", STATE_STYLES.get(node.state or "", "")),
+                "", "", "", "",
+                _one_line(Text.assemble((h, HEALTH_STYLES.get(h, "")), (f" {node.reason}" if reasons and h != "ok" else "", "dim"))),
+            )
+            continue
         r = p.record
         table.add_row(
-            short_label(r),
+            ("  " if view.nodes else "") + short_label(r),
             str(r.pid),
             _one_line(Text(r.phase)),
             _one_line(Text(_progress_cell(r))),
@@ -253,6 +263,17 @@ def process_table(view: RunView, nvml: dict[int, int], *, reasons: bool):
             _health_cell(p, reason=reasons),
         )
     return table
+
+
+def grouped_processes(view: RunView) -> list[tuple[ProcessView | None, NodeView | None]]:
+    """The processes in order; a multi-node run's grouped by node, each group after its node."""
+    if not view.nodes:
+        return [(p, None) for p in view.processes]
+    out: list[tuple[ProcessView | None, NodeView | None]] = []
+    for node in view.nodes:
+        out.append((None, node))
+        out.extend((p, None) for p in view.processes if p.record.host == node.host)
+    return out
 
 
 def render_status(view: RunView, nvml: dict[int, int], *, width: int | None = None, wide: bool = False):
@@ -288,16 +309,27 @@ def render_status(view: RunView, nvml: dict[int, int], *, width: int | None = No
     if not wide and width is not None and _natural_width(_console(), table) > width:
         table = process_table(view, nvml, reasons=False)
         for p in view.processes:
-            if p.verdict.health.is_problem:
+            if p.verdict.health.is_problem and p.verdict.health.value != "unreachable":  # said once per node below
                 h = p.verdict.health.value
                 below.append(Text.assemble(f"{p.record.label}: ", (h, HEALTH_STYLES.get(h, "")), f": {p.verdict.reason}"))
     parts.append(table)
     parts.extend(below)
     for prob in view.problems:
         parts.append(Text(f"unreadable status file {prob.file}: {prob.problem}", style="yellow"))
+    for node in view.nodes:
+        if not node.reachable:
+            parts.append(Text(node.reason, style="bold magenta"))
     if not view.processes and not view.problems:
         parts.append(Text("no process has written a status record yet", style="dim"))
     return Group(*parts)
+
+
+RemoteOption = Annotated[
+    list[str] | None,
+    typer.Option("--remote", metavar="HOST[:RUNS_DIR]", help="Another node of a multi-node run, read over SSH: HOST or HOST:RUNS_DIR (repeatable). "
+                                  "Runs `ssh HOST ups status RUN --json --follow` there (UPS_SSH: the ssh command; "
+                                  "UPS_REMOTE_UPS: the ups command there)."),
+]
 
 
 @app.command("status")
@@ -307,23 +339,57 @@ def status_cmd(
     json: JsonOption = False,
     wide: WideOption = False,
     watch: Annotated[bool, typer.Option("--watch", help="Redraw every second until Ctrl-C.")] = False,
-    interval: Annotated[float, typer.Option(help="Seconds between redraws with --watch.")] = 1.0,
+    interval: Annotated[float, typer.Option(help="Seconds between redraws with --watch, or snapshots with --follow.")] = 1.0,
+    follow: Annotated[bool, typer.Option("--follow", help="With --json: one snapshot per line (NDJSON) every --interval "
+                                                          "until the run ends (what --remote reads over SSH).")] = False,
+    remote: RemoteOption = None,
+    remote_timeout: Annotated[float, typer.Option("--remote-timeout", help="Seconds to wait for each --remote node's first "
+                                                                           "snapshot; a node silent longer is unreachable.")] = 10.0,
 ) -> None:
     """One row per process of a run (launcher, ranks, DataLoader workers) with its health.
 
     Health is a word and a reason: starting, ok, slow (below half the peers' median rate),
     stalled (heartbeat alive, no progress), unresponsive (no heartbeat, pid alive: blocked
-    in a C call or stopped), dead (pid gone or reused), done, failed. Each process stays on
-    one line; when the reasons do not fit the terminal, the reasons of processes in trouble
-    follow the table (--wide keeps every reason in its row).
+    in a C call or stopped), dead (pid gone or reused), unreachable (another node whose
+    every process went silent at once, or whose SSH stream ended), done, failed. Each
+    process stays on one line; when the reasons do not fit the terminal, the reasons of
+    processes in trouble follow the table (--wide keeps every reason in its row).
 
-    --json prints {"run": manifest, "processes": [...]} (schema in docs/status-json.md).
+    A run across nodes is shown node by node: from a shared runs folder as it is, or with
+    --remote NODE for each node whose records live on that node only:
+
+    \b
+        ups status exp7 --remote node1 --remote node2:/scratch/runs
+
+    --json prints {"run": manifest, "processes": [...], "nodes": [...]} (schema in
+    docs/status-json.md); --json --follow prints one such snapshot per line.
     """
+    from ups.errors import RunNotFound
     from ups.launch.reconcile import load_settled_view
     from ups.runs.rundir import resolve_run
 
+    if follow and not json:
+        raise UpsError("--follow streams JSON lines: add --json (--watch redraws the table)")
+    if interval <= 0:
+        raise UpsError("--interval must be > 0 seconds")
+    if remote:
+        from ups.runs.remote import RemoteSpec
+
+        specs = [RemoteSpec.parse(r) for r in remote]
+        try:
+            rd = resolve_run(runs_dir, run)
+        except (RunNotFound, UpsError):
+            if not run:
+                raise
+            rd = None  # a run none of whose nodes is this host: every node is read remotely
+        _status_remote(rd, run if rd is None else rd.run_id, specs, json=json, watch=watch or follow, follow=follow,
+                       interval=interval, wide=wide, timeout=remote_timeout)
+        return
     rd = resolve_run(runs_dir, run)
     rd.read_manifest()  # a corrupt run.json is bad input here: one line, exit 2
+    if follow:
+        _follow_json(rd, interval)
+        return
     if json:
         print_json(status_payload(load_settled_view(rd), _gpu_by_pid()))
         return
@@ -342,6 +408,108 @@ def status_cmd(
                 time.sleep(interval)
         except KeyboardInterrupt:
             pass
+
+
+def stream_payload(view: RunView) -> dict:
+    """A ``--follow`` line: the status payload, this host's name, and the records whole (a
+    reader on another node rebuilds its view from them, with the health judged here)."""
+    from ups.status.host import hostname
+
+    payload = status_payload(view)
+    payload["host"] = hostname()
+    payload["records"] = [p.record.to_dict() for p in view.processes]
+    return payload
+
+
+def _follow_json(rd: RunDir, interval: float) -> None:
+    """NDJSON until the run ends (its final snapshot is the last line) or the reader goes."""
+    import json as jsonlib
+    import os
+
+    from ups.launch.reconcile import load_settled_view
+
+    try:
+        while True:
+            view = load_settled_view(rd)
+            sys.stdout.write(jsonlib.dumps(stream_payload(view), default=str, separators=(",", ":")) + "\n")
+            sys.stdout.flush()
+            if view.is_final:
+                return
+            time.sleep(interval)
+    except (BrokenPipeError, KeyboardInterrupt):
+        # The reader went away (ssh closed): nothing more to say, and nothing to flush at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        raise typer.Exit(0) from None
+
+
+def _status_remote(rd: RunDir | None, run_id: str, specs, *, json: bool, watch: bool, follow: bool, interval: float,
+                   wide: bool, timeout: float) -> None:
+    """``ups status --remote``: this node's records (if it has the run) and every other
+    node's over SSH, in one view."""
+    import json as jsonlib
+
+    from ups.launch.reconcile import load_settled_view
+    from ups.runs.remote import merge_remote, open_sources, stop_sources
+
+    sources = open_sources(specs, run_id, silent_after=timeout)
+    try:
+        deadline = time.monotonic() + timeout
+        for src in sources:
+            src.wait_first(max(0.0, deadline - time.monotonic()))
+
+        def view() -> RunView:
+            return merge_remote(load_settled_view(rd) if rd is not None else None, sources, run_id=run_id)
+
+        def payload(v: RunView) -> dict:
+            data = status_payload(v)
+            data["remotes"] = (v.manifest or {}).get("remotes", [])
+            return data
+
+        if json and not follow:
+            print_json(payload(view()))
+            return
+        if follow:
+            while True:
+                v = view()
+                sys.stdout.write(jsonlib.dumps(payload(v), default=str, separators=(",", ":")) + "\n")
+                sys.stdout.flush()
+                if v.is_final:
+                    return
+                time.sleep(interval)
+        width = _console().width
+        if not watch:
+            _print_fitted(render_status(view(), {}, width=width, wide=wide), wide=wide)
+            return
+        from rich.live import Live
+
+        with Live(render_status(view(), {}, width=width, wide=wide), auto_refresh=False, screen=False) as live:
+            try:
+                while True:
+                    live.update(render_status(view(), {}, width=width, wide=wide), refresh=True)
+                    time.sleep(interval)
+            except KeyboardInterrupt:
+                pass
+    finally:
+        stop_sources(sources)
+
+
+def _relay_remote(remote: list[str], args: list[str]) -> None:
+    """Run the same command on each --remote node over SSH; its output here, the worst exit."""
+    from ups.runs.remote import RemoteSpec, remote_ups
+
+    worst = 0
+    for spec in (RemoteSpec.parse(r) for r in remote):
+        res = remote_ups(spec, *args)
+        if len(remote) > 1:
+            typer.echo(f"=== {spec.host} ===")
+        sys.stdout.write(res.stdout)
+        sys.stderr.write(res.stderr)
+        if res.returncode == 255:  # ssh's own failure
+            typer.echo(f"ups: node {spec.host} unreachable over ssh", err=True)
+        worst = max(worst, 1 if res.returncode == 255 else res.returncode)
+    if worst:
+        raise typer.Exit(worst)
 
 
 # ---------------------------------------------------------------------------------- kill
@@ -373,6 +541,8 @@ def kill_cmd(
     reason: Annotated[str, typer.Option(help="Why: recorded in the run's event log.")] = "operator request",
     runs_dir: RunsDirOption = default_runs_dir(),
     json: JsonOption = False,
+    remote: Annotated[list[str] | None, typer.Option("--remote", metavar="HOST[:RUNS_DIR]", help="Do it on that node of a multi-node run, over SSH "
+                                                                      "(HOST or HOST:RUNS_DIR, repeatable).")] = None,
 ) -> None:
     """Stop a run, or one rank or DataLoader worker of it.
 
@@ -380,7 +550,15 @@ def kill_cmd(
     process's start time matches the record (a reused pid is refused). SIGTERM, then
     SIGKILL after --grace seconds. Without --rank/--worker the whole run is stopped and
     marked killed. Every signal is written to the run's events.jsonl.
+
+    A multi-node run: each node's processes are signalled on that node (this node's here,
+    another's with --remote NODE, through its own `ups kill`).
     """
+    if remote:
+        _relay_remote(remote, ["kill", run, *(["--rank", str(rank)] if rank is not None else []),
+                               *(["--worker", str(worker)] if worker is not None else []), *(["--force"] if force else []),
+                               "--grace", str(grace), "--reason", reason, *(["--json"] if json else [])])
+        return
     from ups.runs.actions import kill_run
     from ups.runs.rundir import resolve_run
     from ups.runs.signals import check_identity, terminate
@@ -417,6 +595,8 @@ def stacks_cmd(
     timeout: Annotated[float, typer.Option(help="Seconds to wait for each dump.")] = 5.0,
     runs_dir: RunsDirOption = default_runs_dir(),
     json: JsonOption = False,
+    remote: Annotated[list[str] | None, typer.Option("--remote", metavar="HOST[:RUNS_DIR]", help="Dump them on that node of a multi-node run, over "
+                                                                      "SSH (HOST or HOST:RUNS_DIR, repeatable).")] = None,
 ) -> None:
     """Print where processes are stuck: every thread's Python stack.
 
@@ -427,7 +607,14 @@ def stacks_cmd(
     --group folds them, as large-scale training teams read stacks: one line per distinct
     place, e.g. "ranks 0, 2-7: all_reduce at train.py:120" / "rank 1: broadcast at
     train.py:250" (the library call it is in, and the program's own frame that made it).
+
+    A multi-node run: this node's processes; --remote NODE dumps that node's, over SSH.
     """
+    if remote:
+        _relay_remote(remote, ["stacks", *([run] if run else []), *(["--rank", str(rank)] if rank is not None else []),
+                               *(["--worker", str(worker)] if worker is not None else []), *(["--group"] if group else []),
+                               "--timeout", str(timeout), *(["--json"] if json else [])])
+        return
     from ups.runs.rundir import resolve_run
     from ups.runs.view import load_run_view
 

@@ -38,6 +38,7 @@ ENV_PARENT = "UPS_PARENT"
 ENV_TOTAL_STEPS = "UPS_TOTAL_STEPS"
 ENV_INTERVAL = "UPS_HEARTBEAT_INTERVAL"
 ENV_NODE_RANK = "UPS_NODE_RANK"
+ENV_NODE = "UPS_NODE"  # set by the launcher of a multi-node run: this node's host name
 
 _INFRASTRUCTURE = ("multiprocessing.resource_tracker", "multiprocessing.forkserver", "multiprocessing.semaphore_tracker")
 
@@ -144,6 +145,10 @@ def start_reporter(role: str, *, worker: int | None = None, loader: int | None =
         kwargs.update(rank=parent_rank, phase="helper", unit="items")
     elif role == "agent":
         kwargs.update(phase="agent", node=_env_int(ENV_NODE_RANK), unit="items")
+        if os.environ.get(ENV_NODE):
+            from ups.status.schema import process_name
+
+            kwargs["name"] = process_name("agent", host=os.environ[ENV_NODE])
     rep = Reporter(run_dir, role=role, **kwargs)
     rep.register_current()
     state.rep = rep

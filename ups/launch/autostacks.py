@@ -17,7 +17,7 @@ import time
 from ups.errors import RefusedSignal
 from ups.runs.rundir import RunDir
 from ups.runs.signals import dump_stacks
-from ups.runs.view import load_run_view
+from ups.runs.view import load_run_view, node_view
 from ups.status.health import Health
 
 TICK_S = 1.0
@@ -52,7 +52,7 @@ class StackCollector:
                 print(f"ups: automatic stack dump failed: {exc!r}", flush=True)
 
     def tick(self) -> int:
-        view = load_run_view(self.run)
+        view = node_view(load_run_view(self.run))  # another node's processes are its launcher's
         troubled = {(p.record.name, p.record.pid): p for p in view.processes
                     if p.record.role != "launcher" and p.verdict.health in TROUBLE}
         self.episodes &= set(troubled)  # a process healthy again starts a new episode next time

@@ -21,6 +21,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from ups.runs.rundir import RunDir
+from ups.status.host import hostname
 from ups.status.procs import process_start_time, same_start
 from ups.status.reader import read_record_file, read_status_dir
 from ups.status.record import RecordError, StatusRecord
@@ -104,9 +105,10 @@ class ExitWatcher:
     # -- discovering processes ---------------------------------------------------------
     def scan(self) -> int:
         snap = read_status_dir(self.run.status_dir)
+        here = hostname()
         for rec in snap.records:
-            if rec.role == "launcher" or (rec.name, rec.pid) in self._watched:
-                continue
+            if rec.role == "launcher" or (rec.name, rec.pid) in self._watched or rec.host != here:
+                continue  # another node's processes are that node's launcher's to watch
             if rec.state != "running":
                 # Ended normally before we ever saw it running: a clean exit, time from its record.
                 self._note(rec, rec, at=rec.heartbeat_at, exact=False)

@@ -89,8 +89,15 @@ def torchrun_outcome(view: RunView, end: End) -> Outcome:
     log = _log_tail(view)
     codes, torchrun_root = torchrun_failures(log)
     records = {p.record.rank: p.record for p in view.ranks()}
+    expected = set(range(world))
+    if m.get("multinode"):  # this node's part (see node_view): its own ranks, however many it runs
+        try:
+            world = int(m.get("nproc") or 0)
+        except (TypeError, ValueError):
+            world = 0
+        expected = set()
     ranks: dict[str, dict[str, Any]] = {}
-    for r in sorted(set(range(world)) | set(records) | set(codes)):
+    for r in sorted(expected | set(records) | set(codes)):
         rec = records.get(r)
         ex = end.exits.get(rec.name) if rec is not None else None
         state = rec.state if rec is not None else "no record"

@@ -165,11 +165,15 @@ def python_executable() -> str:
     return shutil.which("python") or shutil.which("python3") or sys.executable
 
 
-def torchrun_command(line: ProgramLine) -> list[str]:
+def torchrun_command(line: ProgramLine, *, rdzv_id: str | None = None) -> list[str]:
     """torchrun + our additions (only where the user gave none of their own) + their line.
 
-    ``{RUN}`` is replaced by the run folder when the run is created."""
+    ``{RUN}`` is replaced by the run folder when the run is created. ``rdzv_id`` (a run
+    across nodes: its run id) becomes ``--rdzv-id`` when the line has none: two runs on
+    one endpoint never meet in torchrun's default rendezvous id."""
     extra: list[str] = []
+    if rdzv_id and not line.has("rdzv_id"):
+        extra += ["--rdzv-id", rdzv_id]
     if not line.has(*RENDEZVOUS):
         extra.append("--standalone")  # it picks a free port; never `--master-port 0` without it
     if not line.has("log_dir"):
@@ -187,3 +191,22 @@ def world_size(line: ProgramLine) -> int | None:
     except ValueError:
         return None
     return nproc * nnodes
+
+
+def multinode(line: ProgramLine) -> dict[str, str | int | None] | None:
+    """A torchrun line across nodes (``--nnodes`` above 1, or a range like ``2:4``): what
+    ups records of it; None for one node. Such a line must name its rendezvous (else
+    ``--standalone`` would be added and each node would train alone)."""
+    nnodes = line.values.get("nnodes") or "1"
+    if nnodes.strip() in ("1", "1:1"):
+        return None
+    if not line.has("rdzv_endpoint", "master_addr"):
+        raise UpsError(f"--nnodes {nnodes} needs a rendezvous every node can reach: --rdzv-backend c10d "
+                       "--rdzv-endpoint HOST:PORT (the same on every node)")
+    try:
+        count: int | None = int(nnodes.split(":")[-1])
+    except ValueError:
+        count = None
+    node_rank = line.values.get("node_rank")
+    return {"nnodes": count, "node_rank": int(node_rank) if node_rank and node_rank.isdigit() else None,
+            "rdzv_endpoint": line.values.get("rdzv_endpoint") or line.values.get("master_addr")}

@@ -17,7 +17,7 @@ import os
 from ups.launch import kinds as _kinds  # noqa: F401 - registers the per-kind finalizers
 from ups.launch.exits import ProcessExit, read_exits
 from ups.launch.finalize import End, finalize
-from ups.runs.view import RunView, load_run_view
+from ups.runs.view import RunView, load_run_view, node_view
 from ups.status.record import StatusRecord
 
 TOP_ROLE = {"torchrun": "agent", "train": "agent"}  # other kinds: the job's process is rank 0
@@ -56,6 +56,7 @@ def settle(view: RunView, *, actor: str | None = None) -> RunView:
     if view.supervision != "gone":
         return view
     launcher = (view.manifest or {}).get("launcher") or {}
+    whole, view = view, node_view(view)  # a multi-node run: this node is settled, from its own processes
     rc = derived_returncode(view)
     outcome = finalize(view, End(rc, False, vanished_exits(view, read_exits(view.run))))
     state = outcome.state
@@ -69,7 +70,7 @@ def settle(view: RunView, *, actor: str | None = None) -> RunView:
         from ups.launch.supervise import record_verdict
 
         record_verdict(view.run)
-    return load_run_view(view.run)
+    return load_run_view(whole.run)
 
 
 def load_settled_view(run, **kwargs) -> RunView:  # noqa: ANN001

@@ -27,6 +27,8 @@ def launch_run(
     instrument: str | None = None,
     cwd: str | None = None,
     observe_only: bool = False,
+    run_id: str | None = None,
+    multinode: dict[str, Any] | None = None,
 ) -> RunDir:
     """Write ``runs_root/<id>/`` with the job command, and start the supervisor.
 
@@ -37,6 +39,9 @@ def launch_run(
     launching environment turns that off. The supervisor runs in a new session: no
     controlling terminal, its own process group, so Ctrl-C in the launching shell, closing
     the console or losing SSH never stops the job.
+
+    ``run_id`` names the run folder; with ``multinode`` (``{"nnodes": N, "node_rank": R,
+    ...}``) this node joins the run of that id (see :meth:`RunDir.create`).
     """
     if isinstance(thresholds, Thresholds):
         thresholds = thresholds.to_dict()
@@ -53,7 +58,8 @@ def launch_run(
         "automatic": "observe" if observe_only else "act",
     }
     fields.update(extra or {})
-    run = RunDir.create(runs_root, kind, argv=argv if argv is not None else sys.argv, config=config, extra=fields, name=name)
+    run = RunDir.create(runs_root, kind, argv=argv if argv is not None else sys.argv, config=config, extra=fields, name=name,
+                         run_id=run_id, multinode=multinode)
     for name, data in (files or {}).items():  # e.g. the resolved config the job reads
         (run.path / name).write_bytes(data)
     if any("{RUN}" in c for c in fields["command"]):
@@ -84,7 +90,7 @@ def spawn_supervisor(run: RunDir, *, adopt: bool = False) -> subprocess.Popen[by
     start = process_start_time(proc.pid)
     if start is not None:
         with run._manifest_lock():  # noqa: SLF001 - the supervisor may be writing its own entry
-            m = run.read_manifest()
+            m = run.read_own_manifest()
             if not (m.get("launcher") or {}).get("pid") == proc.pid:
                 previous = m.get("launcher")
                 m["launcher"] = {"pid": proc.pid, "pid_start": start, "pgid": proc.pid, "adopted": adopt}

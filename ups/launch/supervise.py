@@ -21,10 +21,12 @@ from ups.launch.exits import ExitWatcher
 from ups.launch.finalize import End, describe_returncode, finalize
 from ups.runs.rundir import RunDir
 from ups.runs.signals import signal_name
-from ups.runs.view import load_run_view
+from ups.runs.view import load_run_view, node_view
 from ups.status.health import Health
+from ups.status.host import ENV_HOSTNAME, hostname
 from ups.status.procs import process_start_time, same_start, this_process_start
 from ups.status.reporter import ENV_RUN_DIR, ENV_RUN_ID, Reporter
+from ups.status.schema import process_name
 
 ACTOR = "launcher"
 TERM_GRACE_S = 10.0
@@ -68,6 +70,11 @@ class Supervisor:
         env[ENV_RUN_ID] = self.run.run_id
         env["UPS_AUTOMATIC"] = self.manifest.get("automatic") or "act"  # jobs' own watchdogs obey it too
         env.setdefault("PYTHONUNBUFFERED", "1")
+        if self.run.is_multinode:  # the agent's record is agent@<host>: nothing collides across nodes
+            env["UPS_NODE"] = hostname()
+            env[ENV_HOSTNAME] = hostname()
+            if self.manifest.get("node_rank") is not None:
+                env["UPS_NODE_RANK"] = str(self.manifest["node_rank"])
         top_role = self.manifest.get("top_role")
         if self.manifest.get("instrument") and top_role:
             # Every Python process of the job reports through ups.instrument (sitecustomize).
@@ -126,7 +133,7 @@ class Supervisor:
         time.sleep(0.2)
         self.stacks.stop()
         self.exits.stop()
-        view = load_run_view(self.run)
+        view = node_view(load_run_view(self.run))  # this node's processes: each node finishes its own
         outcome = finalize(view, End(returncode, self.terminate_requested is not None, dict(self.exits.exits)))
         self.run.set_state(
             outcome.state,
@@ -179,7 +186,7 @@ class Adopter(Supervisor):
     def _job_alive(self) -> bool:
         if self.job_pid and (self.job_start is None or same_start(process_start_time(self.job_pid), self.job_start)):
             return process_start_time(self.job_pid) is not None
-        view = load_run_view(self.run)
+        view = node_view(load_run_view(self.run))
         return any(not p.record.is_final and p.verdict.health is not Health.DEAD
                    for p in view.processes if p.record.role != "launcher")
 
@@ -191,7 +198,7 @@ class Adopter(Supervisor):
         time.sleep(0.2)  # the last records
         from ups.launch.reconcile import derived_returncode
 
-        return derived_returncode(load_run_view(self.run))
+        return derived_returncode(node_view(load_run_view(self.run)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -209,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, sup._on_signal)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    with Reporter(run.path, role="launcher", phase="supervise", run_id=run.run_id) as reporter:
+    name = process_name("launcher", host=hostname()) if run.is_multinode else None  # launcher@<host>
+    with Reporter(run.path, role="launcher", phase="supervise", run_id=run.run_id, name=name) as reporter:
         try:
             sup.start()
         except OSError as exc:

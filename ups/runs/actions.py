@@ -11,22 +11,26 @@ from pathlib import Path
 from ups.errors import UpsError
 from ups.runs.rundir import FINAL_RUN_STATES, RunDir
 from ups.runs.signals import KillResult, is_alive, terminate
-from ups.runs.view import RunView, load_run_view
+from ups.runs.view import RunView, load_run_view, node_view
 
 
 def kill_run(run: RunDir, view: RunView, *, actor: str, reason: str, grace: float, force: bool) -> list[KillResult]:
     """Stop a whole run: ask the launcher first (it stops the job's process group), then make
-    sure of every process the records name, and mark the run killed if it is not final yet."""
+    sure of every process the records name, and mark the run killed if it is not final yet.
+
+    A multi-node run: this node's part (its launcher, its processes, its node manifest); the
+    other nodes' ranks fail in their next collective, or are stopped there (``--remote``)."""
     run.append_event("kill", actor=actor, target="run", reason=reason, force=force)
+    view = node_view(view)
     launcher = [p.record for p in view.processes if p.record.role == "launcher"]
     results: list[KillResult] = []
     if launcher and is_alive(launcher[0]) and not force:
         results += terminate(run, launcher, actor=actor, reason=reason, grace=grace + 5.0)
-    rest = [p for p in load_run_view(run).processes if p.record.role != "launcher" and is_alive(p.record)]
+    rest = [p for p in node_view(load_run_view(run)).processes if p.record.role != "launcher" and is_alive(p.record)]
     results += terminate(run, [p.record for p in rest], actor=actor, reason=reason, grace=grace, force=force)
     if force and launcher:
         results += terminate(run, launcher, actor=actor, reason=reason, grace=grace, force=True)
-    if run.read_manifest().get("state") not in FINAL_RUN_STATES:
+    if run.read_own_manifest().get("state") not in FINAL_RUN_STATES:
         run.set_state("killed", summary=f"killed by {actor}: {reason}")
     return results
 
@@ -34,7 +38,10 @@ def kill_run(run: RunDir, view: RunView, *, actor: str, reason: str, grace: floa
 def find_logs(run: RunDir, rank: int | None) -> list[Path]:
     """The job's log, or one rank's logs (``logs/rank-R.log`` or torchrun's stdout + stderr)."""
     if rank is None:
-        return [run.log_path("job")]
+        path = run.log_path("job")
+        if not path.exists() and run.is_multinode:  # a reader on no node of the run: the first node's log
+            return sorted(run.logs_dir.glob("job@*.log"))[:1] or [path]
+        return [path]
     direct = run.log_path(f"rank-{rank}")
     if direct.exists():
         return [direct]

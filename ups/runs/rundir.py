@@ -9,6 +9,14 @@ Layout (DESIGN.md)::
       logs/          stdout/stderr of the launcher and each rank
       events.jsonl   append-only audit log, one JSON object per line
       control/       requests from the operator to the job
+      nodes/         multi-node runs only: one manifest per node, ``<host>.json``
+
+A multi-node run (``ups launch torchrun --nnodes N ...`` on every node, one run id) keeps
+what all nodes share in ``run.json`` (id, kind, name, nnodes) and what each node's launcher
+knows in ``nodes/<host>.json`` (its command, launcher and job pids, state, exit code,
+summary). Each node writes only its own file; :meth:`RunDir.read_manifest` merges them: the
+node of the reading host gives the per-node keys, and the run's state is the nodes' (it
+ends when every node has ended, failed when any node failed, naming the node).
 """
 
 from __future__ import annotations
@@ -17,7 +25,6 @@ import contextlib
 import fcntl
 import json
 import os
-import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ups.errors import CorruptRun, RunNotFound, UpsError
+from ups.status.host import hostname
 from ups.status.reporter import write_atomic
 
 MANIFEST_SCHEMA = 1
@@ -33,6 +41,46 @@ FINAL_RUN_STATES = ("succeeded", "partial", "failed", "killed", "lost")
 """``lost``: the launcher and every process vanished and nothing recorded how the run ended
 (a reboot, everything SIGKILLed)."""
 SUBDIRS = ("status", "stacks", "logs", "control")
+NODES_DIR = "nodes"
+RUN_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+# The per-node keys of a multi-node manifest; the run's own (shared) keys stay in run.json.
+NODE_STATE_ORDER = ("killed", "failed", "lost", "partial", "succeeded")
+
+
+def check_run_id(run_id: str) -> str:
+    """A run id given by the user (``--run-id``, a rendezvous id) is a folder name: letters,
+    digits, ``.``, ``_`` and ``-`` only."""
+    if not run_id or run_id.startswith(".") or not set(run_id) <= RUN_ID_CHARS or len(run_id) > 120:
+        raise UpsError(f"run id {run_id!r} must be 1-120 letters, digits, '.', '_' or '-' (not starting with '.')")
+    return run_id
+
+
+def merge_node_states(nodes: dict[str, dict[str, Any]], nnodes: int | None = None) -> dict[str, Any]:
+    """The run's state from its nodes' manifests (those this reader sees: every node's on a
+    shared folder, its own otherwise): running while any node runs; once every node has
+    ended, the worst of their ends (killed, failed, lost, partial, succeeded), with a summary
+    that names the nodes that did not succeed. ``nnodes``: how many nodes the run has."""
+    if not nodes:
+        return {"state": "launching"}
+    states = {host: n.get("state") for host, n in nodes.items()}
+    running = [h for h, s in states.items() if s not in FINAL_RUN_STATES]
+    bad = sorted(h for h, s in states.items() if s in FINAL_RUN_STATES and s != "succeeded")
+    out: dict[str, Any] = {"failed_nodes": bad}
+    if running:
+        out["state"] = "launching" if all(s == "launching" for s in states.values()) else "running"
+        if bad:
+            out["summary"] = "; ".join(f"node {h} {states[h]}: {nodes[h].get('summary') or '-'}" for h in bad)
+        return out
+    final = [s for s in states.values() if s in FINAL_RUN_STATES]
+    out["state"] = next(s for s in NODE_STATE_ORDER if s in final)
+    out["ended_at"] = max((n.get("ended_at") or 0.0) for n in nodes.values()) or None
+    if bad:
+        out["summary"] = "; ".join(f"node {h} {states[h]}: {nodes[h].get('summary') or '-'}" for h in bad)
+        first = nodes[bad[0]].get("failure")
+        out["failure"] = dict(first, node=bad[0]) if isinstance(first, dict) else {"node": bad[0]}
+    else:
+        out["summary"] = f"every node ({len(nodes)}{f' of {nnodes}' if nnodes and nnodes > len(nodes) else ''}) succeeded"
+    return out
 
 
 def new_run_id(kind: str, now: float | None = None) -> str:
@@ -77,6 +125,18 @@ class RunDir:
     def events_path(self) -> Path:
         return self.path / "events.jsonl"
 
+    @property
+    def nodes_dir(self) -> Path:
+        return self.path / NODES_DIR
+
+    @property
+    def is_multinode(self) -> bool:
+        """A run of several nodes (it has ``nodes/``): each node writes its own manifest."""
+        return self.nodes_dir.is_dir()
+
+    def node_manifest_path(self, host: str | None = None) -> Path:
+        return self.nodes_dir / f"{host or hostname()}.json"
+
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
 
@@ -97,67 +157,180 @@ class RunDir:
         config: dict[str, Any] | None = None,
         extra: dict[str, Any] | None = None,
         name: str | None = None,
+        run_id: str | None = None,
+        multinode: dict[str, Any] | None = None,
     ) -> RunDir:
         """Make ``<runs_root>/<new id>/`` with its sub-folders and a ``launching`` manifest.
 
-        ``name`` (default: the kind) is the readable part of the id."""
+        ``name`` (default: the kind) is the readable part of the id. ``run_id`` names the
+        folder exactly (it must not exist yet) unless ``multinode`` is given (``{"nnodes":
+        N, ...}``): then this node joins the run of that id, creating it if it is the first,
+        and its manifest is ``nodes/<host>.json`` (see the module's docstring)."""
         root = Path(runs_root)
         try:
             root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise UpsError(f"cannot create runs folder {root}: {exc.strerror or exc}") from None
-        for _ in range(20):
+        if multinode is not None:
+            if not run_id:
+                raise UpsError("a multi-node run needs a run id (--run-id, or torchrun's --rdzv-id)")
+            return cls._join(root, check_run_id(run_id), kind, argv=argv, config=config, extra=extra, name=name,
+                             multinode=multinode)
+        if run_id is not None:
+            run = cls(root / check_run_id(run_id))
+            try:
+                run.path.mkdir()
+            except FileExistsError:
+                raise UpsError(f"run {run_id} already exists under {root}: give another --run-id") from None
+        for _ in range(20 if run_id is None else 0):
             run = cls(root / new_run_id(name or kind))
             try:
                 run.path.mkdir()
                 break
             except FileExistsError:
                 continue
-        else:  # pragma: no cover - 20 collisions of 16 random bits in one second
-            raise UpsError(f"could not allocate a run id under {root}")
+        else:
+            if run_id is None:  # pragma: no cover - 20 collisions of 16 random bits in one second
+                raise UpsError(f"could not allocate a run id under {root}")
         for sub in SUBDIRS:
             (run.path / sub).mkdir()
+        manifest = cls._new_manifest(run.run_id, kind, argv=argv, config=config, extra=extra, name=name)
+        run.write_manifest(manifest)
+        return run
+
+    @staticmethod
+    def _new_manifest(run_id: str, kind: str, *, argv: list[str] | None, config: dict[str, Any] | None,
+                      extra: dict[str, Any] | None, name: str | None) -> dict[str, Any]:
         manifest = {
             "schema": MANIFEST_SCHEMA,
-            "id": run.run_id,
+            "id": run_id,
             "kind": kind,
             "name": name or kind,
             "state": "launching",
             "created_at": time.time(),
             "ended_at": None,
-            "host": socket.gethostname(),
+            "host": hostname(),
             "argv": list(argv or []),
             "config": config or {},
             "launcher": None,
             "ranks": {},
         }
         manifest.update(extra or {})
-        run.write_manifest(manifest)
+        return manifest
+
+    @classmethod
+    def _join(cls, root: Path, run_id: str, kind: str, *, argv: list[str] | None, config: dict[str, Any] | None,
+              extra: dict[str, Any] | None, name: str | None, multinode: dict[str, Any]) -> RunDir:
+        """This node joins (or starts) the multi-node run ``run_id``."""
+        run = cls(root / run_id)
+        host = hostname()
+        try:
+            run.path.mkdir(exist_ok=True)
+            for sub in (*SUBDIRS, NODES_DIR):
+                (run.path / sub).mkdir(exist_ok=True)
+        except OSError as exc:
+            raise UpsError(f"cannot create run folder {run.path}: {exc.strerror or exc}") from None
+        with run._manifest_lock():
+            if run.manifest_path.exists():
+                shared = run._read_json(run.manifest_path)
+                if not shared.get("multinode"):
+                    raise UpsError(f"run {run_id} already exists under {root} and is not a multi-node run: "
+                                   "give another --run-id")
+                if shared.get("kind") != kind:
+                    raise UpsError(f"run {run_id} is a {shared.get('kind')} run; this node launches {kind}")
+            else:
+                shared = {"schema": MANIFEST_SCHEMA, "id": run_id, "kind": kind, "name": name or kind, "state": "running",
+                          "created_at": time.time(), "ended_at": None, "host": host,
+                          "multinode": {k: v for k, v in multinode.items() if k != "node_rank"}}
+                write_atomic(run.manifest_path, (json.dumps(shared, indent=2, default=str) + "\n").encode())
+            mine = run.node_manifest_path(host)
+            if mine.exists():
+                old = run._read_json(mine)
+                raise UpsError(f"node {host} has already joined run {run_id} (its launcher: pid "
+                               f"{(old.get('launcher') or {}).get('pid')}, {old.get('state')}): give each run a new "
+                               "--run-id, and each node its own host name (UPS_HOSTNAME)")
+            manifest = cls._new_manifest(run_id, kind, argv=argv, config=config, extra=extra, name=name)
+            manifest["node_rank"] = multinode.get("node_rank")
+            run.write_manifest(manifest)
         return run
 
     # -- manifest ------------------------------------------------------------------------
-    def read_manifest(self) -> dict[str, Any]:
-        """The manifest; CorruptRun (one line, where and what) when it cannot be read."""
+    @staticmethod
+    def _read_json(path: Path) -> dict[str, Any]:
+        """One manifest file; CorruptRun (one line, where and what) when it cannot be read."""
         try:
-            text = self.manifest_path.read_text()
+            text = path.read_text()
         except FileNotFoundError:
-            raise CorruptRun(f"{self.manifest_path}: missing run.json") from None
+            raise CorruptRun(f"{path}: missing {path.name}") from None
         except OSError as exc:
-            raise CorruptRun(f"{self.manifest_path}: unreadable ({exc.strerror or exc})") from None
+            raise CorruptRun(f"{path}: unreadable ({exc.strerror or exc})") from None
         if not text.strip():
-            raise CorruptRun(f"{self.manifest_path}: empty run.json")
+            raise CorruptRun(f"{path}: empty {path.name}")
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise CorruptRun(f"{self.manifest_path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
+            raise CorruptRun(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
         if not isinstance(data, dict):
-            raise CorruptRun(f"{self.manifest_path}: not a JSON object")
+            raise CorruptRun(f"{path}: not a JSON object")
         if not isinstance(data.get("schema"), int) or data["schema"] > MANIFEST_SCHEMA:
-            raise CorruptRun(f"{self.manifest_path}: unknown manifest schema {data.get('schema')!r}")
+            raise CorruptRun(f"{path}: unknown manifest schema {data.get('schema')!r}")
         return data
 
+    def read_nodes(self) -> dict[str, dict[str, Any]]:
+        """Each node's manifest of a multi-node run, by host (an unreadable one says why)."""
+        out: dict[str, dict[str, Any]] = {}
+        try:
+            names = sorted(n for n in os.listdir(self.nodes_dir) if n.endswith(".json") and not n.startswith("."))
+        except OSError:
+            return out
+        for name in names:
+            try:
+                out[name[:-5]] = self._read_json(self.nodes_dir / name)
+            except CorruptRun as exc:
+                out[name[:-5]] = {"host": name[:-5], "state": None, "problem": str(exc)}
+        return out
+
+    def read_manifest(self) -> dict[str, Any]:
+        """The manifest; CorruptRun (one line, where and what) when it cannot be read.
+
+        A multi-node run's is merged: run.json, then this host's node manifest over it (its
+        launcher, command, job), ``nodes`` (every node's manifest by host), and the run's
+        state, summary and failure from all nodes (:func:`merge_node_states`)."""
+        data = self._read_json(self.manifest_path)
+        if not data.get("multinode"):
+            return data
+        nodes = self.read_nodes()
+        merged = dict(data)
+        own = nodes.get(hostname())
+        if own is None or own.get("problem"):  # a reader on no node: the run's settings from a node
+            own = next(({k: v for k, v in n.items() if k not in ("launcher", "job", "host", "command")}
+                        for n in sorted(nodes.values(), key=lambda n: n.get("node_rank") or 0) if not n.get("problem")), {})
+        merged.update(own)
+        for key in ("summary", "failure", "ended_at", "exit_code", "signal", "verdict"):
+            if key not in data:
+                merged.pop(key, None)
+        merged["multinode"] = data["multinode"]
+        merged["nodes"] = nodes
+        merged.update(merge_node_states(nodes, (data.get("multinode") or {}).get("nnodes")))
+        return merged
+
+    def read_own_manifest(self) -> dict[str, Any]:
+        """What this process may modify: run.json, or this host's node manifest of a
+        multi-node run."""
+        if self.is_multinode and self.manifest_path.exists():
+            mine = self.node_manifest_path()
+            if not mine.exists():
+                raise UpsError(f"{hostname()} is not a node of multi-node run {self.run_id} (nodes: "
+                               f"{', '.join(self.read_nodes()) or 'none yet'}): act on it from one of its nodes, "
+                               "or with --remote NODE")
+            return self._read_json(mine)
+        return self.read_manifest()
+
     def write_manifest(self, manifest: dict[str, Any]) -> None:
-        write_atomic(self.manifest_path, (json.dumps(manifest, indent=2, default=str) + "\n").encode())
+        """Write run.json, or this host's node manifest of a multi-node run."""
+        path = self.node_manifest_path() if self.is_multinode else self.manifest_path
+        body = {k: v for k, v in manifest.items() if k not in ("nodes", "failed_nodes")}
+        write_atomic(path, (json.dumps(body, indent=2, default=str) + "\n").encode())
 
     @contextlib.contextmanager
     def _manifest_lock(self) -> Iterator[None]:
@@ -171,7 +344,7 @@ class RunDir:
     def update_manifest(self, **changes: Any) -> dict[str, Any]:
         """Read-modify-write under a lock; nested dicts given as values replace whole keys."""
         with self._manifest_lock():
-            manifest = self.read_manifest()
+            manifest = self.read_own_manifest()
             manifest.update(changes)
             self.write_manifest(manifest)
             return manifest
@@ -182,7 +355,7 @@ class RunDir:
         if state not in FINAL_RUN_STATES:
             raise ValueError(f"not a final run state: {state!r}")
         with self._manifest_lock():
-            manifest = self.read_manifest()
+            manifest = self.read_own_manifest()
             if manifest.get("state") in FINAL_RUN_STATES:
                 return False
             manifest.update(changes, state=state)
@@ -264,6 +437,10 @@ class RunDir:
 
     # -- logs ----------------------------------------------------------------------------
     def log_path(self, name: str) -> Path:
+        """``logs/<name>.log``; in a multi-node run the launcher's and the job's log are
+        this node's: ``logs/job@<host>.log``."""
+        if name in ("launcher", "job") and self.is_multinode:
+            name = f"{name}@{hostname()}"
         return self.logs_dir / f"{name}.log"
 
 

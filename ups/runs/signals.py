@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ups.errors import RefusedSignal
 from ups.runs.rundir import RunDir
+from ups.status.host import hostname
 from ups.status.procs import process_start_time, same_start
 from ups.status.record import StatusRecord
 
@@ -50,6 +51,9 @@ def own_lineage() -> set[int]:
 def check_identity(record: StatusRecord) -> None:
     """Raise RefusedSignal unless ``record.pid`` is alive and is the process the record names,
     and is not this command's own process or one of its ancestors."""
+    if record.host != hostname():
+        raise RefusedSignal(f"{record.label} runs on {record.host}, not on this host ({hostname()}): act on it "
+                            f"there, or with --remote {record.host}", exit_code=1)
     if record.pid in own_lineage():
         raise RefusedSignal(f"pid {record.pid} ({record.label}) is this command's own process or one of its "
                             "parents: refusing to signal it")
@@ -64,6 +68,9 @@ def check_identity(record: StatusRecord) -> None:
 
 
 def is_alive(record: StatusRecord) -> bool:
+    """The record's process lives on this host (another host's pid says nothing here)."""
+    if record.host != hostname():
+        return False
     return same_start(process_start_time(record.pid), record.pid_start)
 
 

@@ -6,7 +6,7 @@ none of them reads status files or the process table on its own.
 
 from __future__ import annotations
 
-import socket
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable
@@ -15,7 +15,16 @@ from typing import Any
 
 from ups.errors import CorruptRun
 from ups.runs.rundir import FINAL_RUN_STATES, RunDir
-from ups.status.health import Health, HealthVerdict, Thresholds, classify_run, record_ages, worst
+from ups.status.health import (
+    Health,
+    HealthVerdict,
+    Thresholds,
+    classify_run,
+    record_ages,
+    unreachable_nodes,
+    worst,
+)
+from ups.status.host import hostname
 from ups.status.procs import ProcessTable, StaticProcessTable, same_start
 from ups.status.reader import ReadProblem, StatusSource, read_status_dir
 from ups.status.record import StatusRecord
@@ -66,6 +75,28 @@ class ProcessView:
 
 
 @dataclass(frozen=True)
+class NodeView:
+    """One node of a multi-node run: its manifest's state and its processes' health."""
+
+    host: str
+    node_rank: int | None
+    state: str | None  # its launcher's word (nodes/<host>.json), None when it has none
+    health: str  # the worst of its processes, or "unreachable"
+    reason: str
+    processes: int
+    launcher_pid: int | None = None
+    summary: str | None = None
+    local: bool = False  # the reading host
+
+    @property
+    def reachable(self) -> bool:
+        return self.health != Health.UNREACHABLE.value
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "reachable": self.reachable}
+
+
+@dataclass(frozen=True)
 class RunView:
     run: RunDir
     manifest: dict[str, Any] | None
@@ -79,6 +110,12 @@ class RunView:
     ``unsupervised`` (the launcher is gone, some of the job's processes still run: ``ups
     adopt`` takes it over); ``gone`` (the launcher and every process are gone but the run
     was never finished: a reader settles it from the records, see ups.launch.reconcile)."""
+    nodes: tuple[NodeView, ...] = ()
+    """A multi-node run's nodes (by node rank, then host); empty for a run of one node."""
+
+    @property
+    def is_multinode(self) -> bool:
+        return bool(self.nodes)
 
     @property
     def run_id(self) -> str:
@@ -188,19 +225,83 @@ def load_run_view(
         processes.append(ProcessView(record=r, verdict=verdicts[r.name], heartbeat_age=max(0.0, ages.heartbeat),
                                      progress_age=max(0.0, ages.progress)))
     processes = tuple(processes)
-    supervision = _supervision(manifest, launcher, processes, table, local_host or socket.gethostname())
-    return RunView(run, manifest, problem, processes, snap.problems, thresholds, now, supervision)
+    here = local_host or hostname()
+    lost = unreachable_nodes(snap.records, verdicts, here)
+    if lost:  # every silent record of a silent node says so: the node, not N unresponsive ranks
+        processes = tuple(
+            dataclasses.replace(p, verdict=HealthVerdict(Health.UNREACHABLE, lost[p.record.host]))
+            if p.record.host in lost and not p.record.is_final else p for p in processes)
+    nodes: tuple[NodeView, ...] = ()
+    if manifest is not None and manifest.get("multinode"):
+        nodes = node_views(manifest, processes, lost, here)
+        manifest = _with_lost_nodes(manifest, nodes)
+    supervision = _supervision(manifest, launcher, processes, table, here, multinode=bool(nodes))
+    return RunView(run, manifest, problem, processes, snap.problems, thresholds, now, supervision, nodes)
+
+
+def node_views(manifest: dict[str, Any], processes: tuple[ProcessView, ...], lost: dict[str, str],
+               here: str) -> tuple[NodeView, ...]:
+    """Every node the manifests or the records name, with its state and health."""
+    manifests = manifest.get("nodes") or {}
+    hosts = set(manifests) | {p.record.host for p in processes}
+    out = []
+    for host in hosts:
+        m = manifests.get(host) or {}
+        mine = [p for p in processes if p.record.host == host]
+        if host in lost:
+            health, reason = Health.UNREACHABLE.value, lost[host]
+        else:
+            w = worst(p.verdict for p in mine if p.record.role != "launcher" or p.verdict.health.is_problem)
+            health, reason = (w.health.value, w.reason) if w else ("starting", "no process has written a record yet")
+            if not mine and m.get("state") not in FINAL_RUN_STATES:
+                health, reason = "starting", m.get("problem") or "no process has written a record yet"
+        out.append(NodeView(host, m.get("node_rank"), m.get("state"), health, reason, len(mine),
+                            (m.get("launcher") or {}).get("pid"), m.get("summary"), host == here))
+    out.sort(key=lambda n: (n.node_rank if n.node_rank is not None else 1 << 30, n.host))
+    return tuple(out)
+
+
+def _with_lost_nodes(manifest: dict[str, Any], nodes: tuple[NodeView, ...]) -> dict[str, Any]:
+    """A multi-node run whose every node has ended or is unreachable, one at least
+    unreachable, has ended failed: the lost node is named (nobody is left there to say)."""
+    if manifest.get("state") in FINAL_RUN_STATES or not nodes:
+        return manifest
+    lost = [n for n in nodes if not n.reachable]
+    if not lost or any(n.reachable and n.state not in FINAL_RUN_STATES for n in nodes):
+        return manifest
+    parts = [f"node {n.host} unreachable ({n.processes} processes silent; launcher pid {n.launcher_pid})" for n in lost]
+    parts += [f"node {n.host} {n.state}: {n.summary or '-'}" for n in nodes if n.reachable and n.state != "succeeded"]
+    failure = dict(manifest.get("failure") or {})
+    failure.setdefault("node", lost[0].host)
+    return {**manifest, "state": "failed", "summary": "; ".join(parts), "failure": failure,
+            "failed_nodes": sorted({*manifest.get("failed_nodes", []), *(n.host for n in lost)}),
+            "unreachable_nodes": [n.host for n in lost], "ended_at": manifest.get("ended_at") or time.time()}
+
+
+def node_view(view: RunView, host: str | None = None) -> RunView:
+    """The part of a view on one host (default this one): what that node's launcher
+    watches, finishes and acts on. A run of one node is returned whole."""
+    if not view.is_multinode and not (view.manifest or {}).get("multinode"):
+        return view
+    host = host or hostname()
+    return dataclasses.replace(view, processes=tuple(p for p in view.processes if p.record.host == host))
 
 
 def _supervision(manifest: dict[str, Any] | None, launcher: dict[str, Any] | None, processes: tuple[ProcessView, ...],
-                 table: ProcessTable, host: str) -> str:
-    """Is anyone still in charge of this run? See RunView.supervision."""
+                 table: ProcessTable, host: str, *, multinode: bool = False) -> str:
+    """Is anyone still in charge of this run? See RunView.supervision. In a multi-node run
+    this host's node is judged (its launcher, its processes), when this host is one."""
     if manifest is None or manifest.get("state") in FINAL_RUN_STATES:
         return "final"
+    if multinode:
+        own = (manifest.get("nodes") or {}).get(host)
+        if not own or own.get("state") in FINAL_RUN_STATES:
+            return "supervised"  # not a node of this run, or this node has ended: the others judge their own
+        launcher = own.get("launcher") if isinstance(own.get("launcher"), dict) else None
     if not launcher or not launcher.get("pid") or manifest.get("host", host) != host:
         return "supervised"  # nothing to check, or the launcher lives on another host
     if same_start(table.start_time(launcher["pid"]), launcher.get("pid_start")):
         return "supervised"
-    job = [p for p in processes if p.record.role != "launcher"]
+    job = [p for p in processes if p.record.role != "launcher" and (not multinode or p.record.host == host)]
     alive = [p for p in job if not p.record.is_final and p.verdict.health is not Health.DEAD]
     return "unsupervised" if alive else "gone"

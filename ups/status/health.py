@@ -9,12 +9,12 @@ state). A pid that is gone, or alive with another start time, is ``dead``.
 from __future__ import annotations
 
 import enum
-import socket
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from ups.status.host import hostname
 from ups.status.procs import ProcessTable, same_start
 from ups.status.record import StatusRecord
 
@@ -26,6 +26,7 @@ class Health(str, enum.Enum):
     STALLED = "stalled"
     UNRESPONSIVE = "unresponsive"
     DEAD = "dead"
+    UNREACHABLE = "unreachable"  # every record of another node went silent at once: the node, not N ranks
     DONE = "done"
     FAILED = "failed"
 
@@ -39,7 +40,7 @@ class Health(str, enum.Enum):
 
     @property
     def is_problem(self) -> bool:
-        return self in (Health.SLOW, Health.STALLED, Health.UNRESPONSIVE, Health.DEAD, Health.FAILED)
+        return self in (Health.SLOW, Health.STALLED, Health.UNRESPONSIVE, Health.UNREACHABLE, Health.DEAD, Health.FAILED)
 
 
 _SEVERITY = {
@@ -49,6 +50,7 @@ _SEVERITY = {
     Health.SLOW: 2,
     Health.STALLED: 3,
     Health.UNRESPONSIVE: 4,
+    Health.UNREACHABLE: 4,
     Health.DEAD: 5,
     Health.FAILED: 6,
 }
@@ -254,7 +256,7 @@ def classify_run(
     machine's hostname): a pid on another node says nothing about this one's process table.
     """
     records = list(records)
-    host = local_host if local_host is not None else socket.gethostname()
+    host = local_host if local_host is not None else hostname()
     medians = peer_median_rates(records)
     return {
         r.name: classify_health(
@@ -262,6 +264,27 @@ def classify_run(
         )
         for r in records
     }
+
+
+def unreachable_nodes(
+    records: Iterable[StatusRecord], verdicts: Mapping[str, HealthVerdict], local_host: str | None = None
+) -> dict[str, str]:
+    """Nodes (hosts other than this one) whose every running record has gone without a
+    heartbeat: the node is lost, or its network or shared folder is, not each of its
+    processes. Returns {host: reason}. Only heartbeat ages count there: no pid check and no
+    other comparison of this host's clock with that host's."""
+    here = local_host if local_host is not None else hostname()
+    by_host: dict[str, list[StatusRecord]] = {}
+    for r in records:
+        if r.host != here and not r.is_final:
+            by_host.setdefault(r.host, []).append(r)
+    out: dict[str, str] = {}
+    for host, recs in by_host.items():
+        silent = [verdicts.get(r.name) for r in recs]
+        if recs and all(v is not None and v.health is Health.UNRESPONSIVE for v in silent):
+            out[host] = (f"node {host} unreachable: none of its {len(recs)} running processes has written a heartbeat "
+                         f"within the limit (the node, its network or the shared folder is gone)")
+    return out
 
 
 def worst(verdicts: Iterable[HealthVerdict]) -> HealthVerdict | None:

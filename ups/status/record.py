@@ -154,7 +154,8 @@ class StatusRecord:
     @property
     def label(self) -> str:
         """Short human label: 'launcher', 'rank 1', 'rank 0 / worker 3'."""
-        return process_label(self.role, self.rank, self.worker, loader=self.loader, pid=self.pid, node=self.node)
+        return process_label(self.role, self.rank, self.worker, loader=self.loader, pid=self.pid, node=self.node,
+                             host=self.host if "@" in self.name else None)
 
 
 _FIELD_NAMES = frozenset(f.name for f in fields(StatusRecord))

@@ -32,6 +32,7 @@ import threading
 import time
 from collections import deque
 
+from ups.status.host import hostname
 from ups.status.procs import process_start_time
 from ups.status.schema import SCHEMA_VERSION, process_name
 
@@ -152,7 +153,7 @@ class Reporter:
             name=self.name,
             pid=pid,
             pid_start=process_start_time(pid) or 0.0,
-            host=os.uname().nodename,
+            host=hostname(),
             rank=rank,
             local_rank=local_rank,
             world_size=world_size,

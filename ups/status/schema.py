@@ -24,13 +24,18 @@ def process_name(
     loader: int | None = None,
     pid: int | None = None,
     node: int | None = None,
+    host: str | None = None,
 ) -> str:
     """The file stem of a process's record and stack file (unique within a run).
 
     ``loader`` numbers the DataLoaders of one rank (0 is left out of the name); ``node``
     numbers the nodes of a multi-node run for the per-node processes (launcher, agent).
+    ``host`` names them in a multi-node run: ``launcher@node1`` (global ranks are unique
+    across nodes already; a single-node run keeps its plain names).
     """
     if role in ("launcher", "agent"):
+        if host:
+            return f"{role}@{host}"
         return role if not node else f"{role}-node{node}"
     r = 0 if rank is None else rank
     if role == "worker":
@@ -48,9 +53,12 @@ def process_label(
     loader: int | None = None,
     pid: int | None = None,
     node: int | None = None,
+    host: str | None = None,
 ) -> str:
     """Short human label: 'launcher', 'agent', 'rank 1', 'rank 0 / worker 3'."""
     if role in ("launcher", "agent"):
+        if host:
+            return f"{role}@{host}"
         return role if not node else f"{role} (node {node})"
     r = 0 if rank is None else rank
     if role == "worker":

@@ -16,6 +16,7 @@ from functools import cached_property
 from ups.launch.exits import ProcessExit, read_exits
 from ups.runs.rundir import RunDir
 from ups.runs.view import ProcessView, RunView
+from ups.status.host import hostname
 from ups.status.record import StatusRecord
 from ups.why import stacks
 
@@ -148,7 +149,7 @@ class Evidence:
 
     def proc(self, record: StatusRecord) -> ProcFacts | None:
         """Kernel facts of a live process of this host (None elsewhere)."""
-        if record.host != os.uname().nodename or record.is_final:
+        if record.host != hostname() or record.is_final:
             return None
         return proc_facts(record.pid)
 

@@ -426,6 +426,26 @@ def resources_verdict(ev: Evidence, record: StatusRecord, error: str, rank: Stat
                    evidence=[_first_line(error)] + figures, next=fix)
 
 
+# ---------------------------------------------------------------------- nodes
+def lost_node(ev: Evidence) -> Verdict | None:
+    """A multi-node run that lost a node: every process there went silent at once (or its
+    SSH stream ended), or nobody was left there to say how it ended. The ranks of the other
+    nodes fail in their next collective: the node is the cause, not their errors."""
+    lost = [n for n in ev.view.nodes if not n.reachable or n.state == "lost"]
+    if not lost:
+        return None
+    n = lost[0]
+    silent = sorted((p.record for p in ev.view.processes if p.record.host == n.host and not p.record.is_final),
+                    key=lambda r: (r.role != "rank", r.heartbeat_at))
+    what = "is unreachable" if not n.reachable else "was lost (its launcher and processes vanished)"
+    others = [f"node {m.host}: {m.state or '?'} ({m.health})" for m in ev.view.nodes if m is not n]
+    last = max(silent, key=lambda r: r.heartbeat_at) if silent else None
+    evidence = [n.reason] + ([f"last heartbeat there: {last.label}"] if last else []) + others
+    return Verdict("node_unreachable", f"node {n.host} {what}: {n.processes} process(es) there, launcher pid {n.launcher_pid}",
+                   who=who_of(silent[0]) if silent else None, since=last.heartbeat_at if last else None,
+                   evidence=evidence, next=f"ssh {n.host} (is it up?); ups status {ev.view.run_id} --remote {n.host}")
+
+
 # ---------------------------------------------------------------------- live runs
 def unsupervised(ev: Evidence) -> Verdict | None:
     if ev.view.supervision != "unsupervised":
@@ -668,5 +688,5 @@ def healthy(ev: Evidence) -> Verdict:
                    + f" {view.unit}{rate}", ok=True, next=f"ups status {view.run_id}")
 
 
-RULES: tuple[Rule, ...] = (ended, unsupervised, live_failure, collectives, ddp_backward, starved_loader, stuck_workers, dead,
-                          hung, oom_skipped)
+RULES: tuple[Rule, ...] = (lost_node, ended, unsupervised, live_failure, collectives, ddp_backward, starved_loader,
+                          stuck_workers, dead, hung, oom_skipped)
