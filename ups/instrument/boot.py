@@ -151,6 +151,12 @@ def start_reporter(role: str, *, worker: int | None = None, loader: int | None =
             kwargs["name"] = process_name("agent", host=os.environ[ENV_NODE])
     rep = Reporter(run_dir, role=role, **kwargs)
     rep.register_current()
+    if role in ("rank", "worker"):
+        # The open-file limit DataLoader workers run into (one descriptor per tensor passed
+        # between processes): kept in the record, so a verdict can quote it after the process is gone.
+        import resource
+
+        rep.metrics(nofile_limit=resource.getrlimit(resource.RLIMIT_NOFILE)[0])
     state.rep = rep
     rep.start()
     os.environ[ENV_PARENT] = f"{role}:{os.getpid()}:{rep.rank or 0}"

@@ -145,6 +145,11 @@ def classify_failure(ev: Evidence, record: StatusRecord | None, failure: dict) -
     worker_verdict = _dataloader_worker_failure(ev, record, error)
     if worker_verdict is not None:
         return worker_verdict
+    starved = _grep(log[-200_000:] if log else ev.job_log[-200_000:], DATALOADER_RESOURCES, 2)
+    if record.phase in ("data", "fetch") and starved and not DATALOADER_RESOURCES.search(error):
+        # Workers out of descriptors or shared memory: the rank's own error is only the
+        # symptom (an EOFError, a connection reset while receiving the batch); the log says why.
+        return resources_verdict(ev, record, "\n".join(reversed(starved)) + "\n" + error, rank=record)
     if record.phase == "dist.init" or (record.role == "agent" and RENDEZVOUS.search(error or text)):
         rdzv = rendezvous_verdict(ev, record, text)
         if rdzv is not None:
@@ -202,6 +207,8 @@ def worker_exception(ev: Evidence, rank: StatusRecord, text: str) -> Verdict | N
     own = section.own_frame if section else None
     where = {"phase": "fetch", "site": own.site if own else None, "function": own.function if own else None,
              "frame": str(section.top) if section and section.top is not None and section.top is not own else None}
+    if DATALOADER_RESOURCES.search(said):  # out of descriptors or shared memory: the figures and the fix
+        return resources_verdict(ev, worker or rank, said, rank=rank)
     label = worker.label if worker else f"{rank.label} / worker {worker_no}"
     fetching = f" while fetching {worker.item}" if worker is not None and worker.item else ""
     run = ev.view.run_id
