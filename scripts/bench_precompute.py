@@ -1,17 +1,33 @@
 """Precompute throughput. Prints one JSON line.
 
-Same synthetic data for every mode: samples/s for legacy (num_workers=0) and parallel with
-1, 2 and 4 workers (the whole job: read, encode, write), the read-only limit (the same
-DataLoader with the same workers, nothing encoded) and the encode-only limit (the encoder
-on in-memory batches). Targets: parallel_best / min(read_limit, encode_limit) >= 0.9.
+By default: whole-command wall time of ``python -m ups launch precompute`` (foreground, as a
+user runs it: launch check, supervisor, job, follow view, to exit) against
+``python scripts/plain_precompute.py`` (the loop a user writes: shards read into memory, a
+DataLoader, the same encoder and seed, one torch.save per sample via temp + rename), on the
+same synthetic data with the same workers and batch size, alternated (ABAB) ``--rounds``
+times. ``ups_over_plain`` = median plain time / median ups time (throughput ratio; target
+>= 0.95). Peak memory of each: the process tree of the command sampled every 20 ms with
+psutil, as the largest sum of RSS over the tree (``*_peak_tree_rss_mb``; pages shared
+across forks count once per process) and the largest single process
+(``*_peak_proc_rss_mb``).
+
+``--limits`` adds the older in-process figures: samples/s for legacy (num_workers=0) and
+parallel with 1, 2 and 4 workers (the job alone, no launch), the read-only limit (the same
+DataLoader with the same workers, nothing encoded) and the encode-only limit (the encoder on
+in-memory batches). Target there: parallel_best / min(read_limit, encode_limit) >= 0.9.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
+import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -61,36 +77,96 @@ def encode_limit(cfg: PrecomputeConfig, n: int, device: torch.device) -> float:
     return n / (time.perf_counter() - t)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--samples", type=int, default=768)
-    ap.add_argument("--resolution", type=int, default=256)
-    ap.add_argument("--timesteps", type=int, default=32)
-    ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--device", default="auto", help="auto (cuda when available), cpu or cuda")
-    ap.add_argument("--workers", default="1,2,4", help="parallel worker counts to measure, comma-separated")
-    args = ap.parse_args()
-    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+def measure(cmd: list[str], env: dict[str, str]) -> dict[str, float]:
+    """Wall time of ``cmd`` from start to exit, and the peak RSS of its process tree."""
+    import psutil
+
+    peak = {"tree": 0, "proc": 0}
+    t = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    stop = threading.Event()
+
+    def sample() -> None:
+        try:
+            top = psutil.Process(proc.pid)
+        except psutil.NoSuchProcess:
+            return
+        while not stop.is_set():
+            total = 0
+            try:
+                procs = [top, *top.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                break
+            for p in procs:
+                try:
+                    rss = p.memory_info().rss
+                except psutil.Error:
+                    continue
+                total += rss
+                peak["proc"] = max(peak["proc"], rss)
+            peak["tree"] = max(peak["tree"], total)
+            stop.wait(0.02)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    _, err = proc.communicate()
+    wall = time.perf_counter() - t
+    stop.set()
+    sampler.join()
+    if proc.returncode != 0:
+        sys.exit(f"bench: {' '.join(cmd[:4])} ... exited {proc.returncode}:\n{err.decode()[-2000:]}")
+    return {"s": wall, "tree_mb": peak["tree"] / 2**20, "proc_mb": peak["proc"] / 2**20}
+
+
+def versus_plain(args: argparse.Namespace, root: Path, work: Path, device: torch.device) -> dict:
+    """ABAB: the whole ``ups launch precompute`` command against the plain loop."""
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.pop("UPS_RUN_DIR", None)
+    ups_cmd = [sys.executable, "-m", "ups", "launch", "precompute", "--root", str(root), "--tasks", "burgers1d",
+               "--splits", "train", "--num-workers", str(args.plain_workers), "--batch-size", str(args.batch_size),
+               "--device", str(device), "--runs-dir", str(work / "runs")]
+    plain_cmd = [sys.executable, str(REPO / "scripts" / "plain_precompute.py"), "--root", str(root), "--task", "burgers1d",
+                 "--split", "train", "--workers", str(args.plain_workers), "--batch-size", str(args.batch_size),
+                 "--device", str(device)]
+    runs: dict[str, list[dict[str, float]]] = {"ups": [], "plain": []}
+    for r in range(args.rounds):
+        order = ("ups", "plain") if r % 2 == 0 else ("plain", "ups")
+        for name in order:
+            out = work / f"out_{name}"
+            shutil.rmtree(out, ignore_errors=True)
+            cmd = ups_cmd + ["--cache-dir", str(out)] if name == "ups" else plain_cmd + ["--out", str(out)]
+            runs[name].append(measure(cmd, env))
+            shutil.rmtree(out, ignore_errors=True)
+    med = {k: statistics.median(x["s"] for x in v) for k, v in runs.items()}
+    return {
+        "workers": args.plain_workers,
+        "rounds": args.rounds,
+        "ups_s": [round(x["s"], 2) for x in runs["ups"]],
+        "plain_s": [round(x["s"], 2) for x in runs["plain"]],
+        "ups_over_plain": round(med["plain"] / med["ups"], 3),
+        "ups_over_plain_best": round(min(x["s"] for x in runs["plain"]) / min(x["s"] for x in runs["ups"]), 3),
+        "ups_peak_tree_rss_mb": round(max(x["tree_mb"] for x in runs["ups"])),
+        "plain_peak_tree_rss_mb": round(max(x["tree_mb"] for x in runs["plain"])),
+        "ups_peak_proc_rss_mb": round(max(x["proc_mb"] for x in runs["ups"])),
+        "plain_peak_proc_rss_mb": round(max(x["proc_mb"] for x in runs["plain"])),
+        "target_ups_over_plain": 0.95,
+    }
+
+
+def limits(args: argparse.Namespace, root: Path, d: str, device: torch.device) -> dict:
     counts = tuple(int(w) for w in args.workers.split(","))
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    with tempfile.TemporaryDirectory() as d:
-        root = Path(d) / "data"
-        synthesize(root, "burgers1d", "train", args.samples, shards=4, timesteps=args.timesteps, resolution=args.resolution)
-        base = dict(root=str(root), tasks=["burgers1d"], splits=["train"], batch_size=args.batch_size, device=str(device), overwrite=True)
-        rates = {}
-        for workers in (0, *counts):
-            cfg = PrecomputeConfig(**base, cache_dir=str(Path(d) / f"cache{workers}"), num_workers=workers).validate()
-            rates[workers] = run_job(cfg)
-        cfg = PrecomputeConfig(**base, cache_dir=str(Path(d) / "x"), num_workers=2).validate()
-        reads = {w: read_limit(cfg, w) for w in counts}
-        enc = encode_limit(cfg, args.samples, device)
+    base = dict(root=str(root), tasks=["burgers1d"], splits=["train"], batch_size=args.batch_size, device=str(device), overwrite=True)
+    rates = {}
+    for workers in (0, *counts):
+        cfg = PrecomputeConfig(**base, cache_dir=str(Path(d) / f"cache{workers}"), num_workers=workers).validate()
+        rates[workers] = run_job(cfg)
+    cfg = PrecomputeConfig(**base, cache_dir=str(Path(d) / "x"), num_workers=2).validate()
+    reads = {w: read_limit(cfg, w) for w in counts}
+    enc = encode_limit(cfg, args.samples, device)
     best_workers = max(counts, key=lambda w: rates[w])
     best = rates[best_workers]
     limit = min(reads[best_workers], enc)
-    print(json.dumps({
-        "samples": args.samples,
-        "sample_shape": [args.timesteps, args.resolution, 1],
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+    return {
         "legacy_sps": round(rates[0], 1),
         **{f"parallel_{w}_sps": round(rates[w], 1) for w in counts},
         "read_limit_sps": {str(w): round(r, 1) for w, r in reads.items()},
@@ -100,7 +176,39 @@ def main() -> None:
         "parallel_best_over_limit": round(best / limit, 3),
         "parallel_best_over_legacy": round(best / rates[0], 3),
         "target_over_limit": 0.9,
-    }))
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--samples", type=int, default=3072)
+    ap.add_argument("--resolution", type=int, default=256)
+    ap.add_argument("--timesteps", type=int, default=32)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--device", default="auto", help="auto (cuda when available), cpu or cuda")
+    ap.add_argument("--rounds", type=int, default=4, help="runs of each command, alternated (ABAB)")
+    ap.add_argument("--plain-workers", type=int, default=2, help="DataLoader workers for both commands")
+    ap.add_argument("--limits", action="store_true", help="also the in-process legacy/parallel/read/encode figures")
+    ap.add_argument("--no-plain", action="store_true", help="skip the whole-command comparison")
+    ap.add_argument("--workers", default="1,2,4", help="with --limits: parallel worker counts, comma-separated")
+    args = ap.parse_args()
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    result: dict = {
+        "samples": args.samples,
+        "sample_shape": [args.timesteps, args.resolution, 1],
+        "batch_size": args.batch_size,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+    }
+    with tempfile.TemporaryDirectory() as d:
+        root = Path(d) / "data"
+        synthesize(root, "burgers1d", "train", args.samples, shards=4, timesteps=args.timesteps, resolution=args.resolution)
+        if not args.no_plain:
+            result.update(versus_plain(args, root, Path(d), device))
+        if args.limits:
+            result.update(limits(args, root, d, device))
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ run=$(ups launch train --cache-dir "$work/cache" --tasks burgers1d --config conf
 ups doctor --json --root "$work/data" --cache-dir "$work/cache" >"$out/doctor.json" || note "ups doctor reported failures"
 
 step "benchmarks"
-"$py" scripts/bench_precompute.py --device cuda --workers 1,2,4,8 >"$out/bench_precompute.json" || note "bench_precompute failed"
+"$py" scripts/bench_precompute.py --device cuda --limits --workers 1,2,4,8 >"$out/bench_precompute.json" || note "bench_precompute failed"
 "$py" scripts/bench_train.py --device cuda >"$out/bench_train.json" || note "bench_train failed"
 cat "$out"/bench_*.json
 rm -rf "$work"

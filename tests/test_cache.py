@@ -36,6 +36,15 @@ def test_samples_round_trip_as_cpu_tensors(tmp_path):
     assert verify_cache(tmp_path)[0] == []
 
 
+def test_a_row_of_a_batch_is_saved_without_the_rest_of_the_batch(tmp_path):
+    latents, params = torch.randn(16, 8, 16, 32).half(), torch.randn(16, 3)
+    path = write_sample(tmp_path, 5, latents[5], params[5], torch.zeros(2), hash_="h", source="f.h5#5")
+    sample = cache_mod.read_sample(path)
+    assert torch.equal(sample["latent"], latents[5]) and torch.equal(sample["params"], params[5])
+    assert sample["latent"].untyped_storage().nbytes() == latents[5].numel() * 2
+    assert path.stat().st_size < latents.numel() * 2 // 4
+
+
 def test_failed_write_leaves_no_partial_file(tmp_path):
     folder = make_cache(tmp_path, count=1)
 

@@ -19,6 +19,11 @@ from typing import Any
 
 from ups.errors import UpsError
 
+# The faults each job rehearses, here (not in the jobs, which import torch) so that the CLI
+# checks --inject without importing torch.
+PRECOMPUTE_FAULTS = ("worker_hang", "worker_crash", "slow_read", "write_enospc", "write_hang")
+TRAIN_FAULTS = ("segv", "oom", "hang", "skip_collective")
+
 ENV_FAULTS = "UPS_FAULTS"
 
 

@@ -159,8 +159,8 @@ def launch_precompute(
     Exit codes (when following): 0 succeeded, 3 partial (quarantined samples or skipped
     shards), 1 failed or killed, 2 bad input.
     """
+    from ups.faults import PRECOMPUTE_FAULTS as KNOWN_FAULTS
     from ups.jobs.config import PrecomputeConfig, load_config
-    from ups.jobs.precompute import KNOWN_FAULTS
     from ups.launch.spawn import launch_run
 
     overrides = {
@@ -215,9 +215,9 @@ def prepare_train(
     from dataclasses import asdict
 
     from ups.errors import UpsError
+    from ups.faults import TRAIN_FAULTS as KNOWN_FAULTS
     from ups.faults import validate_faults
     from ups.jobs.config import TrainConfig, load_config
-    from ups.jobs.train import KNOWN_FAULTS
 
     cfg = load_config(TrainConfig, config, {"cache_dir": cache_dir, "tasks": tasks, "steps": steps, "resume": resume or None})
     if nproc < 1 or nnodes < 1:

@@ -113,15 +113,19 @@ def existing_valid(folder: Path, expected_hash: str, count: int) -> set[int]:
 def write_sample(
     folder: Path, index: int, latent: Any, params: Any, bc: Any, *, hash_: str, source: str, write: Any = os.write
 ) -> Path:
-    """Save one sample atomically; all tensors moved to CPU first."""
+    """Save one sample atomically; all tensors moved to CPU first, each in a storage of its own.
+
+    ``torch.save`` writes a tensor's whole storage: a row of a batch passed as is would carry
+    the whole batch (a file ``batch_size`` times too big, written and read back every time).
+    """
     import io
 
     import torch
 
     payload = {
-        "latent": latent.detach().to("cpu").contiguous(),
-        "params": torch.as_tensor(params).detach().to("cpu", torch.float32),
-        "bc": torch.as_tensor(bc).detach().to("cpu", torch.float32),
+        "latent": _compact(latent.detach().to("cpu")),
+        "params": _compact(torch.as_tensor(params).detach().to("cpu", torch.float32)),
+        "bc": _compact(torch.as_tensor(bc).detach().to("cpu", torch.float32)),
         "meta": {"hash": hash_, "index": int(index), "source": source},
     }
     buf = io.BytesIO()
@@ -129,6 +133,15 @@ def write_sample(
     path = folder / sample_name(index)
     write_atomic(path, buf.getvalue(), write=write)
     return path
+
+
+def _compact(t: Any) -> Any:
+    """``t`` itself when it fills its storage, else a contiguous copy that does."""
+    import torch
+
+    if t.is_contiguous() and t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.numel() * t.element_size():
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
 
 
 def read_sample(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -33,13 +33,13 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from ups.data import cache as cache_mod
 from ups.data.tasks import get_task
 from ups.errors import UpsError
-from ups.faults import Faults
+from ups.faults import TRAIN_FAULTS, Faults
 from ups.jobs.config import TrainConfig, parse_job_args
 from ups.models.operator import LatentOperator
 from ups.runs.rundir import RunDir
 from ups.status.reporter import ENV_RUN_DIR, NullReporter, Reporter, write_atomic
 
-KNOWN_FAULTS = ("segv", "oom", "hang", "skip_collective")
+KNOWN_FAULTS = TRAIN_FAULTS
 EXIT_BAD_INPUT = 2
 RAM_MARGIN = 1.2
 

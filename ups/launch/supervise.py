@@ -129,8 +129,11 @@ class Supervisor:
         return deadline
 
     def finish(self, returncode: int | None) -> int:
-        # Give the job's processes a moment to write their final records.
-        time.sleep(0.2)
+        # Give the job's processes a moment to write their final records (no wait when they
+        # already have: the run's end is on the critical path of every followed launch).
+        deadline = time.monotonic() + 0.2
+        while time.monotonic() < deadline and not _all_final(self.run):
+            time.sleep(0.02)
         self.stacks.stop()
         self.exits.stop()
         view = node_view(load_run_view(self.run))  # this node's processes: each node finishes its own
@@ -153,6 +156,15 @@ class Supervisor:
         )
         record_verdict(self.run)
         return {"succeeded": 0, "partial": 3}.get(outcome.state, 1)
+
+
+def _all_final(run: RunDir) -> bool:
+    """Every record of the job's processes says done or failed (the launcher's aside)."""
+    try:
+        records = [p.record for p in load_run_view(run).processes if p.record.role != "launcher"]
+    except Exception:  # noqa: BLE001 - unreadable now: wait out the moment as before
+        return False
+    return bool(records) and all(r.is_final for r in records)
 
 
 def record_verdict(run: RunDir) -> None:
