@@ -198,7 +198,7 @@ def worker_exception(ev: Evidence, rank: StatusRecord, text: str) -> Verdict | N
     if m is None:
         return None
     original = text[text.find("Original Traceback"):] if "Original Traceback" in text else ""
-    section = stacks.parse("=== uncaught exception in worker (pid 0) ===\n" + original)[0] if original else None
+    section = stacks.parse_traceback(original) if original else None
     worker_no = int(m["worker"])
     workers = sorted((p.record for p in ev.processes("worker") if p.record.rank == rank.rank and p.record.worker == worker_no),
                      key=lambda r: r.started_at)

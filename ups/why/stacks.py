@@ -145,6 +145,12 @@ def parse(text: str) -> list[Section]:
     return [_finish(b) for b in sections]
 
 
+def parse_traceback(text: str) -> Section:
+    """A Python traceback given as text (e.g. the worker's "Original Traceback" that a
+    DataLoader re-raises in the main process), as an exception section."""
+    return _finish(_Builder("exception", "uncaught exception", lines=text.splitlines()))
+
+
 def _finish(b: _Builder) -> Section:
     text = "\n".join(b.lines).strip("\n")
     if b.kind == "exception":
