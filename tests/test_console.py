@@ -78,7 +78,7 @@ async def _test_readonly_removes_every_action(hung_precompute, runs_root):
         footer_keys = {key for key, ab in app.screen.active_bindings.items() if ab.enabled and ab.binding.show}
         assert "escape" in footer_keys
         assert not footer_keys & {"k", "K", "s", "f", "r"}
-    assert not any(e.get("actor") == "console" for e in hung_precompute.read_events())
+    assert not [e for e in hung_precompute.read_events() if e.get("actor") == "console"], [e for e in hung_precompute.read_events() if e.get("actor") == "console"]
 
 
 async def _test_corrupt_run_is_a_row_not_a_crash(runs_root):
@@ -154,3 +154,24 @@ def test_launch_form_starts_a_real_run_and_opens_it(tmp_path, runs_root):
 
 def test_doctor_screen_shows_the_quick_report(runs_root):
     asyncio.run(_test_doctor_screen_shows_the_quick_report(runs_root))
+
+
+def test_a_run_whose_launcher_has_not_written_its_record_yet_is_not_settled(tmp_path, procs):
+    """The first second of every launch: run.json names a live launcher, no record exists yet.
+    The console must read it as supervised, never settle it as gone (a reader did: 'lost')."""
+    from helpers import wait_for
+
+    from console.snapshots import Poller
+    from ups.runs.rundir import MANIFEST_SCHEMA, RunDir
+    from ups.status.procs import process_start_time
+
+    launcher = procs.python("import time; time.sleep(60)")
+    start = wait_for(lambda: process_start_time(launcher.pid), 10, message="the stand-in launcher")
+    run = RunDir(tmp_path / "runs" / "r1")
+    for sub in ("status", "stacks", "logs", "control"):
+        (run.path / sub).mkdir(parents=True)
+    run.write_manifest({"schema": MANIFEST_SCHEMA, "id": "r1", "kind": "python", "state": "running", "created_at": 0, "argv": [],
+                        "config": {}, "launcher": {"pid": launcher.pid, "pid_start": start}})
+    view = Poller(tmp_path / "runs", gpu_provider=None)._view(run)
+    assert view.supervision == "supervised" and run.read_manifest()["state"] == "running"
+    assert not (run.path / "events.jsonl").exists() or not run.read_events()
