@@ -82,18 +82,6 @@ def run_row(view: RunView) -> RunRow:
     )
 
 
-def launcher_pids(run: RunDir) -> list[int]:
-    """The launchers run.json names (this run's, and every node's). A launcher that has not
-    written its own record yet (the first second of a run) is alive all the same: a table
-    without its pid would read the run as gone and settle a run that is only starting."""
-    try:
-        m = run.read_manifest()
-    except Exception:  # noqa: BLE001 - an unreadable manifest is shown as such elsewhere
-        return []
-    entries = [m.get("launcher")] + [n.get("launcher") for n in (m.get("nodes") or {}).values() if isinstance(n, dict)]
-    return [e["pid"] for e in entries if isinstance(e, dict) and isinstance(e.get("pid"), int)]
-
-
 class Poller:
     """Builds a :class:`Snapshot` per tick. Worker records of runs and ranks that are not on
     screen are read only every ``full_every`` ticks: a 2,048-process run stays cheap."""
@@ -133,10 +121,10 @@ class Poller:
 
         from ups.launch.reconcile import settle
 
-        table = self.process_table([r.pid for r in snap.records] + launcher_pids(run))
         # The real clock is judged on CLOCK_MONOTONIC like every reader; a fixed test clock is wall time.
         mono = time.monotonic() if self.clock is time.time else None
-        view = load_run_view(run, now=now, process_table=table, source=_Src(), local_host=self.local_host, mono=mono)
+        view = load_run_view(run, now=now, table_factory=self.process_table, source=_Src(), local_host=self.local_host,
+                             mono=mono)
         view = settle(view, actor="console") if view.supervision == "gone" else view
         if self.remotes and (view.manifest or {}).get("multinode"):
             from ups.runs.remote import merge_remote

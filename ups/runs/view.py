@@ -195,12 +195,17 @@ def load_run_view(
     *,
     now: float | None = None,
     process_table: ProcessTable | None = None,
+    table_factory: Callable[[list[int]], ProcessTable] | None = None,
     source: StatusSource | None = None,
     include: Callable[[str], bool] | None = None,
     local_host: str | None = None,
     mono: float | None = None,
 ) -> RunView:
     """Read the manifest and every record once (or those ``include`` names), classify them.
+
+    The process table is ``process_table``, else ``table_factory`` (default: a /proc snapshot)
+    over the records' pids and every launcher run.json names: a launcher that has not written
+    its own record yet (the first second of a run) is alive, not gone.
 
     Ages of records written on this boot of this host come from CLOCK_MONOTONIC (``mono``,
     taken now unless ``now`` is given without it: a fixed clock in tests is a wall clock)."""
@@ -216,8 +221,8 @@ def load_run_view(
         now, mono = time.time(), time.monotonic() if mono is None else mono
     boot = boot_id() if mono is not None else None
     launcher = (manifest or {}).get("launcher") if isinstance((manifest or {}).get("launcher"), dict) else None
-    launcher_pid = launcher.get("pid") if launcher else None
-    table = process_table or StaticProcessTable.snapshot([r.pid for r in snap.records] + ([launcher_pid] if launcher_pid else []))
+    table = process_table or (table_factory or StaticProcessTable.snapshot)(
+        [r.pid for r in snap.records] + _launcher_pids(manifest or {}))
     verdicts = classify_run(snap.records, now, table, thresholds, local_host=local_host, mono=mono, boot_id=boot)
     processes = []
     for r in snap.records:
@@ -237,6 +242,13 @@ def load_run_view(
         manifest = _with_lost_nodes(manifest, nodes)
     supervision = _supervision(manifest, launcher, processes, table, here, multinode=bool(nodes))
     return RunView(run, manifest, problem, processes, snap.problems, thresholds, now, supervision, nodes)
+
+
+def _launcher_pids(manifest: dict[str, Any]) -> list[int]:
+    """The run's launcher and, in a multi-node run, every node's."""
+    entries = [manifest.get("launcher")] + [n.get("launcher") for n in (manifest.get("nodes") or {}).values()
+                                            if isinstance(n, dict)]
+    return [e["pid"] for e in entries if isinstance(e, dict) and isinstance(e.get("pid"), int)]
 
 
 def node_views(manifest: dict[str, Any], processes: tuple[ProcessView, ...], lost: dict[str, str],

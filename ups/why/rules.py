@@ -145,11 +145,11 @@ def classify_failure(ev: Evidence, record: StatusRecord | None, failure: dict) -
     worker_verdict = _dataloader_worker_failure(ev, record, error)
     if worker_verdict is not None:
         return worker_verdict
-    starved = _grep(log[-200_000:] if log else ev.job_log[-200_000:], DATALOADER_RESOURCES, 2)
+    starved = _starved(log or ev.job_log)
     if record.phase in ("data", "fetch") and starved and not DATALOADER_RESOURCES.search(error):
         # Workers out of descriptors or shared memory: the rank's own error is only the
         # symptom (an EOFError, a connection reset while receiving the batch); the log says why.
-        return resources_verdict(ev, record, "\n".join(reversed(starved)) + "\n" + error, rank=record)
+        return resources_verdict(ev, record, starved + "\n" + error, rank=record)
     if record.phase == "dist.init" or (record.role == "agent" and RENDEZVOUS.search(error or text)):
         rdzv = rendezvous_verdict(ev, record, text)
         if rdzv is not None:
@@ -577,6 +577,12 @@ def ddp_backward(ev: Evidence) -> Verdict | None:
                    next=f"ups stacks {ev.view.run_id} --group")
 
 
+def _starved(log: str) -> str:
+    """The log's last lines saying DataLoader workers ran out of descriptors or shared memory,
+    newest first ("" when none)."""
+    return "\n".join(reversed(_grep(log[-200_000:], DATALOADER_RESOURCES, 2)))
+
+
 def starved_loader(ev: Evidence) -> Verdict | None:
     """Workers out of file descriptors or shared memory rarely crash the loop: the worker's
     resource sharer dies with EMFILE and the main process waits forever for the batch. The
@@ -585,12 +591,12 @@ def starved_loader(ev: Evidence) -> Verdict | None:
              and p.verdict.health in (Health.STALLED, Health.UNRESPONSIVE)]
     if not stuck:
         return None
-    lines = _grep(ev.job_log[-200_000:], DATALOADER_RESOURCES, 2)
+    lines = _starved(ev.job_log)
     if not lines:
         return None
     rank_no = stuck[0].record.rank or 0
     rank = next((p.record for p in ev.processes("rank") if (p.record.rank or 0) == rank_no), stuck[0].record)
-    return resources_verdict(ev, rank, "\n".join(reversed(lines)), rank=rank)
+    return resources_verdict(ev, rank, lines, rank=rank)
 
 
 def stuck_workers(ev: Evidence) -> Verdict | None:
