@@ -40,6 +40,17 @@ def fmt_rate(rate: float | None, unit: str = "") -> str:
     return f"{rate:.2f}{suffix}"
 
 
+def fmt_metric(value: object) -> str:
+    """A training metric (loss, lr, grad norm) in at most 8 characters: '0.1234', '3.2e-04', 'nan'."""
+    if isinstance(value, str):
+        return value[:8]
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return "-"
+    if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
+        return f"{value:.1e}"
+    return f"{value:.4g}"
+
+
 def fmt_progress(step: int, total: int | None) -> str:
     if not total:
         return str(step)
