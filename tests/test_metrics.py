@@ -186,3 +186,30 @@ def test_nan_on_rank_1_at_step_40_is_named_within_5_s_with_every_metric_captured
     losses = [p["loss"] for p in series["points"]]
     assert series["first_nonfinite"]["step"] == 40
     assert any(isinstance(v, float) for v in losses) and losses[-1] == "nan"  # finite, then NaN
+
+
+# --------------------------------------------------------------------------- showing it
+def test_plot_and_status_show_the_loss_in_80_columns(tmp_path):
+    t0 = time.time() - 100
+    pts = [{"t": t0 + i, "step": i * 10, "loss": 2.0 * 0.95 ** i, "rate": 10.0} for i in range(60)]
+    bad = [dict(p, loss=float("nan") if i >= 50 else p["loss"]) for i, p in enumerate(pts)]
+    run = _synthetic_run(tmp_path, {"rank-0": pts, "rank-1": bad}, metrics={"loss": 0.0123})
+    env = {"COLUMNS": "80"}
+    res = run_ups("plot", str(run.path), "--plain", env=env)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert max(len(ln) for ln in lines) <= 80 and "not finite: rank 1 from step 500" in res.stdout
+    assert "● rank 0  o rank 1" in res.stdout and lines[-2].strip().startswith("step 0")
+    res = run_ups("plot", str(run.path), "--metric", "rate", "--rank", "1", env=env)  # plotext if it can, else plain
+    assert res.returncode == 0 and max(len(ln) for ln in res.stdout.splitlines()) <= 80, res.stdout
+    for args, said in ((("--metric", "bogus"), "--metric bogus: not one of"), (("--rank", "7"), "no loss series yet for that rank")):
+        res = run_ups("plot", str(run.path), *args)
+        assert res.returncode == 2 and said in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+    res = run_ups("status", str(run.path), env=env)
+    table = res.stdout.splitlines()
+    header = next(ln for ln in table if ln.startswith("PROCESS"))
+    assert "LOSS" in header and max(len(ln) for ln in table) <= 80, res.stdout
+    assert re.search(r"rank 0 .* 0\.0123 ", next(ln for ln in table if ln.startswith("rank 0"))), res.stdout
+    wide = run_ups("status", str(run.path), "--wide", env=env).stdout
+    assert all(col in wide for col in ("LOSS", "LR", "GNORM"))
