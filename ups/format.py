@@ -51,6 +51,14 @@ def fmt_metric(value: object) -> str:
     return f"{value:.4g}"
 
 
+def fmt_attempt(manifest: dict) -> str:
+    """'  attempt 2/4' for a run launched with --on-hang restart (or that restarted); '' otherwise."""
+    attempt = manifest.get("attempt") or 1
+    if manifest.get("on_hang") != "restart" and attempt == 1:
+        return ""
+    return f"  attempt {attempt}/{(manifest.get('max_restarts') or 0) + 1}"
+
+
 def fmt_progress(step: int, total: int | None) -> str:
     if not total:
         return str(step)

@@ -26,6 +26,7 @@ from ups.format import (
     HEALTH_STYLES,
     STATE_STYLES,
     fmt_age,
+    fmt_attempt,
     fmt_bytes,
     fmt_duration,
     fmt_metric,
@@ -327,7 +328,9 @@ def render_status(view: RunView, nvml: dict[int, int], *, width: int | None = No
         (view.run_id, "bold"),
         f"  {m.get('kind', '?')}  ",
         (state, STATE_STYLES.get(state, "")),
-        f"  elapsed {elapsed}\nprogress {fmt_progress(*view.progress)}"
+        f"  elapsed {elapsed}",
+        (fmt_attempt(m), "bold yellow"),
+        f"\nprogress {fmt_progress(*view.progress)}"
         f"  {fmt_rate(view.rate, view.unit)}  eta {fmt_duration(view.eta_s)}",
     )
     parts: list = [head]
