@@ -48,6 +48,14 @@ RunIdOption = Annotated[str | None, typer.Option(
                      "run (default there: torchrun's --rdzv-id).")]
 
 
+def _notify_fields(notify: list[str] | None) -> dict[str, Any]:
+    """run.json's ``notify`` (validated here: a bad target refuses the launch)."""
+    from ups.notify import check_targets
+
+    targets = check_targets(notify)
+    return {"notify": targets} if targets else {}
+
+
 def start_and_follow(run: Any, *, detach: bool, json_out: bool) -> None:
     """Shared tail of every launch: print the run, follow it unless detached."""
     from ups.cli.follow import follow_run
@@ -132,6 +140,7 @@ def launch_precompute(
     skip_bad_shards: SkipBadShardsOption = False,
     inject: InjectOption = None,
     observe_only: ObserveOption = False,
+    notify: NotifyOption = None,
     detach: DetachOption = False,
     runs_dir: RunsDirOption = default_runs_dir(),
     json: JsonOption = False,
@@ -178,7 +187,8 @@ def launch_precompute(
     run = launch_run(
         runs_dir, "precompute", precompute_command(cfg, config),
         argv=["ups", *sys.argv[1:]], config=resolved, env={"UPS_FAULTS": faults} if faults else {},
-        thresholds=cfg.thresholds(), extra={"mode": "legacy" if cfg.num_workers == 0 else "parallel", "samples": total},
+        thresholds=cfg.thresholds(), extra={"mode": "legacy" if cfg.num_workers == 0 else "parallel", "samples": total,
+                                            **_notify_fields(notify)},
         files={"config.json": jsonlib.dumps(resolved, indent=1).encode()}, observe_only=observe_only,
     )
     start_and_follow(run, detach=detach, json_out=json)
@@ -287,6 +297,7 @@ def launch_train(
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the last checkpoint.")] = False,
     inject: InjectOption = None,
     observe_only: ObserveOption = False,
+    notify: NotifyOption = None,
     on_hang: OnHangOption = None,
     max_restarts: MaxRestartsOption = None,
     detach: DetachOption = False,
@@ -315,7 +326,7 @@ def launch_train(
     from ups.launch.onhang import check_options
     from ups.launch.spawn import launch_run
 
-    unattended = check_options(on_hang, max_restarts, None)
+    unattended = {**check_options(on_hang, max_restarts, None), **_notify_fields(notify)}
     kwargs, _ = prepare_train(cache_dir=cache_dir, tasks=tasks, config=config, nproc=nproc, steps=steps, nnodes=nnodes,
                               node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, debug=debug, inject=inject, resume=resume,
                               runs_dir=runs_dir, run_id=run_id)
@@ -337,6 +348,7 @@ def launch_pipeline(
     nproc: Annotated[int, typer.Option("--nproc", help="Training ranks.")] = 2,
     steps: Annotated[int | None, typer.Option("--steps", help="Training steps.")] = None,
     skip_bad_shards: SkipBadShardsOption = False,
+    notify: NotifyOption = None,
     detach: DetachOption = False,
     runs_dir: RunsDirOption = default_runs_dir(),
     json: JsonOption = False,
@@ -367,7 +379,7 @@ def launch_pipeline(
     run = launch_run(
         runs_dir, "pipeline", [sys.executable, "-m", "ups.jobs.pipeline", "{RUN}/pipeline.json"],
         argv=["ups", *sys.argv[1:]], config=plan, thresholds={"phase_stalled_after": {"precompute": None, "train": None}},
-        files={"pipeline.json": jsonlib.dumps(plan, indent=1).encode()},
+        files={"pipeline.json": jsonlib.dumps(plan, indent=1).encode()}, extra=_notify_fields(notify),
     )
     start_and_follow(run, detach=detach, json_out=json)
 
@@ -417,6 +429,12 @@ OnWorkerHangOption = Annotated[str | None, typer.Option(
     "--on-worker-hang", metavar="same|fallback",
     help="A hang of a DataLoader worker: same (as --on-hang), or fallback (restart with every DataLoader at "
          "num_workers=0, as `ups relaunch --num-workers 0`).")]
+NotifyOption = Annotated[list[str] | None, typer.Option(
+    "--notify", metavar="cmd:COMMAND|URL|mailto:ADDRESS",
+    help="Tell someone when the run turns to a problem (stalled, unresponsive, dead, NaN loss ...), restarts or ends "
+         "(repeatable): a shell command (message as JSON on stdin, UPS_NOTIFY_* variables), a webhook URL (JSON POST, "
+         "Slack/Discord fields; ntfy), or mailto: through the SMTP server of ~/.config/ups/config.toml. Default: that "
+         "file's [notify] targets.")]
 UnresponsiveOption = Annotated[float | None, typer.Option("--unresponsive-after", help="Seconds without a heartbeat (pid alive) before a process counts as unresponsive [default: 10].")]
 
 
@@ -475,6 +493,7 @@ def launch_torchrun(
     stalled_after: StalledOption = None,
     unresponsive_after: UnresponsiveOption = None,
     observe_only: ObserveOption = False,
+    notify: NotifyOption = None,
     on_hang: OnHangOption = None,
     max_restarts: MaxRestartsOption = None,
     on_worker_hang: OnWorkerHangOption = None,
@@ -518,7 +537,7 @@ def launch_torchrun(
 
     launch_program(ctx, "torchrun", name=name, total_steps=total_steps, detach=detach, runs_dir=runs_dir, json_out=json,
                    stalled_after=stalled_after, unresponsive_after=unresponsive_after, observe_only=observe_only,
-                   run_id=run_id, unattended=check_options(on_hang, max_restarts, on_worker_hang))
+                   run_id=run_id, unattended={**check_options(on_hang, max_restarts, on_worker_hang), **_notify_fields(notify)})
 
 
 @launch_app.command("python", cls=PassThroughCommand, context_settings=PROGRAM_SETTINGS,
@@ -530,6 +549,7 @@ def launch_python(
     stalled_after: StalledOption = None,
     unresponsive_after: UnresponsiveOption = None,
     observe_only: ObserveOption = False,
+    notify: NotifyOption = None,
     on_hang: OnHangOption = None,
     max_restarts: MaxRestartsOption = None,
     on_worker_hang: OnWorkerHangOption = None,
@@ -554,4 +574,4 @@ def launch_python(
 
     launch_program(ctx, "python", name=name, total_steps=total_steps, detach=detach, runs_dir=runs_dir, json_out=json,
                    stalled_after=stalled_after, unresponsive_after=unresponsive_after, observe_only=observe_only,
-                   unattended=check_options(on_hang, max_restarts, on_worker_hang))
+                   unattended={**check_options(on_hang, max_restarts, on_worker_hang), **_notify_fields(notify)})

@@ -82,28 +82,29 @@ class HangWatch:
         self.episode: tuple | None = None
         self._next = time.monotonic() + CHECK_EVERY_S
 
-    def check(self) -> Decision | None:
+    def check(self) -> tuple[Any, Decision | None]:
+        """(the live run's verdict now, or None between checks; what to do about it, once per episode)."""
         now = time.monotonic()
         if now < self._next:
-            return None
+            return None, None
         self._next = now + CHECK_EVERY_S
         from ups.why import diagnose_view
 
         view = node_view(load_run_view(self.run))
         if view.is_final:
-            return None
+            return None, None
         verdict = diagnose_view(view)
         if verdict.mode not in HANG_MODES:
             self.episode = None
-            return None
+            return verdict, None
         key = (verdict.mode, (verdict.who or {}).get("name"), (verdict.who or {}).get("pid"))
         if key == self.episode:
-            return None
+            return verdict, None
         self.episode = key
         action = self.action
         if action == "restart" and self.restarts >= self.max_restarts:
             action = "give_up"
-        return Decision(verdict, action, fallback=action == "restart" and self.worker_fallback and is_worker_hang(verdict))
+        return verdict, Decision(verdict, action, fallback=action == "restart" and self.worker_fallback and is_worker_hang(verdict))
 
     def new_attempt(self) -> None:
         self.restarts += 1

@@ -53,6 +53,9 @@ class Supervisor:
         self.hang = HangWatch(run, self.manifest)
         self.hang_end: Decision | None = None  # the hang that ended the run (--on-hang kill, or restarts spent)
         self.extra_env: dict[str, str] = {}  # for the next attempt (UPS_FORCE_NUM_WORKERS on a worker fallback)
+        from ups.notify import Notifier
+
+        self.notifier = Notifier.for_run(run, self.manifest)  # --notify, or the user's config; None: nobody to tell
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         name = signal_name(signum) or str(signum)
@@ -132,10 +135,12 @@ class Supervisor:
     # -- --on-hang -------------------------------------------------------------------------
     def _watch_hang(self, reporter: Reporter | Any) -> None:
         try:
-            decision = self.hang.check()
+            verdict, decision = self.hang.check()
         except Exception as exc:  # noqa: BLE001 - judging must never stop supervision
             print(f"ups: could not judge the run for --on-hang: {exc!r}", flush=True)
             return
+        if verdict is not None and self.notifier is not None:
+            self.notifier.on_verdict(verdict)  # queued: delivery never holds up this loop
         if decision is None:
             return
         v = decision.verdict
@@ -145,10 +150,10 @@ class Supervisor:
             what = "none" if decision.action == "observe" else f"observe-only: would {decision.action.replace('_', ' ')}"
             self.run.append_event("hang", actor=ACTOR, action=what, **evidence)
             return
-        self.stacks.tick()  # stacks first: every process in trouble not dumped yet this episode
-        if decision.action == "dump":
+        if decision.action == "dump":  # the automatic collector saves every stuck process's stacks
             self.run.append_event("hang", actor=ACTOR, action="stacks saved", **evidence)
             return
+        self.stacks.tick()  # stacks first: every process in trouble not dumped yet this episode
         if decision.action == "restart":
             self._restart(decision, reporter, evidence)
             return
@@ -204,6 +209,8 @@ class Supervisor:
         self.stacks = StackCollector(self.run, actor=ACTOR, observe_only=self.hang.observe_only)
         self.start()
         reporter.item(f"{self.describe()} (attempt {self.attempt})")
+        if self.notifier is not None:
+            self.notifier.on_restart(self.attempt, v)
 
     def _escalate(self, reporter: Reporter | Any, deadline: float | None) -> float | None:
         """After a stop request: SIGKILL the job's group once the grace period is over."""
@@ -354,7 +361,18 @@ def main(argv: list[str] | None = None) -> int:
         reporter.item(sup.describe())
         rc = sup.wait(reporter)
         code = sup.finish(rc)
+    notify_end(run, sup.notifier)
     return code
+
+
+def notify_end(run: RunDir, notifier: Any) -> None:  # noqa: ANN401
+    """The run's end, told after its state is written: a slow notifier delays only this
+    process's exit, by at most its time limit, never the run's record or exit code."""
+    if notifier is None:
+        return
+    m = run.read_manifest()
+    notifier.on_end(m.get("state") or "?", m.get("summary") or "", m.get("verdict"))
+    notifier.drain(notifier.timeout + 1.0)
 
 
 if __name__ == "__main__":
