@@ -100,6 +100,37 @@ def test_capture_reads_losses_off_the_training_thread_and_finds_the_first_nan():
     assert batch_size({"input_ids": torch.zeros(4, 128, dtype=torch.long)}) == (4, 512)
 
 
+def test_cuda_loss_is_read_from_another_thread_without_waiting_for_the_gpu():
+    """GPU boxes only (scripts/gpu_check.sh runs it): the heartbeat thread's read of a loss
+    whose step is still running on the device returns at once and leaves it for later."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    import threading
+
+    from ups.instrument.metrics import Capture
+
+    cap = Capture()
+    a = torch.randn(4096, 4096, device="cuda")
+    torch.cuda.synchronize()
+    for _ in range(50):  # a queue of work the device needs a while for
+        a = (a @ a).tanh()
+    cap.note_loss(a.mean(), 0)
+    took = {}
+
+    def heartbeat():
+        t = time.perf_counter()
+        took["out"] = cap.sample()
+        took["s"] = time.perf_counter() - t
+
+    th = threading.Thread(target=heartbeat)
+    th.start()
+    th.join()
+    assert took["s"] < 0.05 and "loss" not in took["out"]  # not ready: not waited for
+    torch.cuda.synchronize()
+    assert isinstance(cap.sample()["loss"], float)
+
+
 # --------------------------------------------------------------------------- verdicts
 def _synthetic_run(tmp_path: Path, series: dict[str, list[dict]], **rec_kw) -> RunDir:
     now = time.time()

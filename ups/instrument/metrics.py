@@ -69,7 +69,7 @@ class _CudaCopies:
         slot = ring[i]
         slot.gen += 1
         slot.buf.copy_(tensor.reshape(()), non_blocking=True)
-        slot.event.record()
+        slot.event.record(torch.cuda.current_stream(tensor.device))
         return slot, slot.gen
 
 
@@ -97,6 +97,8 @@ def _read(kept):  # noqa: ANN001, ANN202
             return value if slot.gen == gen else None  # overwritten meanwhile by a later step
         if isinstance(kept, int | float):
             return float(kept)
+        if getattr(kept, "is_cuda", False):
+            return None  # reading device memory from this thread would wait for the device
         return float(kept)
     except Exception:  # noqa: BLE001 - a tensor we cannot read is no reason to fail
         return None
