@@ -57,4 +57,16 @@ def test_observe_only_and_kill(runs_root, tmp_path):
     hang = wait_for(lambda: [e for e in observed.read_events() if e["event"] == "hang"], 30, message="the observed hang")
     assert hang[0]["action"] == "observe-only: would restart"
     assert observed.read_manifest()["state"] == "running" and not (observed.path / "attempts").exists()
-    assert run_ups("kill", str(observed.path), "--grace", "2").returncode == 0
+    # The operator relaunches it by hand: the new run's loss series goes on from the old one's.
+    res = run_ups("relaunch", str(observed.path), "--detach", "--json", env=FAST, timeout=120)
+    assert res.returncode == 0, res.stderr
+    new = RunDir(json.loads(res.stdout)["run_dir"])
+
+    def continued():
+        data, _ = read_series(new.path / "metrics" / "rank-0.json")
+        return data is not None and [row[2] for row in data["recent"]][-1] == 2 and data
+
+    data = wait_for(continued, 60, interval=0.3, message="attempt 2's points in the relaunched run's series")
+    attempts = [row[2] for row in data["recent"]]
+    assert attempts[0] == 1 and attempts == sorted(attempts)  # the old run's points first, then the new run's
+    assert run_ups("kill", str(new.path), "--grace", "2").returncode == 0

@@ -38,6 +38,9 @@ def relaunch(run: RunDir, runs_root: str, *, num_workers: int | None, actor: str
     env = dict(m.get("env") or {})
     config = dict(m.get("config") or {})
     files = {p.name: p.read_bytes() for p in run.path.glob("*.json") if p.name != "run.json"}
+    # The training metrics go on in the new run: each rank's series continues, as attempt N+1.
+    files.update({f"metrics/{p.name}": p.read_bytes() for p in (run.path / "metrics").glob("*.json")})
+    env["UPS_ATTEMPT"] = str(int(m.get("attempt") or 1) + 1)
     if num_workers is not None:
         env["UPS_FORCE_NUM_WORKERS"] = str(num_workers)
         if m.get("kind") == "precompute":

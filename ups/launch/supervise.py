@@ -78,7 +78,10 @@ class Supervisor:
         env[ENV_RUN_DIR] = str(self.run.path.resolve())
         env[ENV_RUN_ID] = self.run.run_id
         env["UPS_AUTOMATIC"] = self.manifest.get("automatic") or "act"  # jobs' own watchdogs obey it too
-        env["UPS_ATTEMPT"] = str(self.attempt)  # a restart after a hang continues the metrics series
+        # A restart after a hang continues the metrics series as attempt N+1 (a run made by
+        # `ups relaunch` starts from the attempt after its predecessor's: its env says which).
+        first = int((self.manifest.get("env") or {}).get("UPS_ATTEMPT") or 1)
+        env["UPS_ATTEMPT"] = str(first + self.attempt - 1)
         env.update(self.extra_env)
         env.setdefault("PYTHONUNBUFFERED", "1")
         if self.run.is_multinode:  # the agent's record is agent@<host>: nothing collides across nodes
