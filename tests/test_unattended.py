@@ -47,6 +47,7 @@ def test_a_hang_restarted_twice_then_given_up_keeps_three_attempts(runs_root, tm
     assert "attempt 3/3" in status and "gave up after 2 restart(s)" in status
     why = json.loads(run_ups("why", str(run.path), "--json").stdout)
     assert "gave up after 2 restart(s)" in why["verdict"]["headline"]
+    assert [a["verdict"]["mode"] for a in why["attempts"]] == ["stalled"] * 3  # each attempt's verdict kept
 
 
 def test_observe_only_and_kill(runs_root, tmp_path):
