@@ -10,7 +10,6 @@ library that is not installed, or not imported by the program, costs nothing.
 from __future__ import annotations
 
 from ups.instrument import boot, metrics
-from ups.instrument.torch_hooks import _patch
 
 # module imported by the program -> (class name, method, how its arguments name the values)
 TARGETS = {
@@ -56,6 +55,8 @@ def _hook(module_name: str):
     cls_name, method, shape = TARGETS[module_name]
 
     def patch(module) -> None:  # noqa: ANN001
+        from ups.instrument.torch_hooks import _patch  # only once such a library is imported
+
         cls = getattr(module, cls_name, None)
         if cls is not None:
             _patch(cls, method, _make(shape))

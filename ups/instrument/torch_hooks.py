@@ -499,11 +499,11 @@ def _on_optimizer_step(optimizer, args, kwargs) -> None:  # noqa: ANN001
     if rep is None:
         return
     t = _t
-    if len(t.opt_counts) < 4:
-        metrics.capture.note_optimizer(optimizer)
     key = id(optimizer)
     count = t.opt_counts.get(key, 0) + 1
     t.opt_counts[key] = count
+    if count == 1:
+        metrics.capture.note_optimizer(optimizer)  # its lr is read by the heartbeat thread
     if count > t.opt_steps:  # several optimizers (a GAN) step once each per iteration
         if t.opt_steps == 0 and t.cuda_dev is None:
             _note_cuda_device()
