@@ -31,6 +31,7 @@ DIVERGE_WINDOW = 20
 RATE_DROP = 0.4
 RATE_BASELINE = 10
 RATE_RECENT = 5
+RATE_DROP_FOR_S = 15.0  # low for at least this long (the rate is a 10 s window: an eval dips it)
 LEAK_POINTS = 12
 LEAK_MIN_GROWTH = 0.05
 LEAK_RISING = 0.6  # share of intervals of the climb in which memory rose (allocator plateaus allowed)
@@ -126,6 +127,8 @@ def _rate_drop(data: dict) -> tuple[int, float, float] | None:
     i = len(pts) - 1
     while i > 0 and pts[i - 1]["rate"] < RATE_DROP * base:
         i -= 1
+    if (pts[-1].get("t") or 0) - (pts[i].get("t") or 0) < RATE_DROP_FOR_S:
+        return None  # an eval or a checkpoint lowers the rate over its window for a while
     return pts[i]["step"], base, now
 
 
