@@ -136,8 +136,8 @@ class Capture:
         scaled = self.scaled
         if scaled is not None and scaled[0] is tensor:
             tensor = scaled[1]  # AMP: the loss, not loss × scale
-        if tensor.numel() != 1 or not tensor.is_floating_point():
-            return
+        if tensor.dim() != 0 and tensor.numel() != 1:
+            return  # backward() on a non-scalar (with a gradient): not a loss
         self.seq += 1
         self.losses.append((self.seq, step, _lazy(tensor, self.cuda)))
 
@@ -237,23 +237,34 @@ class Capture:
                 out["tokens_per_s"] = round((self.tokens - k0) / (now - t0), 1)
 
 
+_TOKEN_DTYPES: frozenset = frozenset()
+
+
 def batch_size(batch) -> tuple[int, int]:  # noqa: ANN001
     """(samples, tokens) of a DataLoader batch: the first dimension of its first tensor, and
-    the element count of integer token ids (``input_ids``, or a first tensor of integers)."""
+    the element count of integer token ids (``input_ids``, or a first tensor of integers).
+    On every batch: a few attribute reads, no tensor call."""
+    global _TOKEN_DTYPES
     first = batch
-    if isinstance(batch, dict):
+    if isinstance(batch, list | tuple):
+        first = batch[0] if batch else None
+        if not hasattr(first, "shape"):
+            first = next((v for v in batch if hasattr(v, "shape")), None)
+    elif isinstance(batch, dict):
         first = batch.get("input_ids")
         if first is None:
             first = next((v for v in batch.values() if hasattr(v, "shape")), None)
-    elif isinstance(batch, list | tuple):
-        first = next((v for v in batch if hasattr(v, "shape")), None)
     shape = getattr(first, "shape", None)
     if not shape:
         return 0, 0
-    tokens = 0
-    if len(shape) == 2 and not first.is_floating_point() and not first.is_complex():
-        tokens = shape[0] * shape[1]
-    return int(shape[0]), int(tokens)
+    if len(shape) == 2:
+        if not _TOKEN_DTYPES:
+            import torch
+
+            _TOKEN_DTYPES = frozenset((torch.int64, torch.int32, torch.int16, torch.uint8))
+        if first.dtype in _TOKEN_DTYPES:
+            return int(shape[0]), int(shape[0]) * int(shape[1])
+    return int(shape[0]), 0
 
 
 capture = Capture()
