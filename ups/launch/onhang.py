@@ -75,6 +75,9 @@ class HangWatch:
     def __init__(self, run: RunDir, manifest: dict[str, Any]) -> None:
         self.run = run
         self.action = manifest.get("on_hang") or "dump"
+        # Judging costs a `ups why` a second in the launcher: only when --on-hang was given
+        # (the default, dump, is what the automatic stack collector does anyway).
+        self.active = manifest.get("on_hang") is not None
         self.observe_only = manifest.get("automatic") == "observe"
         self.max_restarts = int(manifest.get("max_restarts") or 0)
         self.worker_fallback = manifest.get("on_worker_hang") == "fallback"

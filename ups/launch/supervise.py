@@ -137,6 +137,8 @@ class Supervisor:
 
     # -- --on-hang -------------------------------------------------------------------------
     def _watch_hang(self, reporter: Reporter | Any) -> None:
+        if not self.hang.active and self.notifier is None:
+            return  # nothing asked of the verdict: no `ups why` a second in the launcher
         try:
             verdict, decision = self.hang.check()
         except Exception as exc:  # noqa: BLE001 - judging must never stop supervision
@@ -144,7 +146,7 @@ class Supervisor:
             return
         if verdict is not None and self.notifier is not None:
             self.notifier.on_verdict(verdict)  # queued: delivery never holds up this loop
-        if decision is None:
+        if decision is None or not self.hang.active:
             return
         v = decision.verdict
         evidence = {"mode": v.mode, "headline": v.headline, "who": (v.who or {}).get("label"), "attempt": self.attempt,
