@@ -15,7 +15,7 @@ that node's ``ups`` (:func:`remote_ups`).
 
 Knobs (environment): ``UPS_SSH`` the ssh command with its options (default ``ssh``);
 ``UPS_REMOTE_UPS`` the command that runs ``ups`` on the other node (default ``ups``; e.g.
-``/opt/venv/bin/python -m ups``; ``{host}`` in it is replaced by the HOST given).
+``/opt/venv/bin/python -m ups``; ``{host}`` in it is replaced by the HOST given, shell-quoted).
 """
 
 from __future__ import annotations
@@ -65,7 +65,8 @@ class RemoteSpec:
     def argv(self, *ups_args: str) -> list[str]:
         """The local command line that runs ``ups UPS_ARGS`` on that node."""
         ssh = shlex.split(os.environ.get(ENV_SSH) or "ssh")
-        remote_ups = (os.environ.get(ENV_REMOTE_UPS) or "ups").replace("{host}", self.host)
+        # HOST goes into a line a remote shell runs: quoted, so a name never becomes a command.
+        remote_ups = (os.environ.get(ENV_REMOTE_UPS) or "ups").replace("{host}", shlex.quote(self.host))
         args = [*ups_args, *(["--runs-dir", self.runs_dir] if self.runs_dir else [])]
         command = f"{remote_ups} {' '.join(shlex.quote(a) for a in args)}"
         return [*ssh, "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", self.host, command]
