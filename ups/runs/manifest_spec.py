@@ -76,7 +76,7 @@ MANIFEST_SPEC: dict[str, Check] = {
     "ranks": optional(dict_of(safe_value)),
     "thresholds": _THRESHOLDS,
     "instrument": optional(boolean), "top_role": optional(_NAME), "automatic": optional(text(choices=("act", "observe"))),
-    "world_size": _SMALL, "nproc": _SMALL, "nnodes": _SMALL, "node_rank": _SMALL,
+    "world_size": _SMALL, "node_rank": _SMALL,  # nproc, nnodes: torchrun's words ("gpu", "1:4"), shown as given
     "exit_code": _CODE, "signal": optional(_int_or_text), "summary": optional(text()), "failure": _FAILURE,
     "verdict": _VERDICT, "launcher_lost": optional(boolean), "multinode": _MULTINODE,
     "program": optional(dict_of(safe_value)),
