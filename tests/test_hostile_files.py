@@ -289,15 +289,15 @@ def test_console_shows_bad_files_and_recovers_when_they_go(finished_run, tmp_pat
         app = UpsConsole(root, refresh=0.2)
         async with app.run_test(size=(120, 36)) as pilot:
             await until(pilot, lambda: app.snapshot and app.snapshot.runs, message="the run listed")
+            app.open_run(run.run_id)  # an ended run's row is re-read only while it is open
+            await until(pilot, lambda: app.snapshot.detail is not None, message="the run screen")
             plant_record(run, "rank-1", step=RawJson("1" + "0" * 400))
             os.mkfifo(run.status_dir / "rank-2.json")
             (run.status_dir / "rank-3.json").write_text(json.dumps({**record(run), "name": ["x"]}))
-            row = await until(pilot, lambda: next((r for r in app.snapshot.runs if r.problem), None),
-                              message="the unreadable records on the run's row")
-            assert row.problem == "3 unreadable status file(s)" and row.state == "succeeded"
-            app.open_run(run.run_id)
             header = await until(pilot, lambda: "rank-2.json: a FIFO" in str(app.screen.query_one("#run-header").render())
                                  and app.screen.query_one("#run-header"), message="the FIFO named on the run screen")
+            row = next(r for r in app.snapshot.runs if r.run_id == run.run_id)
+            assert row.problem == "3 unreadable status file(s)" and row.state == "succeeded"
             text = str(header.render())
             assert "rank-1.json: 'step' a huge number is out of range" in text and "rank-3.json: 'name'" in text
             for name in ("rank-1.json", "rank-2.json", "rank-3.json"):
