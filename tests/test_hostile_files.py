@@ -490,8 +490,58 @@ def test_every_reader_survives_arbitrary_json_in_every_field(finished_run, tmp_p
         _all_readers(root, run)
 
     check()
+    run.manifest_path.write_text(json.dumps(good_manifest))
     # And once for real, in a subprocess: a hostile field, the real CLI.
     (run.status_dir / "rank-0.json").write_text(json.dumps({**good_record, "metrics": {"loss": [1, {"a": 10**400}]},
                                                             "collective": {"op": ["x"], "seq": 1}}))
     payload = json.loads(ups("status", run.run_id, "--json", root=root).stdout)
     assert payload["unreadable"] == [{"file": "rank-0.json", "problem": "'collective' 'op' is a list, not a string"}]
+
+
+HOSTILE_VALUES = [None, True, -1, 10**400, float("nan"), "x" * 20_000, "../../[/b]", [1, "a"], {"op": 1, "seq": "x", "pid": "1"}]
+
+
+def _core_readers(root: Path, run: RunDir) -> None:
+    """The functions behind ups runs / status / status --json / why and the console's poll."""
+    from rich.console import Console
+
+    from console.snapshots import Poller
+    from ups.cli.runs import render_status, run_row, status_payload
+    from ups.launch.reconcile import load_settled_view
+    from ups.why import diagnose_view
+
+    started = time.monotonic()
+    now = time.time()
+    views = [load_settled_view(s.run, now=now) for s in list_runs(root)]
+    json.dumps([run_row(v, now) for v in views], default=str)
+    view = load_settled_view(run)
+    json.dumps(status_payload(view, {}), default=str)
+    Console(file=open(os.devnull, "w"), width=120).print(render_status(view, {}, width=120))  # noqa: SIM115
+    diagnose_view(view).text()
+    Poller(root, gpu_provider=None).snapshot(run.run_id, None)
+    assert time.monotonic() - started < BOUND_S
+
+
+def test_every_field_of_a_record_and_of_run_json_against_every_hostile_value(finished_run, tmp_path):
+    """The exhaustive companion of the property test: each field x each hostile value."""
+    root = tmp_path / "runs"
+    root.mkdir()
+    run = copy_run(finished_run, root)
+    good_record = record(run)
+    good_manifest = json.loads(run.manifest_path.read_text())
+    rec_path = run.status_dir / "rank-0.json"
+    for key in sorted(good_record):
+        for value in HOSTILE_VALUES:
+            rec_path.write_text(json.dumps({**good_record, key: value}))
+            try:
+                _core_readers(root, run)
+            except Exception as exc:
+                raise AssertionError(f"record field {key!r} = {value!r:.60}") from exc
+    rec_path.write_text(json.dumps(good_record))
+    for key in sorted(set(good_manifest) | {"multinode", "failure", "previous_launchers", "stages"}):
+        for value in HOSTILE_VALUES:
+            run.manifest_path.write_text(json.dumps({**good_manifest, key: value}))
+            try:
+                _core_readers(root, run)
+            except Exception as exc:
+                raise AssertionError(f"run.json field {key!r} = {value!r:.60}") from exc
