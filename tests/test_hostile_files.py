@@ -337,7 +337,7 @@ def _answers(root: Path, run_id: str) -> dict:
     why = json.loads(ups("why", run_id, "--json", root=root, ok=(0, 1)).stdout)
     ups("status", run_id, root=root)
     ups("runs", root=root)
-    return {"state": status["state"], "summary": status.get("summary"),
+    return {"state": status["state"], "summary": (status["run"] or {}).get("summary"),
             "processes": [(p["name"], p["state"], p["health"]) for p in status["processes"]],
             "runs": [(r["id"], r["state"], r["summary"]) for r in runs], "why": why["verdict"]["headline"]}
 
