@@ -21,7 +21,6 @@ Knobs (environment): ``UPS_SSH`` the ssh command with its options (default ``ssh
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shlex
 import subprocess
@@ -32,11 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from ups.errors import UpsError
+from ups.runs.manifest_spec import check_manifest
 from ups.runs.rundir import FINAL_RUN_STATES, RunDir, merge_node_states
 from ups.runs.view import NodeView, ProcessView, RunView, _with_lost_nodes, node_views
 from ups.status.health import Health, HealthVerdict, Thresholds
 from ups.status.host import hostname
 from ups.status.record import RecordError, StatusRecord
+from ups.status.safeio import BadFile, decode_json, number
 
 ENV_SSH = "UPS_SSH"
 ENV_REMOTE_UPS = "UPS_REMOTE_UPS"
@@ -147,9 +148,11 @@ class RemoteStatusSource:
         err_thread.start()
         assert proc.stdout is not None
         for line in proc.stdout:
-            try:
-                payload = json.loads(line)
-            except ValueError:
+            try:  # another node's word is outside input like a file: through the same boundary
+                payload = decode_json(line)
+                if isinstance(payload, dict) and payload.get("run") is not None:
+                    payload["run"] = check_manifest(payload["run"])
+            except BadFile:
                 continue
             if not isinstance(payload, dict):
                 continue
@@ -222,9 +225,16 @@ def remote_processes(payload: dict[str, Any], received_mono: float, now_mono: fl
         verdict = HealthVerdict(health, str(row.get("reason") or ""))
         if lost_reason and not rec.is_final:
             verdict = HealthVerdict(Health.UNREACHABLE, lost_reason)
-        out.append(ProcessView(rec, verdict, float(row.get("heartbeat_age") or 0.0) + waited,
-                               float(row.get("progress_age") or 0.0) + waited))
+        out.append(ProcessView(rec, verdict, _age(row.get("heartbeat_age")) + waited, _age(row.get("progress_age")) + waited))
     return out
+
+
+def _age(value: Any) -> float:
+    """An age another node sent: a finite number of seconds, else 0."""
+    try:
+        return number(0.0, 1e12)(value)
+    except BadFile:
+        return 0.0
 
 
 def merge_remote(local: RunView | None, sources: list[RemoteStatusSource], *, run_id: str,
