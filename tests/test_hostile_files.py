@@ -210,7 +210,7 @@ def test_bad_manifests_are_listed_with_their_reason(finished_run, tmp_path):
 def test_fifos_in_a_live_run_never_block_its_launcher_or_readers(tmp_path, runs_root):
     prog = tmp_path / "prog.py"
     prog.write_text(PROGRAM)
-    res = run_ups("launch", "python", "--detach", "--json", str(prog), "6")
+    res = run_ups("launch", "python", "--detach", "--json", str(prog), "8")
     assert res.returncode == 0, res.stderr
     run = RunDir(json.loads(res.stdout)["run_dir"])
     wait_for(lambda: (run.status_dir / "rank-0.json").exists(), 60, message="rank 0's record")
@@ -219,6 +219,12 @@ def test_fifos_in_a_live_run_never_block_its_launcher_or_readers(tmp_path, runs_
     os.mkfifo(run.control_dir / "1-fallback.json")
     status = ups("status", run.run_id, root=runs_root).stdout
     assert "unreadable status file rank-5.json: a FIFO" in status and "rank 0" in status
+    # rank 0's stack file swapped for a FIFO: a dump (what the launcher's automatic stacks
+    # thread does too) is refused at once with the reason, never waits for a reader.
+    (run.stacks_dir / "rank-0.txt").unlink()
+    os.mkfifo(run.stacks_dir / "rank-0.txt")
+    stacks = ups("stacks", run.run_id, "--rank", "0", root=runs_root, ok=(0, 1))
+    assert "stacks/rank-0.txt cannot be written: a FIFO" in stacks.stdout + stacks.stderr, stacks.stdout + stacks.stderr
     # The launcher (its exit watch, its automatic stacks thread) still ends the run truthfully.
     wait_for(lambda: run.read_manifest()["state"] == "succeeded", 60, message="the run to succeed despite the FIFOs")
 
@@ -545,3 +551,17 @@ def test_every_field_of_a_record_and_of_run_json_against_every_hostile_value(fin
                 _core_readers(root, run)
             except Exception as exc:
                 raise AssertionError(f"run.json field {key!r} = {value!r:.60}") from exc
+
+
+def test_a_reader_never_writes_through_a_symlinked_events_log(finished_run, tmp_path):
+    root = tmp_path / "runs"
+    root.mkdir()
+    run = _unsettled(finished_run, root)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    run.events_path.unlink()
+    run.events_path.symlink_to(victim)
+    (row,) = json.loads(ups("runs", "--json", root=root).stdout)["runs"]
+    assert row["state"] == "succeeded" and "launcher lost" in row["summary"]
+    assert victim.read_text() == "precious\n"
+    assert run.events_path.is_symlink()
