@@ -73,17 +73,16 @@ def plant_record(run: RunDir, name: str, **fields) -> None:
     """rank-0's real record under another name, with ``fields`` replaced (raw JSON text
     values are spliced in as written: NaN, 1e999, 10**400)."""
     body = dict(record(run), name=name, rank=int(name.split("-")[1]) if name.split("-")[1].isdigit() else 9)
-    raw = {k: v for k, v in fields.items() if isinstance(v, RawJson)}
-    body.update({k: v for k, v in fields.items() if not isinstance(v, RawJson)})
+    body.update({k: f"@raw:{k}" if isinstance(v, RawJson) else v for k, v in fields.items()})
     text = json.dumps(body)
-    for key, value in raw.items():
-        body[key] = None
-        text = json.dumps(body).replace(f'"{key}": null', f'"{key}": {value}')
+    for key, value in fields.items():
+        if isinstance(value, RawJson):
+            text = text.replace(f'"@raw:{key}"', value)
     (run.status_dir / f"{name}.json").write_text(text)
 
 
 class RawJson(str):
-    pass
+    """JSON text put into a record as written (what json.dumps would never write)."""
 
 
 # -- 1 + 2: bad records, FIFOs, devices, links: listed as unreadable, never a hang --------------
@@ -231,7 +230,6 @@ def test_fifos_in_a_live_run_never_block_its_launcher_or_readers(tmp_path, runs_
 
 # -- 7: control requests that cannot be read are rejected once, and never block the next -------
 def test_bad_control_requests_are_rejected_once_and_fallback_still_answers(tmp_path, runs_root):
-    from helpers import write_raw_pdebench  # noqa: F401 - keeps helpers' import cost shared
     from test_precompute import FAST, events, launch_burgers
 
     from ups.data.synth import synthesize
