@@ -77,7 +77,7 @@ def test_every_reader_survives_bad_series_files(tmp_path):
     found, problems = read_run_series(tmp_path / "run")
     assert list(found) == ["rank-5"]
     assert set(problems) == {f"rank-{i}.json" for i in range(5)}
-    assert "future schema" in problems["rank-2.json"] and "regular file" in problems["rank-4.json"]
+    assert "future schema" in problems["rank-2.json"] and "FIFO" in problems["rank-4.json"]
 
 
 def test_capture_reads_losses_off_the_training_thread_and_finds_the_first_nan():

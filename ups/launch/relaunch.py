@@ -37,9 +37,9 @@ def relaunch(run: RunDir, runs_root: str, *, num_workers: int | None, actor: str
             time.sleep(0.1)
     env = dict(m.get("env") or {})
     config = dict(m.get("config") or {})
-    files = {p.name: p.read_bytes() for p in run.path.glob("*.json") if p.name != "run.json"}
+    files = _run_files(run)
     # The training metrics go on in the new run: each rank's series continues, as attempt N+1.
-    files.update({f"metrics/{p.name}": p.read_bytes() for p in (run.path / "metrics").glob("*.json")})
+    files.update(_series_files(run))
     env["UPS_ATTEMPT"] = str(int(m.get("attempt") or 1) + 1)
     if num_workers is not None:
         env["UPS_FORCE_NUM_WORKERS"] = str(num_workers)
@@ -59,3 +59,34 @@ def relaunch(run: RunDir, runs_root: str, *, num_workers: int | None, actor: str
     run.append_event("relaunch", actor=actor, new_run=new.run_id, num_workers=num_workers)
     new.append_event("relaunched_from", actor=actor, run=run.run_id, num_workers=num_workers)
     return new
+
+
+def _run_files(run) -> dict[str, bytes]:  # noqa: ANN001
+    """The run's own input files (config.json, plan.json) to copy: regular files of at most
+    1 MiB; anything else in their place is refused with its name and why."""
+    from ups.errors import UpsError
+    from ups.status.safeio import BadFile, read_bytes
+
+    files = {}
+    for p in run.path.glob("*.json"):
+        if p.name == "run.json":
+            continue
+        try:
+            files[p.name] = read_bytes(p)
+        except (OSError, BadFile) as exc:
+            raise UpsError(f"{p}: {exc}") from None
+    return files
+
+
+def _series_files(run) -> dict[str, bytes]:  # noqa: ANN001
+    """The ranks' metrics series (metrics/*.json) to carry over; one that cannot be read as a
+    regular file of at most 1 MiB is left behind (history is a bonus, never a reason to refuse)."""
+    from ups.status.safeio import BadFile, read_bytes
+
+    files = {}
+    for p in (run.path / "metrics").glob("*.json"):
+        try:
+            files[f"metrics/{p.name}"] = read_bytes(p)
+        except (OSError, BadFile):
+            continue
+    return files

@@ -83,6 +83,8 @@ class SeriesWriter:
 
     def _load(self) -> None:
         """Continue the series of an earlier attempt of the same run (same process name)."""
+        if not os.path.lexists(self.path):
+            return  # a first attempt: nothing to continue
         data, _problem = read_series(self.path)
         if data is None:
             return
@@ -161,33 +163,19 @@ def _valid_rows(rows, width: int) -> list[list]:  # noqa: ANN001
 def read_series(path: str | os.PathLike[str]) -> tuple[dict | None, str | None]:
     """One series file as a dict (``fields``, ``overview``, ``recent`` ...), or (None, why not).
 
-    Regular files only, opened non-blocking (a FIFO planted in the folder never hangs a
-    reader), at most :data:`MAX_SERIES_BYTES`."""
+    Through the trust boundary (:mod:`ups.status.safeio`: a regular file opened without
+    blocking or following links, at most :data:`MAX_SERIES_BYTES`, JSON of finite numbers),
+    then its shape checked here."""
+    from ups.status.safeio import BadFile, read_json  # here: a rank's first attempt never needs it
+
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+        data = read_json(path, MAX_SERIES_BYTES)
     except FileNotFoundError:
         return None, "no series yet"
+    except BadFile as exc:
+        return None, str(exc)
     except OSError as exc:
         return None, f"unreadable ({exc.strerror or exc})"
-    try:
-        import stat
-
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None, "not a regular file"
-        chunks, size = [], 0
-        while size <= MAX_SERIES_BYTES and (chunk := os.read(fd, 1 << 16)):
-            chunks.append(chunk)
-            size += len(chunk)
-    except OSError as exc:
-        return None, f"unreadable ({exc.strerror or exc})"
-    finally:
-        os.close(fd)
-    if size > MAX_SERIES_BYTES:
-        return None, "file too large to be a metrics series"
-    try:
-        data = json.loads(b"".join(chunks).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        return None, "not a JSON metrics series (torn or foreign file)"
     if not isinstance(data, dict) or not isinstance(data.get("schema"), int):
         return None, "not a metrics series"
     if data["schema"] > SERIES_SCHEMA:
