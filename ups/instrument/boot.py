@@ -292,15 +292,19 @@ def _record_os_exit(code) -> None:  # noqa: ANN001
     if rep is None or rep.pid != os.getpid() or rep.state != "running":
         return  # multiprocessing's own os._exit after a child's target returned: already final
     if rep.role in ("rank", "helper"):
+        import threading
         import time
 
-        rep.append_stack_text(f"\n=== stack dump of {rep.name} pid {rep.pid} requested by os._exit({code}) at "
-                              f"{time.strftime('%Y-%m-%d %H:%M:%S')} ===")
-        fh = getattr(rep, "_stack_fh", None)
-        if fh is not None:
-            import faulthandler
-
-            faulthandler.dump_traceback(file=fh, all_threads=False)
+        # faulthandler's format (what `ups stacks` and `ups why` read), from the caller of
+        # os._exit: our own two frames are no part of where the program left.
+        lines = [f"\n=== stack dump of {rep.name} pid {rep.pid} requested by os._exit({code}) at "
+                 f"{time.strftime('%Y-%m-%d %H:%M:%S')} ===",
+                 f"Current thread 0x{threading.get_ident():016x} (most recent call first):"]
+        frame = sys._getframe(2)
+        while frame is not None:
+            lines.append(f'  File "{frame.f_code.co_filename}", line {frame.f_lineno} in {frame.f_code.co_name}')
+            frame = frame.f_back
+        rep.append_stack_text("\n".join(lines))
     rep.metrics(os_exit=code)
     rep.flush_wait(0.5)
 
