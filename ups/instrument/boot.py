@@ -128,6 +128,8 @@ def boot() -> None:
         return  # a worker or helper: decided in BaseProcess._bootstrap, once we know which
     parent = state.parent
     top_role = os.environ.get(ENV_TOP_ROLE, "rank")
+    if top_role == "rank" and parent is None and identity.is_launcher_program(getattr(sys, "orig_argv", None) or sys.argv):
+        top_role = "agent"  # `ups launch srun torchrun ...`: each task is a node's agent
     found = identity.own_rank(parent, top_role=top_role)
     identity.mark_for_children(identity.env_rank())
     if parent is None:

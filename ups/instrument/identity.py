@@ -94,3 +94,16 @@ def own_rank(parent: tuple[str, int, int] | None, *, top_role: str) -> EnvRank |
 def mark_for_children(rank: EnvRank | None) -> None:
     """What the children of this process compare their own environment with."""
     os.environ[ENV_RANK_ENV] = rank.key if rank is not None else "-"
+
+
+_LAUNCHER_PROGRAMS = ("torchrun", "accelerate", "accelerate-launch", "deepspeed")
+_LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch")
+
+
+def is_launcher_program(argv: list[str]) -> bool:
+    """torchrun, accelerate or deepspeed as the program: an agent even where the environment
+    names a rank (``srun torchrun ...``: SLURM_PROCID is the node's task, not a rank)."""
+    head = argv[:4]
+    if any(os.path.basename(a) in _LAUNCHER_PROGRAMS for a in head[:2]):
+        return True
+    return any(a in _LAUNCHER_MODULES for a in head)
