@@ -230,6 +230,7 @@ def become_spawner(what: str) -> None:
 
     rep.relabel("helper", rank=rep.rank, name=process_name("helper", rep.rank, pid=rep.pid),
                 command=f"{what}: {_argv_text()}", phase="helper", unit="items")
+    rep.item(what)  # what `ups status` shows beside it
     _tell_children(rep)
 
 
