@@ -443,7 +443,9 @@ def launch_program(ctx: typer.Context, launcher: str, *, name: str | None, total
             if not run_id:
                 raise UpsError(f"a run across nodes needs the same run id on every node: give --run-id ID before "
                                f"the {launcher} options")
-            multinode = {"nnodes": nodes, "node_rank": None, "rdzv_endpoint": None}
+            node_rank = line.values.get("node_rank")
+            multinode = {"nnodes": nodes, "node_rank": int(node_rank) if node_rank and node_rank.isdigit() else None,
+                         "rdzv_endpoint": line.values.get("endpoint")}
         command = [*programs.launcher_executable(launcher), *line_args]
     else:
         multinode = None

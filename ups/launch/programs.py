@@ -219,7 +219,8 @@ OTHER_LAUNCHERS: dict[str, dict[str, object]] = {
     # accelerate's launcher runs torch's elastic agent in its own process (multi-GPU/CPU):
     # an agent, whose children carry RANK.
     "accelerate": {"top_role": "agent", "procs": ("--num_processes", "--num-processes"),
-                   "nodes": ("--num_machines", "--num-machines")},
+                   "nodes": ("--num_machines", "--num-machines"), "node_rank": ("--machine_rank", "--machine-rank"),
+                   "endpoint": ("--main_process_ip", "--main-process-ip")},
     # deepspeed's runner starts a per-node launcher (a helper) that starts the ranks with RANK set.
     "deepspeed": {"top_role": "agent", "procs": ("--num_gpus", "--num-gpus", "--num_accelerators"),
                   "nodes": ("--num_nodes", "--num-nodes")},
@@ -248,7 +249,8 @@ def parse_other(launcher: str, argv: list[str]) -> ProgramLine:
     script = next((a for a in argv if a.endswith(".py")), None)
     target = [script] if script else []
     spec = OTHER_LAUNCHERS[launcher]
-    values = {"procs": _option_value(argv, spec["procs"]), "nodes": _option_value(argv, spec["nodes"])}  # type: ignore[arg-type]
+    values = {key: _option_value(argv, spec[key]) for key in ("procs", "nodes", "node_rank", "endpoint")  # type: ignore[arg-type]
+              if key in spec}
     return ProgramLine(launcher, [], target, [], {k: v for k, v in values.items() if v is not None})
 
 
