@@ -309,7 +309,7 @@ def _record_os_exit(code) -> None:  # noqa: ANN001
             frame = frame.f_back
         rep.append_stack_text("\n".join(lines))
     rep.metrics(os_exit=code)
-    rep.flush_wait(0.5)
+    rep.flush(wait=0.5)
 
 
 def record_failure(exc: BaseException) -> None:

@@ -566,23 +566,14 @@ class Reporter:
         return StatusRecord.from_dict(self.record_dict())
 
     # -- writing ----------------------------------------------------------------------------
-    def flush(self) -> bool:
-        """Write the record now. Never raises, never waits for another writer."""
-        if not self._lock.acquire(blocking=False):
+    def flush(self, *, wait: float = 0.0) -> bool:
+        """Write the record now. Never raises; never waits for another writer unless ``wait``
+        (seconds) is given: the last write of a process on its way out (``os._exit``) must
+        not be skipped because the heartbeat thread was writing at that moment."""
+        if not self._lock.acquire(timeout=wait) if wait > 0 else not self._lock.acquire(blocking=False):
             # The heartbeat thread is writing this very moment; have it write once more.
             self._dirty = True
             self._wake.set()
-            return False
-        try:
-            self._dirty = False
-            return self._write()
-        finally:
-            self._lock.release()
-
-    def flush_wait(self, timeout: float) -> bool:
-        """Write now, waiting up to ``timeout`` for a write in progress: for the last write of a
-        process on its way out (``os._exit``), which must not be skipped."""
-        if not self._lock.acquire(timeout=timeout):
             return False
         try:
             self._dirty = False
