@@ -115,6 +115,9 @@ def test_mp_spawn_raise_names_the_rank_not_the_parent(runs_root, tmp_path):
     check_blame(run, verdict, MP, 'raise RuntimeError(f"loss is NaN')
     assert "ProcessRaisedException" not in run.read_manifest()["summary"]
     assert "RuntimeError: loss is NaN on rank 1 at step 5" in verdict["headline"]  # the text mp.spawn's wrapper caught
+    # The parent's stack file moved with its record: rank 0's is rank 0's own.
+    assert "ProcessRaisedException" in (run.path / parent[0]["stack_file"]).read_text()
+    assert "ProcessRaisedException" not in (run.path / "stacks" / "rank-0.txt").read_text()
     nothing_left(run)
 
 
@@ -209,6 +212,33 @@ def test_accelerate_launch_os_exit(runs_root, tmp_path):
     check_ranks(procs)
     check_blame(run, why(run), ACCEL, "os._exit(0)")
     nothing_left(run)
+
+
+# ---------------------------------------------------------------- a helper's workers
+def test_a_helpers_dataloader_workers_are_its_own(runs_root, tmp_path):
+    """A helper process with a DataLoader of its own: its workers are named under it, and
+    rank 0's workers keep their records (they were overwritten by the helper's)."""
+    script = tmp_path / "prefetch.py"
+    script.write_text(
+        "import multiprocessing as mp\n"
+        "import torch\n"
+        "from torch.utils.data import DataLoader, TensorDataset\n\n"
+        "def load():\n"
+        "    for _ in DataLoader(TensorDataset(torch.arange(64.0)), batch_size=4, num_workers=2):\n"
+        "        pass\n\n"
+        "if __name__ == '__main__':\n"
+        "    helper = mp.get_context('fork').Process(target=load)\n"
+        "    helper.start()\n"
+        "    load()\n"
+        "    helper.join()\n")
+    res = run_ups("launch", "python", "--json", str(script), env=FAST, timeout=120, cwd=tmp_path)
+    run = launched(res)
+    assert run.read_manifest()["state"] == "succeeded", run.read_manifest()["summary"]
+    procs = status(run)
+    helper = next(p["name"] for p in procs.values() if p["role"] == "helper")
+    workers = sorted(name for name, p in procs.items() if p["role"] == "worker")
+    assert workers == sorted(["rank-0-worker-0", "rank-0-worker-1", f"{helper}-worker-0", f"{helper}-worker-1"])
+    assert all(procs[w]["step"] > 0 for w in workers)
 
 
 # ------------------------------------------------------------------------------- srun
