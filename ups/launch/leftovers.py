@@ -32,6 +32,7 @@ from ups.status.procs import process_start_time, same_start
 PR_SET_CHILD_SUBREAPER = 36
 SETTLE_S = 1.0  # the job's own clean-up (workers joined, the resource tracker's pipe closed)
 TERM_GRACE_S = 3.0
+STOPPING_GRACE_S = 0.5  # the run is being stopped: its processes had their SIGTERM already
 KILL_WAIT_S = 2.0
 
 
@@ -163,9 +164,10 @@ def sweep(run: RunDir, *, actor: str, observe_only: bool, stopping: bool = False
     if observe_only:
         run.append_event("leftovers", actor=actor, processes=evidence, action="observe-only: not signalled")
         return left
+    grace = STOPPING_GRACE_S if stopping else TERM_GRACE_S
     for p in left:
         _signal(p, signal.SIGTERM)
-    after_term = _wait_gone(left, TERM_GRACE_S)
+    after_term = _wait_gone(left, grace)
     for p in after_term:
         _signal(p, signal.SIGKILL)
     survivors = _wait_gone(after_term, KILL_WAIT_S)
@@ -174,8 +176,7 @@ def sweep(run: RunDir, *, actor: str, observe_only: bool, stopping: bool = False
     for p in late:
         _signal(p, signal.SIGKILL)
     survivors += _wait_gone(late, KILL_WAIT_S)
-    run.append_event("leftovers", actor=actor, processes=evidence, action="SIGTERM, then SIGKILL after "
-                     f"{TERM_GRACE_S:g} s", terminated=[p.pid for p in left if p not in after_term],
+    run.append_event("leftovers", actor=actor, processes=evidence, action=f"SIGTERM, then SIGKILL after {grace:g} s", terminated=[p.pid for p in left if p not in after_term],
                      killed=[p.pid for p in after_term + late if p not in survivors],
                      survivors=[asdict(p) for p in survivors])
     return survivors

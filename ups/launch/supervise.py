@@ -135,11 +135,22 @@ class Supervisor:
     def _escalate(self, reporter: Reporter | Any, deadline: float | None) -> float | None:
         """After a stop request: SIGKILL the job's group once the grace period is over."""
         if self.terminate_requested and deadline is None:
-            deadline = time.monotonic() + TERM_GRACE_S
+            deadline = time.monotonic() + self._grace()
             reporter.item(f"stopping job ({self.terminate_requested})")
         if deadline is not None and time.monotonic() > deadline:
             self.signal_job(signal.SIGKILL)
         return deadline
+
+    def _grace(self) -> float:
+        """Seconds between SIGTERM and SIGKILL for the job: ours, or less if ``ups kill --grace``
+        asked for less (it waits that long plus a margin for us before it kills the launcher,
+        and a launcher killed cannot end what the job left behind)."""
+        try:
+            kills = [e for e in self.run.read_events() if e.get("event") == "kill" and e.get("target") == "run"]
+            asked = float(kills[-1]["grace"]) if kills and kills[-1].get("grace") is not None else TERM_GRACE_S
+        except (OSError, ValueError, TypeError, KeyError):
+            asked = TERM_GRACE_S
+        return max(0.0, min(TERM_GRACE_S, asked))
 
     def finish(self, returncode: int | None) -> int:
         # Give the job's processes a moment to write their final records (no wait when they
