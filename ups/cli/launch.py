@@ -462,64 +462,54 @@ def launch_program(ctx: typer.Context, launcher: str, *, name: str | None, total
     start_and_follow(run, detach=detach, json_out=json_out)
 
 
-def _program_command(launcher: str, usage: str, doc: str):
-    """``ups launch torchrun|accelerate|deepspeed|srun``: ups's options, then the launcher's line as given."""
+@launch_app.command("torchrun", cls=PassThroughCommand, context_settings=PROGRAM_SETTINGS,
+                    options_metavar="[UPS OPTIONS] [TORCHRUN OPTIONS] SCRIPT|-m MODULE [ARGS]...")
+def launch_torchrun(
+    ctx: typer.Context,
+    name: NameOption = None,
+    total_steps: TotalStepsOption = None,
+    stalled_after: StalledOption = None,
+    unresponsive_after: UnresponsiveOption = None,
+    observe_only: ObserveOption = False,
+    run_id: RunIdOption = None,
+    detach: DetachOption = False,
+    runs_dir: RunsDirOption = default_runs_dir(),
+    json: JsonOption = False,
+) -> None:
+    """Run your own torchrun line, unchanged, watched by ups: put `ups launch` in front of it.
 
-    def command(
-        ctx: typer.Context,
-        name: NameOption = None,
-        total_steps: TotalStepsOption = None,
-        stalled_after: StalledOption = None,
-        unresponsive_after: UnresponsiveOption = None,
-        observe_only: ObserveOption = False,
-        run_id: RunIdOption = None,
-        detach: DetachOption = False,
-        runs_dir: RunsDirOption = default_runs_dir(),
-        json: JsonOption = False,
-    ) -> None:
-        launch_program(ctx, launcher, name=name, total_steps=total_steps, detach=detach, runs_dir=runs_dir,
-                       json_out=json, stalled_after=stalled_after, unresponsive_after=unresponsive_after,
-                       observe_only=observe_only, run_id=run_id)
+    \b
+        torchrun --nproc-per-node 2 train.py --lr 3e-4
+        ups launch torchrun --nproc-per-node 2 train.py --lr 3e-4
 
-    command.__doc__ = doc
-    command.__name__ = f"launch_{launcher}"
-    launch_app.command(launcher, cls=PassThroughCommand, context_settings=PROGRAM_SETTINGS,
-                       options_metavar=f"[UPS OPTIONS] {usage}")(command)
-    return command
+    ups's options (below) go first; from the first torchrun option on, everything passes to
+    torchrun untouched, `--` included. torchrun gets --standalone when you gave no
+    rendezvous option (a busy port 29500 never matters), and its --log-dir, --redirects and
+    --tee inside the run when you gave none.
 
+    No code change: every Python process of the job (torchrun's agent, each rank, each
+    DataLoader worker, any helper) gets a status record, stack dumps (`ups stacks`), phases
+    (dist.init, ddp.wrap, data, train, checkpoint, collective:<op> ...), progress (optimizer
+    steps) and, on an uncaught exception, the error and file:line (also as torchrun's error
+    file). The run succeeds only when torchrun exits 0 and every rank ended normally; a rank
+    that leaves with os._exit or a signal while its peers run is named as the root cause.
+    UPS_INSTRUMENT=0 turns the instrumentation off.
 
-launch_torchrun = _program_command("torchrun", "[TORCHRUN OPTIONS] SCRIPT|-m MODULE [ARGS]...", """\
-Run your own torchrun line, unchanged, watched by ups: put `ups launch` in front of it.
+    Several nodes (c10d rendezvous): the same line on every node, each with its
+    --node-rank, joins one run named by --run-id (or torchrun's --rdzv-id); each node
+    has its own launcher and node manifest. With a shared runs folder, `ups status
+    exp7` on any node shows every node; without one, `ups status exp7 --remote node1`
+    reads the other node over SSH.
 
-\b
-    torchrun --nproc-per-node 2 train.py --lr 3e-4
-    ups launch torchrun --nproc-per-node 2 train.py --lr 3e-4
+    \b
+        ups launch torchrun --run-id exp7 --nnodes 2 --node-rank 0 --rdzv-backend c10d \\
+            --rdzv-endpoint node0:29400 --nproc-per-node 8 train.py
 
-ups's options (below) go first; from the first torchrun option on, everything passes to
-torchrun untouched, `--` included. torchrun gets --standalone when you gave no
-rendezvous option (a busy port 29500 never matters), and its --log-dir, --redirects and
---tee inside the run when you gave none.
-
-No code change: every Python process of the job (torchrun's agent, each rank, each
-DataLoader worker, any helper) gets a status record, stack dumps (`ups stacks`), phases
-(dist.init, ddp.wrap, data, train, checkpoint, collective:<op> ...), progress (optimizer
-steps) and, on an uncaught exception, the error and file:line (also as torchrun's error
-file). The run succeeds only when torchrun exits 0 and every rank ended normally; a rank
-that leaves with os._exit or a signal while its peers run is named as the root cause.
-UPS_INSTRUMENT=0 turns the instrumentation off.
-
-Several nodes (c10d rendezvous): the same line on every node, each with its
---node-rank, joins one run named by --run-id (or torchrun's --rdzv-id); each node
-has its own launcher and node manifest. With a shared runs folder, `ups status
-exp7` on any node shows every node; without one, `ups status exp7 --remote node1`
-reads the other node over SSH.
-
-\b
-    ups launch torchrun --run-id exp7 --nnodes 2 --node-rank 0 --rdzv-backend c10d \\
-        --rdzv-endpoint node0:29400 --nproc-per-node 8 train.py
-
-Exit codes (when following): 0 succeeded, 1 failed or killed, 2 bad input.
-""")
+    Exit codes (when following): 0 succeeded, 1 failed or killed, 2 bad input.
+    """
+    launch_program(ctx, "torchrun", name=name, total_steps=total_steps, detach=detach, runs_dir=runs_dir, json_out=json,
+                   stalled_after=stalled_after, unresponsive_after=unresponsive_after, observe_only=observe_only,
+                   run_id=run_id)
 
 
 @launch_app.command("python", cls=PassThroughCommand, context_settings=PROGRAM_SETTINGS,
@@ -550,6 +540,33 @@ def launch_python(
     """
     launch_program(ctx, "python", name=name, total_steps=total_steps, detach=detach, runs_dir=runs_dir, json_out=json,
                    stalled_after=stalled_after, unresponsive_after=unresponsive_after, observe_only=observe_only)
+
+
+def _program_command(launcher: str, usage: str, doc: str):
+    """``ups launch accelerate|deepspeed|srun``: the options of ``ups launch torchrun``, then the launcher's
+    line as given."""
+
+    def command(
+        ctx: typer.Context,
+        name: NameOption = None,
+        total_steps: TotalStepsOption = None,
+        stalled_after: StalledOption = None,
+        unresponsive_after: UnresponsiveOption = None,
+        observe_only: ObserveOption = False,
+        run_id: RunIdOption = None,
+        detach: DetachOption = False,
+        runs_dir: RunsDirOption = default_runs_dir(),
+        json: JsonOption = False,
+    ) -> None:
+        launch_program(ctx, launcher, name=name, total_steps=total_steps, detach=detach, runs_dir=runs_dir,
+                       json_out=json, stalled_after=stalled_after, unresponsive_after=unresponsive_after,
+                       observe_only=observe_only, run_id=run_id)
+
+    command.__doc__ = doc
+    command.__name__ = f"launch_{launcher}"
+    launch_app.command(launcher, cls=PassThroughCommand, context_settings=PROGRAM_SETTINGS,
+                       options_metavar=f"[UPS OPTIONS] {usage}")(command)
+    return command
 
 
 launch_accelerate = _program_command("accelerate", "launch [ACCELERATE OPTIONS] SCRIPT [ARGS]...", """\
