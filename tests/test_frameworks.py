@@ -166,6 +166,24 @@ def test_lightning_started_ranks_exit_is_blamed_on_the_rank_that_left(runs_root,
 
 @pytest.mark.slow
 @needs("lightning")
+def test_lightning_hang_is_named_and_kill_ends_everything(runs_root, tmp_path):
+    """Lightning's SIGTERM handler keeps a rank alive after SIGTERM: `ups kill` (its default
+    grace) still ends every process, the launcher writes the run's end itself."""
+    res = run_ups("launch", "python", "--detach", "--json", "--stalled-after", "3", str(LIT), "--fail", "hang",
+                  "--steps", "400", env=FAST, cwd=tmp_path)
+    run = launched(res)
+    verdict = wait_for(lambda: (v := why(run))["who"] and v["who"]["rank"] == 1 and v["where"]["site"] and v, 180,
+                       interval=1.0, message="the verdict to name rank 1")
+    assert verdict["where"]["site"] == f"{LIT.name}:{line_of(LIT, 'time.sleep(3600)')}", verdict
+    check_ranks(status(run))
+    assert run_ups("kill", str(run.path), timeout=90).returncode == 0
+    m = run.read_manifest()
+    assert m["state"] == "killed" and m["summary"].startswith("stopped"), m["summary"]  # the launcher's words
+    nothing_left(run)
+
+
+@pytest.mark.slow
+@needs("lightning")
 def test_lightning_under_torchrun_raise(runs_root, tmp_path):
     res = run_ups("launch", "torchrun", "--json", "--nproc-per-node", "2", str(LIT), "--fail", "raise", env=FAST,
                   timeout=240, cwd=tmp_path)
