@@ -16,7 +16,6 @@ instrumented process sets for its children).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 ENV_RANK_ENV = "UPS_RANK_ENV"  # the rank an instrumented parent's environment named ("-": none)
 
@@ -25,19 +24,24 @@ _LOCAL = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCA
 _WORLD = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
 
-@dataclass(frozen=True)
 class EnvRank:
-    rank: int
-    local_rank: int | None
-    world_size: int | None
-    source: str  # the variable the rank came from
+    """A rank as the environment names it. (A plain class: every process of a job imports this
+    module at start-up, and ``dataclasses`` would cost it milliseconds.)"""
+
+    __slots__ = ("local_rank", "rank", "source", "world_size")
+
+    def __init__(self, rank: int, local_rank: int | None, world_size: int | None, source: str) -> None:
+        self.rank = rank
+        self.local_rank = local_rank
+        self.world_size = world_size
+        self.source = source  # the variable the rank came from
 
     @property
     def key(self) -> str:
         return str(self.rank)
 
 
-def _first_int(env: dict[str, str] | os._Environ, names: tuple[str, ...]) -> tuple[int | None, str | None]:
+def _first_int(env, names: tuple[str, ...]) -> tuple[int | None, str | None]:  # noqa: ANN001 - a mapping
     for name in names:
         value = env.get(name)
         if value is not None:
@@ -48,7 +52,7 @@ def _first_int(env: dict[str, str] | os._Environ, names: tuple[str, ...]) -> tup
     return None, None
 
 
-def env_rank(env: dict[str, str] | os._Environ | None = None) -> EnvRank | None:
+def env_rank(env=None) -> EnvRank | None:  # noqa: ANN001 - a mapping, os.environ by default
     """The rank the environment names, if any. ``LOCAL_RANK`` alone (Lightning's re-executed
     scripts) counts as the global rank on node 0 only; on another node the global rank waits
     for the process group."""
