@@ -259,6 +259,36 @@ def test_a_helpers_dataloader_workers_are_its_own(runs_root, tmp_path):
     assert all(procs[w]["step"] > 0 for w in workers)
 
 
+def test_a_helper_that_joins_a_process_group_becomes_that_rank(runs_root, tmp_path):
+    """A script that starts its peer itself, the rank on the command line and nothing in the
+    environment (as hand-made launchers do): the peer starts as rank 0's helper and is rank 1
+    from init_process_group on, with its steps; its helper record is gone."""
+    script = tmp_path / "pair.py"
+    script.write_text(
+        "import subprocess, sys\n"
+        "import torch, torch.distributed as dist\n\n"
+        "rank = int(sys.argv[1]) if len(sys.argv) > 1 else 0\n"
+        "peer = subprocess.Popen([sys.executable, __file__, '1', sys.argv[2] if len(sys.argv) > 2 else '']) "
+        "if rank == 0 else None\n"
+        "dist.init_process_group('gloo', init_method='file://' + __file__ + '.rdzv', rank=rank, world_size=2)\n"
+        "model = torch.nn.Linear(4, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for _ in range(3):\n"
+        "    opt.zero_grad(); model(torch.ones(2, 4)).sum().backward(); opt.step()\n"
+        "    dist.all_reduce(torch.ones(1))\n"
+        "dist.destroy_process_group()\n"
+        "if peer is not None:\n"
+        "    sys.exit(peer.wait())\n")
+    res = run_ups("launch", "python", "--json", str(script), env=FAST, timeout=120, cwd=tmp_path)
+    run = launched(res)
+    m = run.read_manifest()
+    assert m["state"] == "succeeded", m["summary"] + run.log_path("job").read_text()[-2000:]
+    procs = status(run)
+    assert sorted(procs) == ["launcher", "rank-0", "rank-1"], sorted(procs)
+    assert (procs["rank-1"]["role"], procs["rank-1"]["world_size"], procs["rank-1"]["step"]) == ("rank", 2, 3)
+    assert procs["rank-1"]["metrics"]["was"].startswith("rank-0-helper-")
+
+
 # ------------------------------------------------------------------------------- srun
 def test_srun_tasks_are_ranks_by_their_slurm_env(runs_root, tmp_path):
     """No SLURM here: an `srun` that does what srun does for one node (N copies of the

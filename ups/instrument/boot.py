@@ -202,6 +202,11 @@ def become_rank(rank: int, world_size: int | None) -> None:
         if world_size is not None:
             rep.set_world(world_size)
         return
+    if _claimed_by_another(rank):
+        # e.g. a launcher script under `ups launch python` (itself rank 0 by default) that starts
+        # its ranks with the rank on their command line: never overwrite a live process's record.
+        rep.metrics(process_group_rank=rank)
+        return
     was = rep.name
     local = _env_int("LOCAL_RANK")
     if rep.role == "helper":
@@ -209,11 +214,34 @@ def become_rank(rank: int, world_size: int | None) -> None:
         extras = _rank_extras()
         if extras["total"] is not None:
             rep.set_total(extras["total"])
+    helper = rep.role == "helper"  # a helper's phase and unit were a helper's; the group is joined now
     rep.relabel("rank", rank=rank, world_size=world_size, local_rank=local if local is not None else rank,
-                command="", phase="dist.init" if rep.role == "helper" else None,
-                unit="batches" if rep.role == "helper" else None)
+                command="", phase="start" if helper else None, unit="batches" if helper else None)
     rep.metrics(was=was)
     _tell_children(rep)
+
+
+def _claimed_by_another(rank: int) -> bool:
+    """Another live process of this run writes the record of ``rank`` already."""
+    run_dir = os.environ.get("UPS_RUN_DIR")
+    if not run_dir:
+        return False
+    import json
+
+    try:
+        with open(os.path.join(run_dir, "status", f"rank-{rank}.json"), "rb") as fh:
+            pid = json.loads(fh.read(1 << 20)).get("pid")
+    except (OSError, ValueError, AttributeError):
+        return False
+    if not isinstance(pid, int) or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def become_spawner(what: str) -> None:
