@@ -39,6 +39,13 @@ def launched(res) -> RunDir:  # noqa: ANN001
     return RunDir(json.loads(res.stdout)["run_dir"])
 
 
+def run_script(tmp_path: Path, name: str, text: str) -> RunDir:
+    """Write a small program and run it to its end under `ups launch python`."""
+    script = tmp_path / name
+    script.write_text(text)
+    return launched(run_ups("launch", "python", "--json", str(script), env=FAST, timeout=120, cwd=tmp_path))
+
+
 def status(run: RunDir) -> dict[str, dict]:
     res = run_ups("status", str(run.path), "--json")
     assert res.returncode == 0, res.stderr
@@ -236,8 +243,7 @@ def test_accelerate_launch_os_exit(runs_root, tmp_path):
 def test_a_helpers_dataloader_workers_are_its_own(runs_root, tmp_path):
     """A helper process with a DataLoader of its own: its workers are named under it, and
     rank 0's workers keep their records (they were overwritten by the helper's)."""
-    script = tmp_path / "prefetch.py"
-    script.write_text(
+    run = run_script(tmp_path, "prefetch.py",
         "import multiprocessing as mp\n"
         "import torch\n"
         "from torch.utils.data import DataLoader, TensorDataset\n\n"
@@ -249,8 +255,6 @@ def test_a_helpers_dataloader_workers_are_its_own(runs_root, tmp_path):
         "    helper.start()\n"
         "    load()\n"
         "    helper.join()\n")
-    res = run_ups("launch", "python", "--json", str(script), env=FAST, timeout=120, cwd=tmp_path)
-    run = launched(res)
     assert run.read_manifest()["state"] == "succeeded", run.read_manifest()["summary"]
     procs = status(run)
     helper = next(p["name"] for p in procs.values() if p["role"] == "helper")
@@ -263,13 +267,11 @@ def test_a_helper_that_joins_a_process_group_becomes_that_rank(runs_root, tmp_pa
     """A script that starts its peer itself, the rank on the command line and nothing in the
     environment (as hand-made launchers do): the peer starts as rank 0's helper and is rank 1
     from init_process_group on, with its steps; its helper record is gone."""
-    script = tmp_path / "pair.py"
-    script.write_text(
+    run = run_script(tmp_path, "pair.py",
         "import subprocess, sys\n"
         "import torch, torch.distributed as dist\n\n"
         "rank = int(sys.argv[1]) if len(sys.argv) > 1 else 0\n"
-        "peer = subprocess.Popen([sys.executable, __file__, '1', sys.argv[2] if len(sys.argv) > 2 else '']) "
-        "if rank == 0 else None\n"
+        "peer = subprocess.Popen([sys.executable, __file__, '1']) if rank == 0 else None\n"
         "dist.init_process_group('gloo', init_method='file://' + __file__ + '.rdzv', rank=rank, world_size=2)\n"
         "model = torch.nn.Linear(4, 1)\n"
         "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
@@ -279,8 +281,6 @@ def test_a_helper_that_joins_a_process_group_becomes_that_rank(runs_root, tmp_pa
         "dist.destroy_process_group()\n"
         "if peer is not None:\n"
         "    sys.exit(peer.wait())\n")
-    res = run_ups("launch", "python", "--json", str(script), env=FAST, timeout=120, cwd=tmp_path)
-    run = launched(res)
     m = run.read_manifest()
     assert m["state"] == "succeeded", m["summary"] + run.log_path("job").read_text()[-2000:]
     procs = status(run)
@@ -323,14 +323,11 @@ def test_launchers_that_are_not_installed_are_named(runs_root, tmp_path):
 def test_processes_left_by_the_job_are_ended_at_the_run_end(runs_root, tmp_path):
     """A child left running and a double-forked grandchild in a session of its own (what
     compile workers, resource trackers and daemons do): gone when the run ends, and said so."""
-    script = tmp_path / "leaves.py"
-    script.write_text(
+    run = run_script(tmp_path, "leaves.py",
         "import os, subprocess, sys, time\n"
         "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
         "subprocess.Popen([sys.executable, '-c', 'import os, time\\nif os.fork() == 0:\\n    os.setsid(); time.sleep(300)'])\n"
         "time.sleep(1.5)\n")
-    res = run_ups("launch", "python", "--json", str(script), env=FAST, timeout=120, cwd=tmp_path)
-    run = launched(res)
     assert run.read_manifest()["state"] == "succeeded", run.read_manifest()["summary"]
     assert not job_processes(run)
     events = [e for e in run.read_events() if e["event"] == "leftovers"]
