@@ -320,19 +320,36 @@ def test_launchers_that_are_not_installed_are_named(runs_root, tmp_path):
 
 
 # ------------------------------------------------------------------------ leftovers
+LEAVES = ("import os, subprocess, sys, time\n"
+          "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+          "subprocess.Popen([sys.executable, '-c', 'import os, time\\nif os.fork() == 0:\\n    os.setsid(); time.sleep(300)'])\n"
+          "time.sleep(1.5)\n")
+
+
 def test_processes_left_by_the_job_are_ended_at_the_run_end(runs_root, tmp_path):
     """A child left running and a double-forked grandchild in a session of its own (what
     compile workers, resource trackers and daemons do): gone when the run ends, and said so."""
-    run = run_script(tmp_path, "leaves.py",
-        "import os, subprocess, sys, time\n"
-        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
-        "subprocess.Popen([sys.executable, '-c', 'import os, time\\nif os.fork() == 0:\\n    os.setsid(); time.sleep(300)'])\n"
-        "time.sleep(1.5)\n")
+    run = run_script(tmp_path, "leaves.py", LEAVES)
     assert run.read_manifest()["state"] == "succeeded", run.read_manifest()["summary"]
     assert not job_processes(run)
     events = [e for e in run.read_events() if e["event"] == "leftovers"]
     assert len(events) == 1 and len(events[0]["processes"]) >= 2 and not events[0]["survivors"], events
     assert {p["why"] for p in events[0]["processes"]} == {"session", "descendant"}
+
+
+def test_observe_only_names_what_is_left_and_leaves_it(runs_root, tmp_path):
+    script = tmp_path / "leaves.py"
+    script.write_text(LEAVES)
+    run = launched(run_ups("launch", "python", "--observe-only", "--json", str(script), env=FAST, timeout=120,
+                           cwd=tmp_path))
+    try:
+        m = run.read_manifest()
+        assert m["state"] == "succeeded" and "2 process(es) of the job still alive after its end" in m["summary"], m
+        (event,) = [e for e in run.read_events() if e["event"] == "leftovers"]
+        assert event["action"].startswith("observe-only") and len(job_processes(run)) == 2
+    finally:
+        for line in job_processes(run):  # this test's own job's processes, found by their run
+            os.kill(int(line.split()[0]), 9)
 
 
 # --------------------------------------------------------------------- rank identity
