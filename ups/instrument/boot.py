@@ -226,12 +226,11 @@ def _claimed_by_another(rank: int) -> bool:
     run_dir = os.environ.get("UPS_RUN_DIR")
     if not run_dir:
         return False
-    import json
+    from ups.status.safeio import BadFile, read_json  # the runs folder is outside input
 
     try:
-        with open(os.path.join(run_dir, "status", f"rank-{rank}.json"), "rb") as fh:
-            pid = json.loads(fh.read(1 << 20)).get("pid")
-    except (OSError, ValueError, AttributeError):
+        pid = read_json(os.path.join(run_dir, "status", f"rank-{rank}.json")).get("pid")
+    except (BadFile, OSError, AttributeError):
         return False
     if not isinstance(pid, int) or pid == os.getpid():
         return False
