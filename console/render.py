@@ -9,6 +9,7 @@ from ups.format import (
     HEALTH_STYLES,
     STATE_STYLES,
     fmt_age,
+    fmt_attempt,
     fmt_bytes,
     fmt_duration,
     fmt_progress,
@@ -82,7 +83,8 @@ def run_header(view, now: float) -> Text:
     mode = m.get("mode") or (f"{m.get('world_size')} ranks" if m.get("world_size") else "")
     t = Text.assemble((view.run_id, "bold"), f"  {view.kind or '?'}  ", (state, STATE_STYLES.get(state, "")),
                       f"  elapsed {elapsed}  eta {fmt_duration(view.eta_s)}  {fmt_progress(*view.progress)}"
-                      f"  {fmt_rate(view.rate, view.unit)}" + (f"  mode {mode}" if mode else ""))
+                      f"  {fmt_rate(view.rate, view.unit)}" + (f"  mode {mode}" if mode else ""),
+                      (fmt_attempt(m), "bold yellow"))
     if m.get("summary"):
         t.append(f"\n{m['summary']}", style="dim")
     if view.manifest_problem:

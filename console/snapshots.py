@@ -6,6 +6,7 @@ tick and posts them as messages.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,6 +39,20 @@ class RunRow:
 
 
 @dataclass(frozen=True)
+class RankSeries:
+    """One rank's metrics over time, as the run screen draws them (finite values only)."""
+
+    name: str
+    label: str
+    loss: tuple[float, ...]
+    rate: tuple[float, ...]
+    mem: tuple[float, ...]
+    loss_pairs: tuple[tuple[float, float], ...]  # (step, loss) for the run-level chart
+    last_loss: Any = None
+    nonfinite_step: int | None = None
+
+
+@dataclass(frozen=True)
 class RunDetail:
     view: RunView
     events: tuple[dict[str, Any], ...]
@@ -46,6 +61,7 @@ class RunDetail:
     stack: str | None
     selected: str | None  # record name the log/stack/workers belong to
     verdict: Any = None  # ups.why's verdict on the run (heads the run screen)
+    series: tuple[RankSeries, ...] = ()  # the ranks' metrics series (ups.status.series), at most SERIES_SHOWN
 
 
 @dataclass(frozen=True)
@@ -81,6 +97,43 @@ def run_row(view: RunView) -> RunRow:
     )
 
 
+SERIES_SHOWN = 16  # ranks whose series the run screen reads each tick (a 2,048-rank run stays cheap)
+
+
+def rank_series(view: RunView, cache: dict[str, tuple[int, RankSeries | None]] | None = None) -> tuple[RankSeries, ...]:
+    """The first :data:`SERIES_SHOWN` ranks' series; a file not changed since the last tick
+    (same mtime) is not parsed again."""
+    import os
+
+    from ups.plot import first_nonfinite, spark_values
+    from ups.status.series import metric_values, read_series, series_path
+
+    out = []
+    for p in view.ranks()[:SERIES_SHOWN]:
+        r = p.record
+        path = series_path(view.run.path, r.name)
+        try:
+            mtime = os.stat(path).st_mtime_ns
+        except OSError:
+            continue
+        hit = (cache or {}).get(path)
+        if hit is not None and hit[0] == mtime:
+            item = hit[1]
+        else:
+            data, _problem = read_series(path)
+            item = None
+            if data is not None:
+                loss = metric_values(data, "loss")
+                item = RankSeries(r.name, r.label, tuple(spark_values(loss)), tuple(spark_values(metric_values(data, "rate"))),
+                                  tuple(spark_values(metric_values(data, "mem"))), tuple(loss[-400:]),
+                                  nonfinite_step=(data.get("first_nonfinite") or {}).get("step") or first_nonfinite(loss))
+            if cache is not None:
+                cache[path] = (mtime, item)
+        if item is not None:
+            out.append(dataclasses.replace(item, last_loss=r.metrics.get("loss")))
+    return tuple(out)
+
+
 class Poller:
     """Builds a :class:`Snapshot` per tick. Worker records of runs and ranks that are not on
     screen are read only every ``full_every`` ticks: a 2,048-process run stays cheap."""
@@ -107,6 +160,7 @@ class Poller:
         self.tick = 0
         self._row_cache: dict[str, RunRow] = {}
         self._verdicts: dict[tuple[str, str | None], Any] = {}
+        self._series_cache: dict[str, tuple[int, RankSeries | None]] = {}
 
     def _view(self, run: RunDir, include: Callable[[str], bool] | None = None) -> RunView:
         from ups.status.reader import read_status_dir
@@ -213,7 +267,7 @@ class Poller:
             paths = [view.run.log_path("job")]
         stack = last_stack_dump(view.run, proc.record, max_bytes=12_000) if proc else None
         return RunDetail(view, tuple(view.run.read_events(limit=30)), _tail(paths[0]), paths[0].name, stack, selected,
-                         self._verdict(view))
+                         self._verdict(view), rank_series(view, self._series_cache))
 
     def _verdict(self, view: RunView) -> Any:
         """The run's verdict; an ended run's is computed once (it cannot change)."""

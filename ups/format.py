@@ -40,6 +40,25 @@ def fmt_rate(rate: float | None, unit: str = "") -> str:
     return f"{rate:.2f}{suffix}"
 
 
+def fmt_metric(value: object) -> str:
+    """A training metric (loss, lr, grad norm) in at most 8 characters: '0.1234', '3.2e-04', 'nan'."""
+    if isinstance(value, str):
+        return value[:8]
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return "-"
+    if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
+        return f"{value:.1e}"
+    return f"{value:.4g}"
+
+
+def fmt_attempt(manifest: dict) -> str:
+    """'  attempt 2/4' for a run launched with --on-hang restart (or that restarted); '' otherwise."""
+    attempt = manifest.get("attempt") or 1
+    if manifest.get("on_hang") != "restart" and attempt == 1:
+        return ""
+    return f"  attempt {attempt}/{(manifest.get('max_restarts') or 0) + 1}"
+
+
 def fmt_progress(step: int, total: int | None) -> str:
     if not total:
         return str(step)

@@ -23,6 +23,7 @@ from console.render import (
 )
 from console.snapshots import Snapshot
 from console.widgets.live_table import LiveTable
+from console.widgets.metrics_panel import MetricsPanel
 from ups.format import fmt_rate
 
 # The health word comes right after the name, so it is on screen even at 80 columns; the
@@ -84,6 +85,8 @@ class RunScreen(Screen):
                 yield Static(id="events", classes="panel")
             with TabPane("GPU", id="tab-gpu"):
                 yield Static(id="gpu", classes="panel")
+            with TabPane("Metrics", id="tab-metrics"):
+                yield MetricsPanel(id="metrics")
         yield Footer()
 
     def _set(self, selector: str, content) -> None:
@@ -96,6 +99,7 @@ class RunScreen(Screen):
 
     def on_mount(self) -> None:
         self._last: dict[str, str | None] = {}
+        self._metrics_opened = False  # a training run opens on its Metrics tab, once
         self.app.selected_run = self.run_id
         self.watch(self.app, "snapshot", self.show, init=True)
 
@@ -166,6 +170,10 @@ class RunScreen(Screen):
         self._set("#log", f"[b]{escape(d.log_name)}[/b]\n" + escape("\n".join(d.log_tail[-20:])) if d.log_tail else "(empty log)")
         self._set("#events", events_text(d.events))
         self.query_one("#gpu", Static).update(gpu_panel(snap.gpu))
+        self.query_one("#metrics", MetricsPanel).show(d.series, self.size.width)
+        if d.series and not self._metrics_opened:
+            self._metrics_opened = True
+            self.query_one(TabbedContent).active = "tab-metrics"
 
     # -- actions ------------------------------------------------------------------------
     def action_kill_process(self) -> None:

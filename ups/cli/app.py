@@ -78,6 +78,7 @@ def _register() -> None:
     from ups.cli import demo as _demo  # noqa: F401
     from ups.cli import doctor as _doctor  # noqa: F401
     from ups.cli import gpu as _gpu  # noqa: F401
+    from ups.cli import plot as _plot  # noqa: F401
     from ups.cli import runs as _runs  # noqa: F401
     from ups.cli import why as _why  # noqa: F401
     from ups.cli.cache import cache_app

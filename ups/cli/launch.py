@@ -48,6 +48,14 @@ RunIdOption = Annotated[str | None, typer.Option(
                      "run (default there: torchrun's --rdzv-id).")]
 
 
+def _notify_fields(notify: list[str] | None) -> dict[str, Any]:
+    """run.json's ``notify`` (validated here: a bad target refuses the launch)."""
+    from ups.notify import check_targets
+
+    targets = check_targets(notify)
+    return {"notify": targets} if targets else {}
+
+
 def start_and_follow(run: Any, *, detach: bool, json_out: bool) -> None:
     """Shared tail of every launch: print the run, follow it unless detached."""
     from ups.cli.follow import follow_run
@@ -132,6 +140,7 @@ def launch_precompute(
     skip_bad_shards: SkipBadShardsOption = False,
     inject: InjectOption = None,
     observe_only: ObserveOption = False,
+    notify: NotifyOption = None,
     detach: DetachOption = False,
     runs_dir: RunsDirOption = default_runs_dir(),
     json: JsonOption = False,
@@ -178,7 +187,8 @@ def launch_precompute(
     run = launch_run(
         runs_dir, "precompute", precompute_command(cfg, config),
         argv=["ups", *sys.argv[1:]], config=resolved, env={"UPS_FAULTS": faults} if faults else {},
-        thresholds=cfg.thresholds(), extra={"mode": "legacy" if cfg.num_workers == 0 else "parallel", "samples": total},
+        thresholds=cfg.thresholds(), extra={"mode": "legacy" if cfg.num_workers == 0 else "parallel", "samples": total,
+                                            **_notify_fields(notify)},
         files={"config.json": jsonlib.dumps(resolved, indent=1).encode()}, observe_only=observe_only,
     )
     start_and_follow(run, detach=detach, json_out=json)
@@ -287,6 +297,9 @@ def launch_train(
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the last checkpoint.")] = False,
     inject: InjectOption = None,
     observe_only: ObserveOption = False,
+    notify: NotifyOption = None,
+    on_hang: OnHangOption = None,
+    max_restarts: MaxRestartsOption = None,
     detach: DetachOption = False,
     runs_dir: RunsDirOption = default_runs_dir(),
     json: JsonOption = False,
@@ -310,11 +323,18 @@ def launch_train(
         ups launch train --nnodes 2 --node-rank 0 --rdzv-endpoint HOST0:29400 --run-id exp7 ...
         ups launch train --nnodes 2 --node-rank 1 --rdzv-endpoint HOST0:29400 --run-id exp7 ...
     """
+    from ups.launch.onhang import check_options
     from ups.launch.spawn import launch_run
 
+    unattended = {**check_options(on_hang, max_restarts, None), **_notify_fields(notify)}
     kwargs, _ = prepare_train(cache_dir=cache_dir, tasks=tasks, config=config, nproc=nproc, steps=steps, nnodes=nnodes,
                               node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, debug=debug, inject=inject, resume=resume,
                               runs_dir=runs_dir, run_id=run_id)
+    kwargs["extra"].update(unattended)
+    if unattended.get("on_hang") == "restart" and not resume:
+        # A restarted attempt resumes from its own checkpoints, as under torchrun's --max-restarts.
+        kwargs["config"]["resume"] = True
+        kwargs["files"]["config.json"] = jsonlib.dumps(kwargs["config"], indent=1).encode()
     start_and_follow(launch_run(**kwargs, observe_only=observe_only), detach=detach, json_out=json)
 
 
@@ -328,6 +348,7 @@ def launch_pipeline(
     nproc: Annotated[int, typer.Option("--nproc", help="Training ranks.")] = 2,
     steps: Annotated[int | None, typer.Option("--steps", help="Training steps.")] = None,
     skip_bad_shards: SkipBadShardsOption = False,
+    notify: NotifyOption = None,
     detach: DetachOption = False,
     runs_dir: RunsDirOption = default_runs_dir(),
     json: JsonOption = False,
@@ -358,7 +379,7 @@ def launch_pipeline(
     run = launch_run(
         runs_dir, "pipeline", [sys.executable, "-m", "ups.jobs.pipeline", "{RUN}/pipeline.json"],
         argv=["ups", *sys.argv[1:]], config=plan, thresholds={"phase_stalled_after": {"precompute": None, "train": None}},
-        files={"pipeline.json": jsonlib.dumps(plan, indent=1).encode()},
+        files={"pipeline.json": jsonlib.dumps(plan, indent=1).encode()}, extra=_notify_fields(notify),
     )
     start_and_follow(run, detach=detach, json_out=json)
 
@@ -396,12 +417,30 @@ PROGRAM_SETTINGS = {"ignore_unknown_options": True, "allow_extra_args": True, "a
 NameOption = Annotated[str | None, typer.Option("--name", help="Readable part of the run id (default: the script's name).")]
 TotalStepsOption = Annotated[int | None, typer.Option("--total-steps", help="Optimizer steps the program will make: gives progress a total and an ETA.")]
 StalledOption = Annotated[float | None, typer.Option("--stalled-after", help="Seconds without progress (heartbeat alive) before a process counts as stalled [default: 60].")]
+OnHangOption = Annotated[str | None, typer.Option(
+    "--on-hang", metavar="observe|dump|kill|restart",
+    help="When `ups why` names a hang: observe (an event only), dump (save every stuck process's stacks; the default), "
+         "kill (stacks first, then end the job), restart (stacks first, end it, run the same command again as the same "
+         "run, attempt N+1, up to --max-restarts times, then end it).")]
+MaxRestartsOption = Annotated[int | None, typer.Option(
+    "--max-restarts", help="With --on-hang restart: restarts before giving up [default: 3]. Give it before the "
+                           "torchrun options (after them it is torchrun's own, for failures).")]
+OnWorkerHangOption = Annotated[str | None, typer.Option(
+    "--on-worker-hang", metavar="same|fallback",
+    help="A hang of a DataLoader worker: same (as --on-hang), or fallback (restart with every DataLoader at "
+         "num_workers=0, as `ups relaunch --num-workers 0`).")]
+NotifyOption = Annotated[list[str] | None, typer.Option(
+    "--notify", metavar="cmd:COMMAND|URL|mailto:ADDRESS",
+    help="Tell someone when the run turns to a problem (stalled, unresponsive, dead, NaN loss ...), restarts or ends "
+         "(repeatable): a shell command (message as JSON on stdin, UPS_NOTIFY_* variables), a webhook URL (JSON POST, "
+         "Slack/Discord fields; ntfy), or mailto: through the SMTP server of ~/.config/ups/config.toml. Default: that "
+         "file's [notify] targets.")]
 UnresponsiveOption = Annotated[float | None, typer.Option("--unresponsive-after", help="Seconds without a heartbeat (pid alive) before a process counts as unresponsive [default: 10].")]
 
 
 def launch_program(ctx: typer.Context, launcher: str, *, name: str | None, total_steps: int | None, detach: bool,
                    runs_dir: Path, json_out: bool, stalled_after: float | None, unresponsive_after: float | None,
-                   observe_only: bool = False, run_id: str | None = None) -> None:
+                   observe_only: bool = False, run_id: str | None = None, unattended: dict[str, Any] | None = None) -> None:
     from ups.launch import programs
     from ups.launch.spawn import launch_run
 
@@ -455,6 +494,7 @@ def launch_program(ctx: typer.Context, launcher: str, *, name: str | None, total
         extra = {"world_size": 1}
     programs.check_script(line)
     extra["program"] = {"launcher": launcher, "line": line_args, "target": line.target, "args": line.args}
+    extra.update(unattended or {})
     env = {"UPS_TOTAL_STEPS": str(total_steps)} if total_steps else {}
     run = launch_run(runs_dir, launcher, command, argv=["ups", *sys.argv[1:]], env=env, extra=extra,
                      name=name or line.name, instrument=top_role, thresholds=thresholds, observe_only=observe_only,
@@ -471,6 +511,10 @@ def launch_torchrun(
     stalled_after: StalledOption = None,
     unresponsive_after: UnresponsiveOption = None,
     observe_only: ObserveOption = False,
+    notify: NotifyOption = None,
+    on_hang: OnHangOption = None,
+    max_restarts: MaxRestartsOption = None,
+    on_worker_hang: OnWorkerHangOption = None,
     run_id: RunIdOption = None,
     detach: DetachOption = False,
     runs_dir: RunsDirOption = default_runs_dir(),
@@ -507,9 +551,11 @@ def launch_torchrun(
 
     Exit codes (when following): 0 succeeded, 1 failed or killed, 2 bad input.
     """
+    from ups.launch.onhang import check_options
+
     launch_program(ctx, "torchrun", name=name, total_steps=total_steps, detach=detach, runs_dir=runs_dir, json_out=json,
                    stalled_after=stalled_after, unresponsive_after=unresponsive_after, observe_only=observe_only,
-                   run_id=run_id)
+                   run_id=run_id, unattended={**check_options(on_hang, max_restarts, on_worker_hang), **_notify_fields(notify)})
 
 
 @launch_app.command("python", cls=PassThroughCommand, context_settings=PROGRAM_SETTINGS,
@@ -521,6 +567,10 @@ def launch_python(
     stalled_after: StalledOption = None,
     unresponsive_after: UnresponsiveOption = None,
     observe_only: ObserveOption = False,
+    notify: NotifyOption = None,
+    on_hang: OnHangOption = None,
+    max_restarts: MaxRestartsOption = None,
+    on_worker_hang: OnWorkerHangOption = None,
     detach: DetachOption = False,
     runs_dir: RunsDirOption = default_runs_dir(),
     json: JsonOption = False,
@@ -538,8 +588,11 @@ def launch_python(
 
     Exit codes (when following): 0 succeeded, 1 failed or killed, 2 bad input.
     """
+    from ups.launch.onhang import check_options
+
     launch_program(ctx, "python", name=name, total_steps=total_steps, detach=detach, runs_dir=runs_dir, json_out=json,
-                   stalled_after=stalled_after, unresponsive_after=unresponsive_after, observe_only=observe_only)
+                   stalled_after=stalled_after, unresponsive_after=unresponsive_after, observe_only=observe_only,
+                   unattended={**check_options(on_hang, max_restarts, on_worker_hang), **_notify_fields(notify)})
 
 
 def _program_command(launcher: str, usage: str, doc: str):
@@ -553,14 +606,21 @@ def _program_command(launcher: str, usage: str, doc: str):
         stalled_after: StalledOption = None,
         unresponsive_after: UnresponsiveOption = None,
         observe_only: ObserveOption = False,
+        notify: NotifyOption = None,
+        on_hang: OnHangOption = None,
+        max_restarts: MaxRestartsOption = None,
+        on_worker_hang: OnWorkerHangOption = None,
         run_id: RunIdOption = None,
         detach: DetachOption = False,
         runs_dir: RunsDirOption = default_runs_dir(),
         json: JsonOption = False,
     ) -> None:
+        from ups.launch.onhang import check_options
+
         launch_program(ctx, launcher, name=name, total_steps=total_steps, detach=detach, runs_dir=runs_dir,
                        json_out=json, stalled_after=stalled_after, unresponsive_after=unresponsive_after,
-                       observe_only=observe_only, run_id=run_id)
+                       observe_only=observe_only, run_id=run_id,
+                       unattended={**check_options(on_hang, max_restarts, on_worker_hang), **_notify_fields(notify)})
 
     command.__doc__ = doc
     command.__name__ = f"launch_{launcher}"

@@ -27,8 +27,10 @@ from ups.format import (
     HEALTH_STYLES,
     STATE_STYLES,
     fmt_age,
+    fmt_attempt,
     fmt_bytes,
     fmt_duration,
+    fmt_metric,
     fmt_progress,
     fmt_rate,
 )
@@ -185,8 +187,24 @@ def status_payload(view: RunView, gpu_by_pid: dict[int, int] | None = None) -> d
         "processes": processes,
         "nodes": [n.to_dict() for n in view.nodes],
         "unreadable": [{"file": p.file, "problem": p.problem} for p in view.problems],
+        "series": series_payload(view),
         "read_at": view.read_at,
     }
+
+
+def series_payload(view: RunView) -> dict:
+    """Each process's metrics series (ups.status.series), points as dicts; unreadable files
+    named with their reason. NaN and infinities are the strings "nan", "inf", "-inf"."""
+    from ups.status.series import raw_points, read_run_series
+
+    found, problems = read_run_series(view.run.path)
+    out: dict = {}
+    for name, data in found.items():
+        out[name] = {"attempt": data.get("attempt"), "count": data.get("count"), "stride": data.get("stride"),
+                     "first_nonfinite": data.get("first_nonfinite"), "points": raw_points(data)}
+    for file, problem in problems.items():
+        out[file.removesuffix(".json")] = {"unreadable": problem}
+    return out
 
 
 def _gpu_by_pid() -> dict[int, int]:
@@ -231,16 +249,25 @@ def _progress_cell(r: StatusRecord) -> str:
     return "-" if r.role == "launcher" else fmt_progress(r.step, r.total)
 
 
-def process_table(view: RunView, nvml: dict[int, int], *, reasons: bool):
+def _has_training_metrics(view: RunView) -> bool:
+    return any("loss" in p.record.metrics for p in view.processes)
+
+
+def process_table(view: RunView, nvml: dict[int, int], *, reasons: bool, wide: bool = False):
     """One row per process, every cell on one line. Without ``reasons`` (a narrow terminal)
     the HEALTH column holds the word alone and never gives way; rates drop their unit (the
-    header line has it) and the other long cells are cut short first."""
+    header line has it) and the other long cells are cut short first. A run whose ranks have
+    a loss gets a LOSS column (and LR, GNORM with ``wide``)."""
     from rich.table import Table
     from rich.text import Text
 
     table = Table(box=None, header_style="bold", pad_edge=False)
     yielding = ("PHASE", "PROGRESS", "RATE", "GPU") if not reasons else ("GPU", "HEALTH")
-    for col in ("PROCESS", "PID", "PHASE", "PROGRESS", "RATE", "HB/PROG", "GPU", "HEALTH"):
+    training = _has_training_metrics(view)
+    extra = (("LOSS", "loss"), ("LR", "lr"), ("GNORM", "grad_norm")) if wide else (("LOSS", "loss"),)
+    extra = extra if training else ()
+    columns = ["PROCESS", "PID", "PHASE", "PROGRESS", "RATE", *(c for c, _ in extra), "HB/PROG", "GPU", "HEALTH"]
+    for col in columns:
         table.add_column(col, no_wrap=col not in yielding)
     for p, node in grouped_processes(view):
         if node is not None:  # a multi-node run: a heading row per node, its processes under it
@@ -248,7 +275,7 @@ def process_table(view: RunView, nvml: dict[int, int], *, reasons: bool):
             table.add_row(
                 Text(f"node {node.host}" + (" (here)" if node.local else ""), "bold"),
                 str(node.launcher_pid or "-"), Text(node.state or "?", STATE_STYLES.get(node.state or "", "")),
-                "", "", "", "",
+                "", "", *("" for _ in extra), "", "",
                 _one_line(Text.assemble((h, HEALTH_STYLES.get(h, "")), (f" {node.reason}" if reasons and h != "ok" else "", "dim"))),
             )
             continue
@@ -259,11 +286,19 @@ def process_table(view: RunView, nvml: dict[int, int], *, reasons: bool):
             _one_line(Text(r.phase)),
             _one_line(Text(_progress_cell(r))),
             _one_line(Text(fmt_rate(r.rate, r.unit if reasons else ""))),
+            *(_metric_cell(r.metrics.get(key)) if r.role == "rank" else "" for _, key in extra),
             f"{fmt_age(p.heartbeat_age)}/{fmt_age(p.progress_age)}" if r.state == "running" else "-",
             _one_line(Text(_gpu_cell(p, nvml))),
             _health_cell(p, reason=reasons),
         )
     return table
+
+
+def _metric_cell(value):
+    from rich.text import Text
+
+    text = fmt_metric(value)
+    return Text(text, style="bold red" if text in ("nan", "inf", "-inf") else "")
 
 
 def grouped_processes(view: RunView) -> list[tuple[ProcessView | None, NodeView | None]]:
@@ -294,7 +329,9 @@ def render_status(view: RunView, nvml: dict[int, int], *, width: int | None = No
         (view.run_id, "bold"),
         f"  {m.get('kind', '?')}  ",
         (state, STATE_STYLES.get(state, "")),
-        f"  elapsed {elapsed}\nprogress {fmt_progress(*view.progress)}"
+        f"  elapsed {elapsed}",
+        (fmt_attempt(m), "bold yellow"),
+        f"\nprogress {fmt_progress(*view.progress)}"
         f"  {fmt_rate(view.rate, view.unit)}  eta {fmt_duration(view.eta_s)}",
     )
     parts: list = [head]
@@ -305,7 +342,7 @@ def render_status(view: RunView, nvml: dict[int, int], *, width: int | None = No
     verdict = m.get("verdict") or {}
     if verdict.get("text") and not verdict.get("ok"):  # an ended run's `ups why`, kept in run.json
         parts.append(Text(f"why: {verdict['text']}"))
-    table = process_table(view, nvml, reasons=True)
+    table = process_table(view, nvml, reasons=True, wide=wide)
     below: list = []
     if not wide and width is not None and _natural_width(_console(), table) > width:
         table = process_table(view, nvml, reasons=False)

@@ -34,8 +34,10 @@ def why_cmd(
     rd.read_manifest()  # a corrupt run.json is bad input: one line, exit 2
     view = load_settled_view(rd)
     verdict = diagnose_view(view)
+    attempts = [a for a in (view.manifest or {}).get("attempts") or [] if isinstance(a, dict)]  # --on-hang restart
     if json:
-        print_json({"run_id": rd.run_id, "run_dir": str(rd.path), "state": view.state, "verdict": verdict.to_dict()})
+        print_json({"run_id": rd.run_id, "run_dir": str(rd.path), "state": view.state, "verdict": verdict.to_dict(),
+                    "attempts": attempts})
     else:
         from rich.console import Console
         from rich.text import Text
@@ -46,4 +48,7 @@ def why_cmd(
         rest = verdict.text()[len(verdict.headline.rstrip(".")) + 1 :].strip()
         if rest:
             console.print(Text(rest))  # plain text: gloo's messages contain [brackets]
+        for a in attempts:  # each earlier attempt's own verdict (a run restarted on hang)
+            console.print(Text(f"attempt {a.get('attempt')} ({a.get('ended', '?')}): "
+                               f"{(a.get('verdict') or {}).get('headline', '?')}", style="dim"))
     raise typer.Exit(0 if verdict.ok else 1)

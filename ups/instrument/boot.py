@@ -124,6 +124,9 @@ def boot() -> None:
     imports.when_imported("torch", torch_hooks.patch_torch)
     imports.when_imported("h5py", io_hooks.patch_h5py)
     imports.when_imported("multiprocessing.process", _patch_multiprocessing)
+    from ups.instrument import loggers
+
+    loggers.install()  # wandb / TensorBoard / Lightning / HF Trainer logs, if the program imports them
     if _is_multiprocessing_child():
         return  # a worker or helper: decided in BaseProcess._bootstrap, once we know which
     parent = state.parent
@@ -178,6 +181,10 @@ def start_reporter(role: str, *, worker: int | None = None, loader: int | None =
         import resource
 
         rep.metrics(nofile_limit=resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    if role == "rank":
+        from ups.instrument import metrics
+
+        rep.add_sampler(metrics.sampler)  # loss, lr, grad norm ... read by the heartbeat thread
     state.rep = rep
     rep.start()
     _tell_children(rep)
@@ -473,5 +480,8 @@ def _cuda_sampler():
     from ups.status.record import GpuMemory
 
     stats = torch.cuda.memory_stats(device)
+    rep = state.rep
+    if rep is not None and "gpu_total" not in rep._metrics:  # noqa: SLF001 - for the leak verdict's "runs out at step N"
+        rep.metrics(gpu_total=torch.cuda.get_device_properties(device).total_memory)
     return GpuMemory(device, stats.get("allocated_bytes.all.current", 0), stats.get("reserved_bytes.all.current", 0),
                      stats.get("allocated_bytes.all.peak", 0))

@@ -39,7 +39,7 @@ import os
 import sys
 import threading
 
-from ups.instrument import boot
+from ups.instrument import boot, metrics
 from ups.status.reporter import is_library_file
 
 ENV_FORCE_NUM_WORKERS = "UPS_FORCE_NUM_WORKERS"
@@ -75,6 +75,7 @@ def reset_after_fork() -> None:
     global _t
     _t = _Tracking()
     _t.main = _get_ident()
+    metrics.reset_after_fork()
 
 
 def cuda_device() -> int | None:
@@ -210,7 +211,8 @@ def _phase_call(phase: str, *, flush: bool):
 # --------------------------------------------------------------------- entry point
 def patch_torch(torch) -> None:  # noqa: ANN001
     """Called right after ``import torch`` finished (post-import hook)."""
-    steps = (_patch_distributed, _patch_spawn, _patch_data, _patch_optim, _patch_serialization, _patch_module_modes)
+    steps = (_patch_distributed, _patch_spawn, _patch_data, _patch_optim, _patch_serialization, _patch_module_modes,
+             _patch_metrics)
     for step in steps:
         try:
             step(torch)
@@ -372,6 +374,7 @@ def _make_next(original):
         _leave(rep, prev)
         t.batches += 1
         rep.auto_progress(add=0 if t.opt_steps else 1)
+        metrics.capture.note_batch(batch)
         n = self.__dict__.get("_ups_len")
         if n is None:
             try:
@@ -536,6 +539,8 @@ def _on_optimizer_step(optimizer, args, kwargs) -> None:  # noqa: ANN001
     key = id(optimizer)
     count = t.opt_counts.get(key, 0) + 1
     t.opt_counts[key] = count
+    if count == 1:
+        metrics.capture.note_optimizer(optimizer)  # its lr is read by the heartbeat thread
     if count > t.opt_steps:  # several optimizers (a GAN) step once each per iteration
         if t.opt_steps == 0 and t.cuda_dev is None:
             _note_cuda_device()
@@ -612,3 +617,67 @@ def _patch_module_modes(torch) -> None:  # noqa: ANN001
         return train
 
     _patch(torch.nn.Module, "train", make)
+
+
+# ------------------------------------------------------------------------ metrics
+def _steps_done(rep) -> int:  # noqa: ANN001
+    """Optimizer steps done before now: the 0-based index of the step in progress (the job's
+    own count when it reports one, e.g. after resuming)."""
+    return rep.step if rep._explicit else _t.opt_steps  # noqa: SLF001
+
+
+def _patch_metrics(torch) -> None:  # noqa: ANN001
+    """Loss (what backward() is called on), grad norm (clip_grad_norm_'s return) and the
+    loss under AMP (GradScaler.scale's input): references only, see ups.instrument.metrics."""
+    Tensor = torch.Tensor
+
+    def make_backward(original):
+        def backward(tensors, *args, **kwargs):  # noqa: ANN001
+            rep = _rank_reporter()
+            if rep is not None:
+                loss = tensors if isinstance(tensors, Tensor) else (
+                    tensors[0] if isinstance(tensors, list | tuple) and len(tensors) == 1 else None)
+                if loss is not None:
+                    try:
+                        metrics.capture.note_loss(loss, _steps_done(rep))
+                    except Exception:  # noqa: BLE001 - never in the program's way
+                        pass
+            return original(tensors, *args, **kwargs)
+
+        return backward
+
+    _patch(torch.autograd, "backward", make_backward)
+
+    def make_clip(original):
+        def clip_grad_norm_(*args, **kwargs):  # noqa: ANN001
+            norm = original(*args, **kwargs)
+            rep = _rank_reporter()
+            if rep is not None:
+                try:
+                    metrics.capture.note_grad_norm(norm, _steps_done(rep))
+                except Exception:  # noqa: BLE001
+                    pass
+            return norm
+
+        return clip_grad_norm_
+
+    utils = torch.nn.utils
+    original_clip = getattr(utils, "clip_grad_norm_", None)
+    _patch(utils.clip_grad, "clip_grad_norm_", make_clip)
+    if original_clip is not None and original_clip is not utils.clip_grad.clip_grad_norm_:
+        wrapper = utils.clip_grad.clip_grad_norm_
+        utils.clip_grad_norm_ = wrapper  # torch.nn.utils re-exports it
+        _PATCHED.append((utils, "clip_grad_norm_", original_clip, wrapper))
+
+    scaler = getattr(getattr(torch, "amp", None), "GradScaler", None)
+    if scaler is not None:
+        def make_scale(original):
+            def scale(self, outputs):  # noqa: ANN001
+                result = original(self, outputs)
+                if isinstance(outputs, Tensor) and _get_ident() == _t.main:
+                    metrics.capture.scaled = (result, outputs)
+                return result
+
+            return scale
+
+        _patch(scaler, "scale", make_scale)

@@ -392,7 +392,9 @@ class Trainer:
                 rep.advance()
                 name, mean_loss = pairs.names[t], flag[1].item() / d.world
                 task_steps[name] += 1
-                rep.metrics(loss=round(mean_loss, 6), lr=lr, task=name, **{f"loss_{name}": round(mean_loss, 6), f"steps_{name}": task_steps[name]})
+                # loss and lr come from the instrumentation's capture (backward(), the optimizer's
+                # param groups), as for any program; what only this job knows is added here.
+                rep.metrics(task=name, **{f"loss_{name}": round(mean_loss, 6), f"steps_{name}": task_steps[name]})
                 if step % cfg.log_every == 0:
                     self.log(f"step {step}/{cfg.steps} {name} loss {mean_loss:.5f} lr {lr:.2e} "
                              f"{(step - start) / (time.perf_counter() - t0):.1f} steps/s")

@@ -33,6 +33,7 @@ class StackCollector:
         self.observe_only = observe_only
         self.episodes: set[tuple[str, int]] = set()  # (name, pid) in trouble, already handled
         self._halt = threading.Event()
+        self._tick_lock = threading.Lock()  # the supervisor also ticks it (--on-hang: stacks before a kill)
         self._thread = threading.Thread(target=self._loop, name="ups-autostacks", daemon=True)
 
     def start(self) -> None:
@@ -52,6 +53,10 @@ class StackCollector:
                 print(f"ups: automatic stack dump failed: {exc!r}", flush=True)
 
     def tick(self) -> int:
+        with self._tick_lock:
+            return self._tick()
+
+    def _tick(self) -> int:
         view = node_view(load_run_view(self.run))  # another node's processes are its launcher's
         troubled = {(p.record.name, p.record.pid): p for p in view.processes
                     if p.record.role != "launcher" and p.verdict.health in TROUBLE}

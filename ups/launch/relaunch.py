@@ -38,6 +38,9 @@ def relaunch(run: RunDir, runs_root: str, *, num_workers: int | None, actor: str
     env = dict(m.get("env") or {})
     config = dict(m.get("config") or {})
     files = _run_files(run)
+    # The training metrics go on in the new run: each rank's series continues, as attempt N+1.
+    files.update(_series_files(run))
+    env["UPS_ATTEMPT"] = str(int(m.get("attempt") or 1) + 1)
     if num_workers is not None:
         env["UPS_FORCE_NUM_WORKERS"] = str(num_workers)
         if m.get("kind") == "precompute":
@@ -72,4 +75,18 @@ def _run_files(run) -> dict[str, bytes]:  # noqa: ANN001
             files[p.name] = read_bytes(p)
         except (OSError, BadFile) as exc:
             raise UpsError(f"{p}: {exc}") from None
+    return files
+
+
+def _series_files(run) -> dict[str, bytes]:  # noqa: ANN001
+    """The ranks' metrics series (metrics/*.json) to carry over; one that cannot be read as a
+    regular file of at most 1 MiB is left behind (history is a bonus, never a reason to refuse)."""
+    from ups.status.safeio import BadFile, read_bytes
+
+    files = {}
+    for p in (run.path / "metrics").glob("*.json"):
+        try:
+            files[f"metrics/{p.name}"] = read_bytes(p)
+        except (OSError, BadFile):
+            continue
     return files

@@ -62,6 +62,7 @@ def launch_run(
     run = RunDir.create(runs_root, kind, argv=argv if argv is not None else sys.argv, config=config, extra=fields, name=name,
                          run_id=run_id, multinode=multinode)
     for name, data in (files or {}).items():  # e.g. the resolved config the job reads
+        (run.path / name).parent.mkdir(parents=True, exist_ok=True)
         (run.path / name).write_bytes(data)
     if any("{RUN}" in c for c in fields["command"]):
         resolved = str(run.path.resolve())

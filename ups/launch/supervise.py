@@ -23,6 +23,7 @@ from ups.launch import leftovers
 from ups.launch.autostacks import StackCollector
 from ups.launch.exits import ExitWatcher
 from ups.launch.finalize import End, Outcome, describe_returncode, finalize
+from ups.launch.onhang import Decision, HangWatch, archive_attempt
 from ups.runs.rundir import RunDir
 from ups.runs.signals import signal_name
 from ups.runs.view import load_run_view, node_view
@@ -34,6 +35,7 @@ from ups.status.schema import process_name
 
 ACTOR = "launcher"
 TERM_GRACE_S = 10.0
+RESTART_GRACE_S = 5.0  # a hung job asked to stop before a restart: then SIGKILL
 
 
 def _own_process_group() -> dict[str, Any]:
@@ -51,6 +53,13 @@ class Supervisor:
         self.terminate_requested: str | None = None
         self.exits = ExitWatcher(run, actor=ACTOR)
         self.stacks = StackCollector(run, actor=ACTOR, observe_only=self.manifest.get("automatic") == "observe")
+        self.attempt = int(self.manifest.get("attempt") or 1)
+        self.hang = HangWatch(run, self.manifest)
+        self.hang_end: Decision | None = None  # the hang that ended the run (--on-hang kill, or restarts spent)
+        self.extra_env: dict[str, str] = {}  # for the next attempt (UPS_FORCE_NUM_WORKERS on a worker fallback)
+        from ups.notify import Notifier
+
+        self.notifier = Notifier.for_run(run, self.manifest)  # --notify, or the user's config; None: nobody to tell
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         name = signal_name(signum) or str(signum)
@@ -73,6 +82,11 @@ class Supervisor:
         env[ENV_RUN_DIR] = str(self.run.path.resolve())
         env[ENV_RUN_ID] = self.run.run_id
         env["UPS_AUTOMATIC"] = self.manifest.get("automatic") or "act"  # jobs' own watchdogs obey it too
+        # A restart after a hang continues the metrics series as attempt N+1 (a run made by
+        # `ups relaunch` starts from the attempt after its predecessor's: its env says which).
+        first = int((self.manifest.get("env") or {}).get("UPS_ATTEMPT") or 1)
+        env["UPS_ATTEMPT"] = str(first + self.attempt - 1)
+        env.update(self.extra_env)
         env.setdefault("PYTHONUNBUFFERED", "1")
         if self.run.is_multinode:  # the agent's record is agent@<host>: nothing collides across nodes
             env["UPS_NODE"] = hostname()
@@ -131,6 +145,90 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 pass
             deadline = self._escalate(reporter, deadline)
+            if self.terminate_requested is None:
+                self._watch_hang(reporter)
+
+    # -- --on-hang -------------------------------------------------------------------------
+    def _watch_hang(self, reporter: Reporter | Any) -> None:
+        if not self.hang.active and self.notifier is None:
+            return  # nothing asked of the verdict: no `ups why` a second in the launcher
+        try:
+            verdict, decision = self.hang.check()
+        except Exception as exc:  # noqa: BLE001 - judging must never stop supervision
+            print(f"ups: could not judge the run for --on-hang: {exc!r}", flush=True)
+            return
+        if verdict is not None and self.notifier is not None:
+            self.notifier.on_verdict(verdict)  # queued: delivery never holds up this loop
+        if decision is None or not self.hang.active:
+            return
+        v = decision.verdict
+        evidence = {"mode": v.mode, "headline": v.headline, "who": (v.who or {}).get("label"), "attempt": self.attempt,
+                    "on_hang": self.hang.action}
+        if decision.action == "observe" or self.hang.observe_only:
+            what = "none" if decision.action == "observe" else f"observe-only: would {decision.action.replace('_', ' ')}"
+            self.run.append_event("hang", actor=ACTOR, action=what, **evidence)
+            return
+        if decision.action == "dump":  # the automatic collector saves every stuck process's stacks
+            self.run.append_event("hang", actor=ACTOR, action="stacks saved", **evidence)
+            return
+        self.stacks.tick()  # stacks first: every process in trouble not dumped yet this episode
+        if decision.action == "restart":
+            self._restart(decision, reporter, evidence)
+            return
+        # kill, or restart with no restart left
+        self.hang_end = decision
+        self.run.append_event("hang", actor=ACTOR, action="kill" if decision.action == "kill" else
+                              f"kill: gave up after {self.hang.restarts} restart(s)", **evidence)
+        self._record_attempt(v, "killed")
+        self.terminate_requested = "on-hang"
+        reporter.item(f"ending the job: {v.headline}")
+        self.signal_job(signal.SIGTERM)
+
+    def _record_attempt(self, verdict: Any, ended: str, folder: str | None = None) -> None:
+        """Each attempt's end and verdict in run.json, for ``ups why`` and the run's summary."""
+        m = self.run.read_own_manifest()
+        attempts = list(m.get("attempts") or [])
+        attempts.append({"attempt": self.attempt, "ended_at": time.time(), "ended": ended,
+                         "verdict": verdict.to_dict() if hasattr(verdict, "to_dict") else verdict, "records": folder})
+        self.run.update_manifest(attempts=attempts)
+
+    def _stop_for_restart(self) -> int | None:
+        """End every process of the hung attempt: SIGTERM to the job's group, SIGKILL after a grace."""
+        assert self.child is not None and self.pgid is not None
+        self.signal_job(signal.SIGTERM)
+        deadline = time.monotonic() + RESTART_GRACE_S
+        while time.monotonic() < deadline and _group_alive(self.pgid):
+            self.child.poll()
+            time.sleep(0.05)
+        if _group_alive(self.pgid):
+            self.signal_job(signal.SIGKILL)
+        try:
+            return self.child.wait(timeout=RESTART_GRACE_S)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def _restart(self, decision: Decision, reporter: Reporter | Any, evidence: dict[str, Any]) -> None:
+        v = decision.verdict
+        self.run.append_event("hang", actor=ACTOR, action="restart", **evidence)
+        rc = self._stop_for_restart()
+        self.stacks.stop()
+        self.exits.stop()
+        folder = archive_attempt(self.run, self.attempt)
+        self._record_attempt(v, f"restarted ({describe_returncode(rc)})", folder)
+        self.attempt += 1
+        self.hang.new_attempt()
+        if decision.fallback:
+            self.extra_env["UPS_FORCE_NUM_WORKERS"] = "0"  # as `ups relaunch --num-workers 0` does
+        self.run.update_manifest(attempt=self.attempt, restarts=self.hang.restarts)
+        self.run.append_event("restart", actor=ACTOR, attempt=self.attempt, restarts=self.hang.restarts,
+                              max_restarts=self.hang.max_restarts, reason=v.headline, mode=v.mode,
+                              num_workers=0 if decision.fallback else None, previous_records=folder)
+        self.exits = ExitWatcher(self.run, actor=ACTOR)
+        self.stacks = StackCollector(self.run, actor=ACTOR, observe_only=self.hang.observe_only)
+        self.start()
+        reporter.item(f"{self.describe()} (attempt {self.attempt})")
+        if self.notifier is not None:
+            self.notifier.on_restart(self.attempt, v)
 
     def _escalate(self, reporter: Reporter | Any, deadline: float | None) -> float | None:
         """After a stop request: SIGKILL the job's group once the grace period is over."""
@@ -166,6 +264,7 @@ class Supervisor:
         if survivors:
             outcome = Outcome(outcome.state, f"{outcome.summary}; {leftovers.describe(survivors)}", outcome.failure,
                               {**outcome.extra, "leftovers": [s.__dict__ for s in survivors]})
+        outcome = self._hang_outcome(outcome)
         self.run.set_state(
             outcome.state,
             exit_code=returncode if returncode is None or returncode >= 0 else None,
@@ -183,7 +282,34 @@ class Supervisor:
             summary=outcome.summary,
         )
         record_verdict(self.run)
+        if self.hang.restarts and self.hang_end is None:  # the last attempt's verdict beside the others
+            self._record_attempt((self.run.read_own_manifest().get("verdict") or {}), f"ended {outcome.state}")
         return {"succeeded": 0, "partial": 3}.get(outcome.state, 1)
+
+    def _hang_outcome(self, outcome: Any) -> Any:
+        """The run's end says how many restarts it took and why; a hang that ended it is a failure."""
+        import dataclasses
+
+        if self.hang_end is None and not self.hang.restarts:
+            return outcome
+        reasons = [f"attempt {a.get('attempt')}: {(a.get('verdict') or {}).get('headline', '?')}"
+                   for a in self.run.read_own_manifest().get("attempts") or []]
+        if self.hang_end is not None:
+            how = ("ended on hang (--on-hang kill)" if self.hang_end.action == "kill"
+                   else f"gave up after {self.hang.restarts} restart(s) on hang")
+            return dataclasses.replace(outcome, state="failed", summary=f"{how}: {'; '.join(reasons)}")
+        return dataclasses.replace(outcome, summary=f"{outcome.summary}; after {self.hang.restarts} restart(s) on hang "
+                                                    f"({'; '.join(reasons)})")
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _all_final(run: RunDir) -> bool:
@@ -273,7 +399,18 @@ def main(argv: list[str] | None = None) -> int:
         reporter.item(sup.describe())
         rc = sup.wait(reporter)
         code = sup.finish(rc)
+    notify_end(run, sup.notifier)
     return code
+
+
+def notify_end(run: RunDir, notifier: Any) -> None:  # noqa: ANN401
+    """The run's end, told after its state is written: a slow notifier delays only this
+    process's exit, by at most its time limit, never the run's record or exit code."""
+    if notifier is None:
+        return
+    m = run.read_manifest()
+    notifier.on_end(m.get("state") or "?", m.get("summary") or "", m.get("verdict"))
+    notifier.drain(notifier.timeout + 1.0)
 
 
 if __name__ == "__main__":

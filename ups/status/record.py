@@ -26,6 +26,7 @@ from ups.status.safeio import (
     Check,
     check_object,
     decode_json,
+    dict_of,
     display_number,
     integer,
     number,
@@ -177,10 +178,25 @@ def _stack_file(v: Any) -> str:
     return v
 
 
+_FINITE = number(-1e300, 1e300)
+
+
+def _training_value(v: Any) -> Any:
+    """A training metric (ups.instrument.metrics): a finite number, or the word a non-finite
+    one is written as ("nan", "inf", "-inf": JSON has no such numbers)."""
+    if v in ("nan", "inf", "-inf"):
+        return v
+    return _FINITE(v)
+
+
 _KNOWN_METRICS: dict[str, Check] = {
-    **dict.fromkeys(("nofile_limit", "skipped_steps", "epoch", "forced_num_workers", "checkpoints", "workers"),
-                    integer(0, INT_MAX)),
-    **dict.fromkeys(("loss", "lr", "eval_loss"), number(-1e300, 1e300)),
+    **dict.fromkeys(("nofile_limit", "skipped_steps", "epoch", "forced_num_workers", "checkpoints", "workers",
+                     "loss_step", "gpu_total"), integer(0, INT_MAX)),
+    **dict.fromkeys(("loss", "lr", "eval_loss", "grad_norm"), _training_value),
+    **dict.fromkeys(("samples_per_s", "tokens_per_s"), number(0.0, 1e300)),
+    # the first NaN/Inf loss of a rank, which `ups why` names (ups.why.metric_rules)
+    "loss_nonfinite": obj({"step": integer(0, INT_MAX), "value": text(8), "at": optional(number(0.0))}, required=("step",)),
+    "logged": dict_of(_training_value, max_items=64),  # what the program gave wandb/TensorBoard/Lightning/HF
     "file": text(4096),
 }
 

@@ -37,6 +37,9 @@ from collections import deque
 from ups.status.host import hostname
 from ups.status.procs import process_start_time
 from ups.status.schema import SCHEMA_VERSION, process_name
+from ups.status.series import SeriesWriter
+
+ENV_ATTEMPT = "UPS_ATTEMPT"  # 1 for a run's first attempt; a restart after a hang counts up
 
 ENV_RUN_DIR = "UPS_RUN_DIR"
 ENV_RUN_ID = "UPS_RUN_ID"
@@ -217,6 +220,12 @@ class Reporter:
         self._thread: threading.Thread | None = None
         self._warned = False
         self._written_mono = 0.0
+        # Training metrics read off the training thread (ups.instrument.metrics) and the
+        # process's bounded history of them (ups.status.series), both kept by the heartbeat thread.
+        self._samplers: list[Callable[[], dict[str, Any]]] = []
+        self._history: SeriesWriter | None = None
+        if role == "rank":
+            self._history = SeriesWriter(self.run_dir, self.name, attempt=_env_int(ENV_ATTEMPT) or 1)
         self._stack_fh: Any = None
         self._stack_signal: int | None = None
         self._stack_rel: str | None = None
@@ -460,6 +469,11 @@ class Reporter:
         """Merge free-form metrics (loss, lr, ...) into the record."""
         self._metrics.update(values)
 
+    def add_sampler(self, sampler: Callable[[], dict[str, Any]]) -> None:
+        """A function the heartbeat thread calls before each write; what it returns is merged
+        into the record's metrics. It must be cheap and must never wait on the training thread."""
+        self._samplers.append(sampler)
+
     def gpu_memory(self, gpu: Any) -> None:
         self._gpu = gpu
 
@@ -511,7 +525,14 @@ class Reporter:
         self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread() and self._thread.is_alive():
             self._thread.join(timeout=2 * self.interval + 1)
+        self._sample_metrics()
+        try:
+            self._history_tick()
+        except Exception:  # noqa: BLE001
+            pass
         self.flush()
+        if self._history is not None:
+            self._history.maybe_write(force=True)
 
     def __enter__(self) -> Reporter:
         return self.start()
@@ -651,6 +672,32 @@ class Reporter:
         except Exception:  # noqa: BLE001 - a broken sampler must not stop heartbeats
             self._gpu_sampler = None
 
+    def _sample_metrics(self) -> None:
+        for sampler in list(self._samplers):
+            try:
+                values = sampler()
+            except Exception:  # noqa: BLE001 - a broken sampler must not stop heartbeats
+                self._samplers.remove(sampler)
+                continue
+            if values:
+                self._metrics.update(values)
+
+    def _history_tick(self) -> None:
+        """One point of the process's series per tick in which it moved; the file every few s."""
+        history = self._history
+        if history is None:
+            return
+        m, gpu = self._metrics, self._gpu
+        loss = m.get("loss")
+        if not self._step and loss is None:
+            return
+        history.add({"t": time.time(), "step": self._step, "loss": _number(loss), "lr": _number(m.get("lr")),
+                     "grad_norm": _number(m.get("grad_norm")), "rate": self._rate, "sps": m.get("samples_per_s"),
+                     "tps": m.get("tokens_per_s"), "mem": getattr(gpu, "allocated", None)})
+        if isinstance(m.get("loss_nonfinite"), dict):
+            history.note_nonfinite(m["loss_nonfinite"])
+        history.maybe_write()
+
     def _run(self) -> None:
         while not self._stop.is_set():
             self._wake.wait(self.interval)
@@ -660,6 +707,11 @@ class Reporter:
             self._update_rate(time.monotonic())
             self._update_p99()
             self._sample_gpu()
+            self._sample_metrics()
+            try:
+                self._history_tick()
+            except Exception:  # noqa: BLE001 - history is a bonus; heartbeats are not
+                self._history = None
             self._check_stack_handler()
             with self._lock:
                 self._dirty = False
@@ -675,6 +727,15 @@ class Reporter:
             print(f"ups: {message}", file=self._stderr or sys.stderr, flush=True)
         except Exception:  # noqa: BLE001
             pass
+
+
+def _number(value: Any) -> Any:
+    """A metric as a series cell: numbers as they are, ``"nan"``/``"inf"`` kept, else None."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return value
+    if value in ("nan", "inf", "-inf"):
+        return float(value)
+    return None
 
 
 class NullReporter:

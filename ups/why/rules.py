@@ -20,6 +20,7 @@ from ups.status.health import Health
 from ups.status.record import StatusRecord
 from ups.why import stacks
 from ups.why.evidence import Evidence, shm_figures
+from ups.why.metric_rules import ended_training, live_training
 from ups.why.verdict import Verdict, who_of
 
 Rule = Callable[[Evidence], Verdict | None]
@@ -701,5 +702,7 @@ def healthy(ev: Evidence) -> Verdict:
                    + f" {view.unit}{rate}", ok=True, next=f"ups status {view.run_id}")
 
 
-RULES: tuple[Rule, ...] = (lost_node, ended, unsupervised, live_failure, collectives, ddp_backward, starved_loader,
-                          stuck_workers, dead, hung, oom_skipped)
+# ended_training / live_training: verdicts on the training's own metrics (NaN, divergence,
+# step rate, GPU memory), kept in ups.why.metric_rules.
+RULES: tuple[Rule, ...] = (lost_node, ended_training, ended, unsupervised, live_failure, collectives, ddp_backward,
+                          starved_loader, stuck_workers, dead, hung, live_training, oom_skipped)

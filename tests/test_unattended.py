@@ -1,0 +1,73 @@
+"""Unattended runs: a hang named by `ups why` is acted on as the operator asked at launch
+(--on-hang, --max-restarts), each attempt's verdict and records kept, every action an event."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from helpers import run_ups, wait_for
+
+from ups.runs.rundir import RunDir
+from ups.status.series import read_series
+
+PROGRAMS = Path(__file__).parent / "programs"
+HANG = str(PROGRAMS / "hang_train.py")
+FAST = {"UPS_HEARTBEAT_INTERVAL": "0.3"}
+
+
+def _launch(*args: str, cwd: Path) -> RunDir:
+    res = run_ups("launch", "python", "--detach", "--json", "--stalled-after", "2", *args, env=FAST, timeout=60, cwd=cwd)
+    assert res.returncode == 0, res.stderr
+    return RunDir(json.loads(res.stdout)["run_dir"])
+
+
+def test_a_hang_restarted_twice_then_given_up_keeps_three_attempts(runs_root, tmp_path):
+    run = _launch("--on-hang", "restart", "--max-restarts", "2", HANG, "--hang-step", "5", cwd=tmp_path)
+    wait_for(lambda: run.read_manifest()["state"] in ("succeeded", "failed", "killed"), 150, interval=0.25,
+             message="the run to give up")
+    m = run.read_manifest()
+    assert m["state"] == "failed" and m["summary"].startswith("gave up after 2 restart(s) on hang: attempt 1: rank 0 is stalled"), m
+    assert [a["attempt"] for a in m["attempts"]] == [1, 2, 3] and m["attempt"] == 3 and m["restarts"] == 2
+    for a in m["attempts"]:
+        assert a["verdict"]["mode"] == "stalled" and a["verdict"]["who"]["name"] == "rank-0", a
+    for n in (1, 2):  # each restarted attempt's records kept apart from the next one's
+        assert json.loads((run.path / "attempts" / str(n) / "status" / "rank-0.json").read_text())["step"] == 5
+    events = run.read_events()
+    hangs = [e for e in events if e["event"] == "hang"]
+    assert [e["action"] for e in hangs] == ["restart", "restart", "kill: gave up after 2 restart(s)"]
+    assert [e["attempt"] for e in events if e["event"] == "restart"] == [2, 3]
+    assert len([e for e in events if e["event"] == "start"]) == 3
+    # stacks saved before each kill: the stack file holds a dump of the loop's own frame, three times
+    stacks = (run.path / "stacks" / "rank-0.txt").read_text()
+    assert stacks.count("hang_train.py") >= 3 and len([e for e in events if e["event"] == "stacks.auto"]) >= 3
+    series, _ = read_series(run.path / "metrics" / "rank-0.json")  # one series across the attempts
+    assert {row[2] for row in series["recent"]} == {1, 2, 3}
+    status = run_ups("status", str(run.path)).stdout
+    assert "attempt 3/3" in status and "gave up after 2 restart(s)" in status
+    why = json.loads(run_ups("why", str(run.path), "--json").stdout)
+    assert "gave up after 2 restart(s)" in why["verdict"]["headline"]
+    assert [a["verdict"]["mode"] for a in why["attempts"]] == ["stalled"] * 3  # each attempt's verdict kept
+
+
+def test_observe_only_and_kill(runs_root, tmp_path):
+    observed = _launch("--observe-only", "--on-hang", "restart", HANG, "--hang-step", "3", cwd=tmp_path)
+    killed = _launch("--on-hang", "kill", HANG, "--hang-step", "3", cwd=tmp_path)
+    wait_for(lambda: killed.read_manifest()["state"] == "failed", 90, interval=0.25, message="the kill on hang")
+    assert killed.read_manifest()["summary"].startswith("ended on hang (--on-hang kill): attempt 1: rank 0 is stalled")
+    hang = wait_for(lambda: [e for e in observed.read_events() if e["event"] == "hang"], 30, message="the observed hang")
+    assert hang[0]["action"] == "observe-only: would restart"
+    assert observed.read_manifest()["state"] == "running" and not (observed.path / "attempts").exists()
+    # The operator relaunches it by hand: the new run's loss series goes on from the old one's.
+    res = run_ups("relaunch", str(observed.path), "--detach", "--json", env=FAST, timeout=120)
+    assert res.returncode == 0, res.stderr
+    new = RunDir(json.loads(res.stdout)["run_dir"])
+
+    def continued():
+        data, _ = read_series(new.path / "metrics" / "rank-0.json")
+        return data is not None and [row[2] for row in data["recent"]][-1] == 2 and data
+
+    data = wait_for(continued, 60, interval=0.3, message="attempt 2's points in the relaunched run's series")
+    attempts = [row[2] for row in data["recent"]]
+    assert attempts[0] == 1 and attempts == sorted(attempts)  # the old run's points first, then the new run's
+    assert run_ups("kill", str(new.path), "--grace", "2").returncode == 0

@@ -1,0 +1,247 @@
+"""Training metrics over time: one bounded series per process in ``<run>/metrics/<name>.json``.
+
+A status record says what a process does now; the series says how it got there (loss, lr,
+step rate, GPU memory ...). Its size is fixed whatever the run's length, so a 30-day run
+keeps a whole-run overview and recent detail in the same few tens of KB:
+
+* ``recent``: the last :data:`RECENT` points, one per heartbeat in which the process moved;
+* ``overview``: every ``stride``-th point since the process's first attempt; when it holds
+  :data:`OVERVIEW` points every second one is dropped and ``stride`` doubles.
+
+The writer is the Reporter's heartbeat thread (never the training thread): it adds a point
+per tick at most and writes the file atomically every few seconds and at the end. A relaunch
+of the same run (``--on-hang restart``, attempt N+1) loads the file and continues it, each
+point tagged with its attempt.
+
+Every reader goes through :func:`read_series` / :func:`read_run_series`: a missing, empty,
+torn, oversized or foreign file becomes a problem string, never an exception. This module
+imports only the standard library's light modules: every instrumented process loads it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+
+SERIES_SCHEMA = 1
+SERIES_DIR = "metrics"
+RECENT = 240
+OVERVIEW = 240
+WRITE_EVERY_S = 2.0
+MAX_SERIES_BYTES = 1 << 20
+# Columns of a point, in order. t: UNIX time; step: the record's step; attempt: 1, 2 ...;
+# loss/lr/grad_norm: the program's own values; rate: steps/s; sps/tps: samples/s, tokens/s;
+# mem: CUDA memory allocated (bytes).
+FIELDS = ("t", "step", "attempt", "loss", "lr", "grad_norm", "rate", "sps", "tps", "mem")
+NUMERIC = frozenset(("loss", "lr", "grad_norm", "rate", "sps", "tps"))
+
+
+def _round(value):  # noqa: ANN001, ANN202 - any JSON scalar
+    """Six significant digits; NaN and infinities as the strings JSON can carry."""
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return float(f"{value:.6g}")
+    return value
+
+
+def as_float(value) -> float | None:  # noqa: ANN001
+    """A series cell as a float (``"nan"`` → nan); None for a missing or foreign cell."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if value in ("nan", "inf", "-inf"):
+        return float(value)
+    return None
+
+
+def series_path(run_dir: str | os.PathLike[str], name: str) -> str:
+    return os.path.join(os.fspath(run_dir), SERIES_DIR, f"{name}.json")
+
+
+class SeriesWriter:
+    """The bounded series of one process, kept by its Reporter's heartbeat thread."""
+
+    def __init__(self, run_dir: str | os.PathLike[str], name: str, *, attempt: int = 1) -> None:
+        self.path = series_path(run_dir, name)
+        self.name = name
+        self.attempt = attempt
+        self.recent: list[list] = []
+        self.overview: list[list] = []
+        self.stride = 1
+        self.count = 0  # points ever added (all attempts)
+        self.first_nonfinite: dict | None = None
+        self._last_key: tuple | None = None
+        self._written_mono = 0.0
+        self._dirty = False
+        self._load()
+
+    def _load(self) -> None:
+        """Continue the series of an earlier attempt of the same run (same process name)."""
+        if not os.path.lexists(self.path):
+            return  # a first attempt: nothing to continue
+        data, _problem = read_series(self.path)
+        if data is None:
+            return
+        self.recent = data["recent"][-RECENT:]
+        self.overview = data["overview"][-OVERVIEW:]
+        self.stride = max(1, int(data.get("stride") or 1))
+        self.count = int(data.get("count") or len(self.recent))
+        self.first_nonfinite = data.get("first_nonfinite")
+
+    def add(self, point: dict) -> bool:
+        """Add a point (a dict of :data:`FIELDS`) unless nothing moved since the last one."""
+        key = (point.get("step"), point.get("loss") if not _isnan(point.get("loss")) else "nan")
+        if key == self._last_key:
+            return False
+        self._last_key = key
+        point = dict(point, attempt=self.attempt)
+        row = [_round(point.get(f)) if f != "t" else round(point.get("t") or 0.0, 2) for f in FIELDS]
+        self.recent.append(row)
+        if len(self.recent) > RECENT:
+            del self.recent[: len(self.recent) - RECENT]
+        if self.count % self.stride == 0:
+            self.overview.append(row)
+            if len(self.overview) >= OVERVIEW:
+                self.overview = self.overview[::2]
+                self.stride *= 2
+        self.count += 1
+        self._dirty = True
+        return True
+
+    def note_nonfinite(self, info: dict) -> None:
+        """The first non-finite loss of this process (kept for good: later NaNs follow from it)."""
+        if self.first_nonfinite is None:
+            self.first_nonfinite = {k: _round(v) for k, v in info.items()} | {"attempt": self.attempt}
+            self._dirty = True
+
+    def to_dict(self) -> dict:
+        return {"schema": SERIES_SCHEMA, "name": self.name, "fields": list(FIELDS), "stride": self.stride,
+                "count": self.count, "attempt": self.attempt, "written_at": time.time(),
+                "first_nonfinite": self.first_nonfinite, "overview": self.overview, "recent": self.recent}
+
+    def maybe_write(self, *, force: bool = False) -> bool:
+        """Write the file when something changed and the last write is old enough (or ``force``).
+        Never raises: a full disk costs the history, never the job."""
+        if not self._dirty or (not force and time.monotonic() - self._written_mono < WRITE_EVERY_S):
+            return False
+        from ups.status.reporter import write_atomic  # here, not at the top: reporter imports us
+
+        self._written_mono = time.monotonic()
+        data = json.dumps(self.to_dict(), separators=(",", ":")).encode()
+        try:
+            try:
+                write_atomic(self.path, data)
+            except FileNotFoundError:
+                run_dir = os.path.dirname(os.path.dirname(self.path))
+                if not os.path.isdir(run_dir):
+                    return False  # never recreate a vanished run
+                os.makedirs(os.path.dirname(self.path), exist_ok=True)
+                write_atomic(self.path, data)
+        except OSError:
+            return False
+        self._dirty = False
+        return True
+
+
+def _isnan(value) -> bool:  # noqa: ANN001
+    return isinstance(value, float) and math.isnan(value)
+
+
+# --------------------------------------------------------------------------- reading
+def _valid_rows(rows, width: int) -> list[list]:  # noqa: ANN001
+    if not isinstance(rows, list):
+        raise ValueError("points are not a list")
+    return [r for r in rows if isinstance(r, list) and len(r) == width]
+
+
+def read_series(path: str | os.PathLike[str]) -> tuple[dict | None, str | None]:
+    """One series file as a dict (``fields``, ``overview``, ``recent`` ...), or (None, why not).
+
+    Through the trust boundary (:mod:`ups.status.safeio`: a regular file opened without
+    blocking or following links, at most :data:`MAX_SERIES_BYTES`, JSON of finite numbers),
+    then its shape checked here."""
+    from ups.status.safeio import BadFile, read_json  # here: a rank's first attempt never needs it
+
+    try:
+        data = read_json(path, MAX_SERIES_BYTES)
+    except FileNotFoundError:
+        return None, "no series yet"
+    except BadFile as exc:
+        return None, str(exc)
+    except OSError as exc:
+        return None, f"unreadable ({exc.strerror or exc})"
+    if not isinstance(data, dict) or not isinstance(data.get("schema"), int):
+        return None, "not a metrics series"
+    if data["schema"] > SERIES_SCHEMA:
+        return None, f"future schema {data['schema']}"
+    fields = data.get("fields")
+    if not isinstance(fields, list) or fields != list(FIELDS):
+        return None, "unknown columns"
+    try:
+        data["overview"] = _valid_rows(data.get("overview", []), len(FIELDS))
+        data["recent"] = _valid_rows(data.get("recent", []), len(FIELDS))
+    except ValueError as exc:
+        return None, str(exc)
+    if not isinstance(data.get("first_nonfinite"), dict | None):
+        data["first_nonfinite"] = None
+    return data, None
+
+
+def merged_rows(data: dict) -> list[list]:
+    """The series' rows in time order: the overview up to where recent detail starts, then
+    the recent rows (a whole-run chart with full detail at its end)."""
+    recent = data.get("recent") or []
+    start = as_float(recent[0][0]) if recent else None
+    rows = [r for r in data.get("overview") or [] if start is None or (as_float(r[0]) or 0) < start]
+    return rows + recent
+
+
+def raw_points(data: dict) -> list[dict]:
+    """Points as stored (NaN as "nan"): for JSON output."""
+    return [dict(zip(FIELDS, row, strict=False)) for row in merged_rows(data)]
+
+
+def points(data: dict) -> list[dict]:
+    """Points in time order, numbers as floats (NaN as float nan)."""
+    out = []
+    for row in merged_rows(data):
+        p = dict(zip(FIELDS, row, strict=False))
+        for key in NUMERIC | {"t", "mem"}:
+            p[key] = as_float(p.get(key))
+        out.append(p)
+    return out
+
+
+def read_run_series(run_dir: str | os.PathLike[str]) -> tuple[dict[str, dict], dict[str, str]]:
+    """Every process's series of a run: ({name: series}, {file: problem})."""
+    folder = os.path.join(os.fspath(run_dir), SERIES_DIR)
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return {}, {}
+    found, problems = {}, {}
+    for file in names:
+        if file.startswith(".") or not file.endswith(".json"):
+            continue
+        data, problem = read_series(os.path.join(folder, file))
+        if data is None:
+            problems[file] = problem or "unreadable"
+        else:
+            found[file[:-5]] = data
+    return found, problems
+
+
+def metric_values(data: dict, metric: str) -> list[tuple[int, float]]:
+    """(step, value) pairs of one metric, finite or not, in time order."""
+    out = []
+    for p in points(data):
+        v = p.get(metric)
+        if v is not None and isinstance(p.get("step"), int):
+            out.append((p["step"], v))
+    return out
