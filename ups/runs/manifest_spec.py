@@ -84,6 +84,16 @@ MANIFEST_SPEC: dict[str, Check] = {
     "stages": optional(list_of(obj({"stage": optional(_NAME), "run_id": optional(_NAME), "state": optional(_NAME),
                                     "summary": optional(text())}))),
     "skipped_shards": optional(list_of(safe_value)),
+    # Unattended runs (--on-hang, --max-restarts, --notify): each attempt's end and verdict.
+    "attempt": optional(integer(1, INT_MAX)), "restarts": _COUNT, "max_restarts": _COUNT,
+    "on_hang": optional(text(choices=("observe", "dump", "kill", "restart"))),
+    "on_worker_hang": optional(text(choices=("same", "fallback"))),
+    "notify": optional(list_of(text(4096), 100)),
+    "attempts": optional(list_of(obj({"attempt": optional(integer(1, INT_MAX)), "ended_at": _TIME,
+                                      "ended": optional(text()), "verdict": _VERDICT,
+                                      "records": optional(text(4096))}), 10_000)),
+    # Multi-node runs: the node manifests merged on read (each one checked on its own).
+    "nodes": optional(dict_of(dict_of(safe_value), 100_000)),
 }
 
 
