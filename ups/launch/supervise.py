@@ -8,10 +8,14 @@ waits, and writes the final state, exit code and signal into run.json and the ev
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -19,6 +23,7 @@ from ups.launch import kinds as _kinds  # noqa: F401 - registers the per-kind fi
 from ups.launch.autostacks import StackCollector
 from ups.launch.exits import ExitWatcher
 from ups.launch.finalize import End, describe_returncode, finalize
+from ups.launch.pending import LauncherRun
 from ups.runs.rundir import RunDir
 from ups.runs.signals import signal_name
 from ups.runs.view import load_run_view, node_view
@@ -30,6 +35,9 @@ from ups.status.schema import process_name
 
 ACTOR = "launcher"
 TERM_GRACE_S = 10.0
+PIPE_BYTES = 1 << 20  # the job's output pipe: a burst of output never waits on the relay
+RELAY_END_S = 3.0  # after the job: how long its output may still drain (a daemon it left may hold the pipe)
+FULL_BYTES = 64 << 10  # a runs folder with less free than this is full (for the run's end and readers)
 
 
 def _own_process_group() -> dict[str, Any]:
@@ -47,6 +55,9 @@ class Supervisor:
         self.terminate_requested: str | None = None
         self.exits = ExitWatcher(run, actor=ACTOR)
         self.stacks = StackCollector(run, actor=ACTOR, observe_only=self.manifest.get("automatic") == "observe")
+        self.relay: subprocess.Popen[bytes] | None = None
+        self.relay_thread: threading.Thread | None = None
+        self.relay_report: dict[str, Any] | None = None
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         name = signal_name(signum) or str(signum)
@@ -85,26 +96,74 @@ class Supervisor:
 
     def start(self) -> None:
         command = [str(c) for c in self.manifest["command"]]
-        log = open(self.run.log_path("job"), "ab")  # noqa: SIM115 - owned by the child
-        self.child = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=self.job_env(),
-            cwd=self.manifest.get("cwd") or None,
-            **_own_process_group(),
-        )
-        log.close()
+        # The job's stdout and stderr go to a pipe that the relay drains into logs/job.log
+        # (see ups.launch.logrelay): a full disk drops output, never the program.
+        read_end, write_end = os.pipe()
+        try:
+            fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+        except OSError:
+            pass  # the default 64 KiB (a lower pipe-max-size): still correct, only less slack
+        try:
+            self.start_relay(read_end)
+        finally:
+            os.close(read_end)
+        try:
+            self.child = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=write_end,
+                stderr=subprocess.STDOUT,
+                env=self.job_env(),
+                cwd=self.manifest.get("cwd") or None,
+                **_own_process_group(),
+            )
+        finally:
+            os.close(write_end)  # only the job holds it now: the relay sees the end when the job's is
         self.pgid = self.child.pid
         self.run.update_manifest(
             state="running",
             job={"pid": self.child.pid, "pid_start": process_start_time(self.child.pid), "pgid": self.child.pid,
-                 "command": command},
+                 "sid": os.getsid(0), "command": command},  # sid: the proof that a pid is the job's (ups.runs.ownership)
         )
         self.run.append_event("start", actor=ACTOR, pid=self.child.pid, command=command)
         self.exits.start()
         self.stacks.start()
+
+    def start_relay(self, read_end: int) -> None:
+        log_fd = os.open(self.run.log_path("job"), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        try:
+            self.relay = subprocess.Popen([sys.executable, "-m", "ups.launch.logrelay", str(log_fd)], stdin=read_end,
+                                          stdout=subprocess.PIPE, pass_fds=(log_fd,), env=_relay_env())
+        finally:
+            os.close(log_fd)
+        self.relay_thread = threading.Thread(target=self._read_relay, name="ups-log-relay", daemon=True)
+        self.relay_thread.start()
+
+    def _read_relay(self) -> None:
+        assert self.relay is not None and self.relay.stdout is not None
+        for line in self.relay.stdout:
+            try:
+                report = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(report, dict):
+                self.relay_report = report
+                if "since" in report and report.get("error") and not report.get("end") and "resumed" not in report:
+                    self.run.append_event("log.dropping", actor=ACTOR, error=report["error"], since=report["since"])
+
+    def output_dropped(self) -> dict[str, Any] | None:
+        """What the relay could not write to the job's log (None: nothing was dropped)."""
+        if self.relay is not None:
+            try:
+                self.relay.wait(timeout=RELAY_END_S)
+            except subprocess.TimeoutExpired:
+                pass  # a process the job left holds the pipe: the count so far
+            if self.relay_thread is not None:
+                self.relay_thread.join(timeout=1.0)
+        report = self.relay_report or {}
+        if not report.get("dropped"):
+            return None
+        return {k: report.get(k) for k in ("dropped", "total", "error", "episodes") if report.get(k) is not None}
 
     def describe(self) -> str:
         return f"job pid {self.child.pid if self.child else '?'}"
@@ -118,6 +177,7 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 pass
             deadline = self._escalate(reporter, deadline)
+            self._retry_pending()
 
     def _escalate(self, reporter: Reporter | Any, deadline: float | None) -> float | None:
         """After a stop request: SIGKILL the job's group once the grace period is over."""
@@ -128,6 +188,23 @@ class Supervisor:
             self.signal_job(signal.SIGKILL)
         return deadline
 
+    def _retry_pending(self) -> None:
+        if isinstance(self.run, LauncherRun) and self.run.pending:
+            self.run.flush_pending()
+
+    def disk_full(self, dropped: dict[str, Any] | None) -> str | None:
+        """Evidence that the run folder's disk was full during the run (None: none seen)."""
+        failure = getattr(self.run, "write_failure", None)
+        if failure and failure.get("errno") in (errno.ENOSPC, errno.EDQUOT):
+            return f"{failure['error']} (the launcher's writes, from {time.strftime('%H:%M:%S', time.localtime(failure['at']))})"
+        if dropped and any(e in str(dropped.get("error")) + str(dropped.get("episodes"))
+                           for e in (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))):
+            return f"{dropped.get('dropped')} bytes of the job's output dropped ({os.strerror(errno.ENOSPC)})"
+        free = free_bytes(self.run.path)
+        if free is not None and free < FULL_BYTES:
+            return f"the runs folder has {free} bytes free"
+        return None
+
     def finish(self, returncode: int | None) -> int:
         # Give the job's processes a moment to write their final records (no wait when they
         # already have: the run's end is on the critical path of every followed launch).
@@ -136,15 +213,23 @@ class Supervisor:
             time.sleep(0.02)
         self.stacks.stop()
         self.exits.stop()
+        dropped = self.output_dropped()
+        disk_full = self.disk_full(dropped)
         view = node_view(load_run_view(self.run))  # this node's processes: each node finishes its own
-        outcome = finalize(view, End(returncode, self.terminate_requested is not None, dict(self.exits.exits)))
+        outcome = finalize(view, End(returncode, self.terminate_requested is not None, dict(self.exits.exits), disk_full))
+        extra = dict(outcome.extra)
+        summary = outcome.summary
+        if dropped:
+            extra["output_dropped"] = dropped
+            summary += f"; {dropped['dropped']} bytes of its output could not be written to the log ({dropped.get('error') or 'see the log'})"
+            self.run.append_event("log.dropped", actor=ACTOR, **dropped)
         self.run.set_state(
             outcome.state,
             exit_code=returncode if returncode is None or returncode >= 0 else None,
             signal=signal_name(-returncode) if returncode is not None and returncode < 0 else None,
-            summary=outcome.summary,
+            summary=summary,
             failure=outcome.failure,
-            **outcome.extra,
+            **extra,
         )
         self.run.append_event(
             "exit",
@@ -152,10 +237,30 @@ class Supervisor:
             state=outcome.state,
             returncode=returncode,
             detail=describe_returncode(returncode),
-            summary=outcome.summary,
+            summary=summary,
         )
+        self.wait_for_space()
         record_verdict(self.run)
         return {"succeeded": 0, "partial": 3}.get(outcome.state, 1)
+
+    def wait_for_space(self) -> None:
+        """The run's end is written, or kept until the disk has room again: the launcher
+        stays (its record says so) until the truth is on disk, or until it is told to stop."""
+        if not isinstance(self.run, LauncherRun):
+            return
+        told = self.terminate_requested
+        while not self.run.flush_pending():
+            if self.terminate_requested != told and self.terminate_requested is not None:
+                break  # `ups kill` of a launcher that waits for space: it stops, as asked
+            time.sleep(1.0)
+
+
+def free_bytes(path: Any) -> int | None:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
 
 
 def _all_final(run: RunDir) -> bool:
@@ -220,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m ups.launch.supervise RUN_DIR [--adopt]", file=sys.stderr)
         return 2
-    run = RunDir(args[0])
+    _tolerant_streams()
+    run = LauncherRun(args[0])
     sup = Adopter(run) if adopt else Supervisor(run)
     run.update_manifest(
         launcher={"pid": os.getpid(), "pid_start": this_process_start(), "pgid": os.getpgid(0), "adopted": adopt}
@@ -234,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
             sup.start()
         except OSError as exc:
             run.set_state("failed", summary=f"could not start the job: {exc}")
+            run.flush_pending()
             run.append_event("exit", actor=ACTOR, state="failed", summary=str(exc))
             reporter.fail(f"could not start the job: {exc}")
             return 1
@@ -241,6 +348,39 @@ def main(argv: list[str] | None = None) -> int:
         rc = sup.wait(reporter)
         code = sup.finish(rc)
     return code
+
+
+class _TolerantStream:
+    """The launcher's stdout/stderr (logs/launcher.log): a write that fails (a full disk) is
+    dropped; the launcher never dies of its own log."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except (OSError, ValueError):
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except (OSError, ValueError):
+            pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _tolerant_streams() -> None:
+    sys.stdout = _TolerantStream(sys.stdout)  # type: ignore[assignment]
+    sys.stderr = _TolerantStream(sys.stderr)  # type: ignore[assignment]
+
+
+def _relay_env() -> dict[str, str]:
+    """The relay's environment: this one, without a job's instrumentation."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("UPS_")}
 
 
 if __name__ == "__main__":

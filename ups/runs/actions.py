@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ups.errors import UpsError
+from ups.runs.ownership import JobScope
 from ups.runs.rundir import FINAL_RUN_STATES, RunDir
 from ups.runs.signals import KillResult, is_alive, terminate
 from ups.runs.view import RunView, load_run_view, node_view
@@ -20,6 +21,7 @@ def kill_run(run: RunDir, view: RunView, *, actor: str, reason: str, grace: floa
 
     A multi-node run: this node's part (its launcher, its processes, its node manifest); the
     other nodes' ranks fail in their next collective, or are stopped there (``--remote``)."""
+    JobScope.of_run(run.path)  # a folder that is no run, or not this user's: refused before anything is written
     run.append_event("kill", actor=actor, target="run", reason=reason, force=force)
     view = node_view(view)
     launcher = [p.record for p in view.processes if p.record.role == "launcher"]
