@@ -24,6 +24,7 @@ from ups.launch.autostacks import StackCollector
 from ups.launch.exits import ExitWatcher
 from ups.launch.finalize import End, describe_returncode, finalize
 from ups.launch.pending import LauncherRun
+from ups.runs import space
 from ups.runs.rundir import RunDir
 from ups.runs.signals import signal_name
 from ups.runs.view import load_run_view, node_view
@@ -37,7 +38,6 @@ ACTOR = "launcher"
 TERM_GRACE_S = 10.0
 PIPE_BYTES = 1 << 20  # the job's output pipe: a burst of output never waits on the relay
 RELAY_END_S = 3.0  # after the job: how long its output may still drain (a daemon it left may hold the pipe)
-FULL_BYTES = 64 << 10  # a runs folder with less free than this is full (for the run's end and readers)
 
 
 def _own_process_group() -> dict[str, Any]:
@@ -200,10 +200,7 @@ class Supervisor:
         if dropped and any(e in str(dropped.get("error")) + str(dropped.get("episodes"))
                            for e in (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))):
             return f"{dropped.get('dropped')} bytes of the job's output dropped ({os.strerror(errno.ENOSPC)})"
-        free = free_bytes(self.run.path)
-        if free is not None and free < FULL_BYTES:
-            return f"the runs folder has {free} bytes free"
-        return None
+        return space.disk_full(self.run.path)
 
     def finish(self, returncode: int | None) -> int:
         # Give the job's processes a moment to write their final records (no wait when they
@@ -253,14 +250,6 @@ class Supervisor:
             if self.terminate_requested != told and self.terminate_requested is not None:
                 break  # `ups kill` of a launcher that waits for space: it stops, as asked
             time.sleep(1.0)
-
-
-def free_bytes(path: Any) -> int | None:
-    try:
-        st = os.statvfs(path)
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
 
 
 def _all_final(run: RunDir) -> bool:

@@ -13,15 +13,16 @@ to the run:
   - the run's launcher itself: the pid and start time ``run.json`` records **and** its
     command line is ``python -m ups.launch.supervise <this run folder>``;
   - a descendant of that launcher, of the job's top process (its pid and start time as
-    recorded, its parent the proven launcher), or of the acting process (a job's own
-    watchdog acting on its DataLoader workers), by the ``PPid`` chain in ``/proc``;
+    run.json records them), or of the acting process (a job's own watchdog acting on its
+    DataLoader workers), by the ``PPid`` chain in ``/proc``;
   - a member of the job's session: the launcher starts in a session of its own and the job
     inside it, so its processes carry the launcher's pid as session id. Session ids are not
     reused while any member lives, so the session is ours when its leader is alive with the
     recorded start time, or gone altogether (then only the old session's members can carry
     that id). A leader pid alive with another start time means the old session is gone.
 
-Everything here reads ``/proc``; nothing parses a record beyond pid and start time.
+The trust root is run.json (the acting user's, writable by no one else); status records are
+the job's word and prove nothing alone. Everything else here is read from ``/proc``.
 """
 
 from __future__ import annotations
@@ -149,6 +150,15 @@ class JobScope:
             if owner != me:
                 raise RefusedSignal(f"{path}: the {what} belongs to {user_name(owner)}, not to you ({user_name(me)}): "
                                     "ups reads another user's runs but never acts on them")
+        try:
+            events = os.lstat(path / "events.jsonl")
+        except FileNotFoundError:
+            events = None
+        except OSError as exc:
+            raise RefusedSignal(f"{path}/events.jsonl: {exc.strerror or exc}: nothing acted on") from None
+        if events is not None and (not stat.S_ISREG(events.st_mode) or events.st_uid != me):
+            raise RefusedSignal(f"{path}/events.jsonl is not a regular file of yours (a link or another user's): "
+                                "ups acts only where it can log what it does; nothing acted on")
         if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
             raise RefusedSignal(f"{path}/run.json is writable by other users (mode {stat.S_IMODE(st.st_mode):o}): "
                                 "its pids cannot be trusted; nothing acted on")

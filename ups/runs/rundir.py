@@ -376,7 +376,8 @@ class RunDir:
         """Append one JSON line to events.jsonl (a single O_APPEND write: no interleaving)."""
         entry = {"ts": time.time(), "event": event, "actor": actor, **fields}
         line = (json.dumps(entry, default=str) + "\n").encode()
-        fd = os.open(self.events_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        # Never through a link: a planted events.jsonl -> /etc/... must not make us append there.
+        fd = os.open(self.events_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
         try:
             os.write(fd, line)
         finally:
