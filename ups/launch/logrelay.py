@@ -25,7 +25,8 @@ import signal
 import sys
 import time
 
-CHUNK = 1 << 16
+CHUNK = 1 << 20  # the whole pipe at once
+NAP_S = 0.01
 
 
 class Relay:
@@ -93,6 +94,12 @@ class Relay:
                 break
             self.total += len(data)
             self.write(data)
+            if len(data) < CHUNK:
+                # A program that prints line by line (unbuffered, as the launcher sets it) would
+                # wake us once per line; a short nap lets the pipe (1 MiB) gather a batch, so the
+                # relay costs one read and one write per batch, not per line, and the program
+                # never waits (it would need to print 1 MiB within the nap).
+                time.sleep(NAP_S)
         if self.error is not None:
             self.resume()
         self.say(end=True, error=self.error, since=self.since, episodes=self.episodes)

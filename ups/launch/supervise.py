@@ -237,8 +237,25 @@ class Supervisor:
             summary=summary,
         )
         self.wait_for_space()
+        if dropped and dropped.get("error"):
+            self.note_dropped_in_log(dropped)
         record_verdict(self.run)
         return {"succeeded": 0, "partial": 3}.get(outcome.state, 1)
+
+    def note_dropped_in_log(self, dropped: dict[str, Any]) -> None:
+        """The relay ended while the disk was still full, so its own note never reached the
+        log: say at the log's end what is missing from it (best effort)."""
+        told = sum(e.get("bytes", 0) for e in dropped.get("episodes") or [])
+        note = (f"\n[ups: {dropped['dropped'] - told} bytes of the job's output were dropped up to its end: "
+                f"{dropped['error']}]\n")
+        try:
+            fd = os.open(self.run.log_path("job"), os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK)
+            try:
+                os.write(fd, note.encode())
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
 
     def wait_for_space(self) -> None:
         """The run's end is written, or kept until the disk has room again: the launcher
