@@ -102,6 +102,8 @@ def test_full_disk_drops_output_not_the_program_and_the_run_ends_true(small_disk
 
     row = wait_for(disk_full_said, 30, interval=0.5, message="ups status to say disk full")
     assert "C call" not in row["reason"]
+    res = run_ups("why", str(run.path))
+    assert res.returncode == 1 and "disk is full" in res.stdout and "Traceback" not in res.stderr, (res.stdout, res.stderr)
 
     (ctl / "exit").touch()  # it exits 0 while the disk is still full: no room for its final record
     wait_for(lambda: process_start_time(job["pid"]) is None, 30, message="the program's end")
@@ -122,3 +124,21 @@ def test_full_disk_drops_output_not_the_program_and_the_run_ends_true(small_disk
     assert "log.dropped" in events and "exit" in events
     assert not [e for e in run.read_events() if e["event"] == "signal"]
     wait_for(lambda: process_start_time(launcher) is None, 30, message="the launcher's own end")
+
+
+def test_kill_on_a_full_disk_stops_the_job_without_a_traceback(small_disk, tmp_path):
+    prog = tmp_path / "ticker.py"
+    prog.write_text("import time\nfor i in range(1200):\n    print('tick', i, flush=True)\n    time.sleep(0.1)\n")
+    res = run_ups("launch", "python", "--detach", "--json", "--runs-dir", str(small_disk / "runs"), str(prog), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    run = RunDir(json.loads(res.stdout)["run_dir"])
+    wait_for(lambda: "tick 1" in run.log_path("job").read_text(), 30, message="the program started")
+    job = run.read_manifest()["job"]
+    fill(small_disk / "filler")
+    res = run_ups("kill", str(run.path), "--grace", "2", timeout=60)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, (res.stdout, res.stderr)
+    wait_for(lambda: process_start_time(job["pid"]) is None, 30, message="the job stopped")
+    os.unlink(small_disk / "filler")
+    res = run_ups("status", str(run.path), "--json")
+    assert res.returncode == 0 and "Traceback" not in res.stderr
+    assert json.loads(res.stdout)["state"] in FINAL_RUN_STATES

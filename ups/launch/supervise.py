@@ -37,6 +37,7 @@ from ups.status.schema import process_name
 ACTOR = "launcher"
 TERM_GRACE_S = 10.0
 PIPE_BYTES = 1 << 20  # the job's output pipe: a burst of output never waits on the relay
+STOP_WRITE_S = 3.0  # a launcher asked to stop while its end cannot be written: how long it still tries
 RELAY_END_S = 3.0  # after the job: how long its output may still drain (a daemon it left may hold the pipe)
 
 
@@ -259,14 +260,20 @@ class Supervisor:
 
     def wait_for_space(self) -> None:
         """The run's end is written, or kept until the disk has room again: the launcher
-        stays (its record says so) until the truth is on disk, or until it is told to stop."""
+        stays (its record says so) until the truth is on disk, unless it is asked to stop
+        (`ups kill`): then it tries for STOP_WRITE_S more and leaves, and a reader settles
+        the run's state from the records once there is room."""
         if not isinstance(self.run, LauncherRun):
             return
-        told = self.terminate_requested
+        give_up: float | None = None
         while not self.run.flush_pending():
-            if self.terminate_requested != told and self.terminate_requested is not None:
-                break  # `ups kill` of a launcher that waits for space: it stops, as asked
-            time.sleep(1.0)
+            if self.terminate_requested is not None:
+                give_up = give_up or time.monotonic() + STOP_WRITE_S
+                if time.monotonic() > give_up:
+                    print(f"ups: asked to stop; the run's end could not be written ({(self.run.write_failure or {}).get('error')})",
+                          flush=True)
+                    return
+            time.sleep(0.5)
 
 
 def _all_final(run: RunDir) -> bool:

@@ -20,6 +20,7 @@ import errno
 import os
 import signal
 import stat
+import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -103,15 +104,24 @@ def send_signal(run: RunDir, record: StatusRecord, signum: int, *, actor: str, r
         raise RefusedSignal(f"{record.label} (pid {record.pid}) exited before the signal", exit_code=1) from None
     except PermissionError:
         raise RefusedSignal(f"not allowed to signal pid {record.pid} ({record.label})", exit_code=1) from None
-    run.append_event(
-        "signal",
-        actor=actor,
-        reason=reason,
-        target=record.name,
-        pid=record.pid,
-        signal=signal_name(signum),
-        proof=proof,
-    )
+    log_event(run, "signal", actor=actor, reason=reason, target=record.name, pid=record.pid, signal=signal_name(signum),
+              proof=proof)
+
+
+def log_event(run: RunDir, event: str, *, actor: str, **fields: object) -> None:
+    """Log an action that was taken: a full disk (or a read-only one) must not turn a signal
+    already sent into a traceback, nor stop the rest of a kill. What could not be logged is
+    said on stderr, once per error."""
+    try:
+        run.append_event(event, actor=actor, **fields)
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        if why not in _UNLOGGED:
+            _UNLOGGED.add(why)
+            print(f"ups: {event} not written to {run.events_path}: {why}", file=sys.stderr, flush=True)
+
+
+_UNLOGGED: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -199,7 +209,7 @@ def dump_stacks(run: RunDir, record: StatusRecord, *, actor: str, timeout: float
         if text is None:
             raise HandlerGone(f"{note}; no dump: py-spy is not installed or not permitted", exit_code=1)
         _append_stack_file(path, f"\n=== {note}; py-spy dump requested by {actor} at {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n{text}")
-        run.append_event("stacks.pyspy", actor=actor, target=record.name, pid=record.pid, reason=note, proof=proof)
+        log_event(run, "stacks.pyspy", actor=actor, target=record.name, pid=record.pid, reason=note, proof=proof)
         return text
     header = f"\n=== stack dump of {record.label} pid {record.pid} requested by {actor} at {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n"
     start = _append_stack_file(path, header)
