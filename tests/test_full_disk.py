@@ -142,3 +142,23 @@ def test_kill_on_a_full_disk_stops_the_job_without_a_traceback(small_disk, tmp_p
     res = run_ups("status", str(run.path), "--json")
     assert res.returncode == 0 and "Traceback" not in res.stderr
     assert json.loads(res.stdout)["state"] in FINAL_RUN_STATES
+
+
+def test_job_output_outlives_a_dead_launcher(runs_root, tmp_path):
+    """The relay is not the launcher: when the launcher dies (OOM killer, a bug), the job's
+    next print must not meet a closed pipe (EPIPE would kill it); its output still reaches the log."""
+    import signal
+
+    prog = tmp_path / "ticker.py"
+    prog.write_text("import time\nfor i in range(1200):\n    print('tick', i, flush=True)\n    time.sleep(0.05)\n")
+    res = run_ups("launch", "python", "--detach", "--json", str(prog), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    run = RunDir(json.loads(res.stdout)["run_dir"])
+    wait_for(lambda: "tick 1" in run.log_path("job").read_text(), 30, message="the program started")
+    m = run.read_manifest()
+    os.kill(m["launcher"]["pid"], signal.SIGKILL)
+    wait_for(lambda: process_start_time(m["launcher"]["pid"]) is None, 10, message="the launcher gone")
+    size = run.log_path("job").stat().st_size
+    wait_for(lambda: run.log_path("job").stat().st_size > size + 200, 15, message="output after the launcher died")
+    assert process_start_time(m["job"]["pid"]) is not None, "the job died with its launcher"
+    os.kill(m["job"]["pid"], signal.SIGKILL)
