@@ -210,3 +210,25 @@ def test_kill_of_a_folder_that_is_no_run_writes_nothing(tmp_path, runs_root, whe
     one_line_refusal(res, "is not a run folder")
     assert len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert sorted(os.listdir(folder)) == before
+
+
+def test_a_record_cannot_turn_a_stack_dump_into_sigterm(procs, runs_root, tmp_path):
+    """A forged record naming a job process (provably the job's, catching SIGTERM to save a
+    checkpoint and exit, as trainers do) with SIGTERM as its "stack-dump signal"."""
+    run = RunDir.create(runs_root, "test")
+    marker = tmp_path / "got-sigterm"
+    proc = procs.python(textwrap.dedent(f"""
+        import signal, time
+        signal.signal(signal.SIGTERM, lambda *a: open({str(marker)!r}, "w").close())
+        print("up", flush=True)
+        time.sleep(120)
+        """), stdout=subprocess.PIPE, text=True)
+    record_job(run, proc)
+    assert proc.stdout.readline().strip() == "up"
+    forge(run, "rank-0", 0, proc.pid, stale=False)
+    rec = StatusRecord.from_json((run.status_dir / "rank-0.json").read_text())
+    (run.status_dir / "rank-0.json").write_text(rec.with_changes(stack_signal=15).to_json())
+    res = run_ups("stacks", str(run.path), "--rank", "0")
+    one_line_refusal(res, "SIGTERM as its stack-dump signal")
+    assert not marker.exists() and proc.poll() is None
+    assert not signalled(run, proc.pid)

@@ -181,6 +181,12 @@ def _alive_or_refused(rec: StatusRecord, results: dict[str, KillResult], outcome
     return False
 
 
+def is_dump_signal(signum: int) -> bool:
+    """A signal with no meaning but the one a program gives it: a record (which anyone who can
+    write the folder may forge) never makes a "stack dump" a SIGTERM, SIGINT or SIGHUP."""
+    return signum in (signal.SIGUSR1, signal.SIGUSR2) or signal.SIGRTMIN <= signum <= signal.SIGRTMAX
+
+
 class HandlerGone(RefusedSignal):
     """The process no longer handles the stack-dump signal: sending it could kill it."""
 
@@ -200,6 +206,9 @@ def dump_stacks(run: RunDir, record: StatusRecord, *, actor: str, timeout: float
             f"{record.label} (pid {record.pid}) registered no stack-dump handler; "
             "the signal would kill it"
         )
+    if not is_dump_signal(record.stack_signal):
+        raise RefusedSignal(f"{record.label} (pid {record.pid}) names {signal_name(record.stack_signal)} as its stack-dump "
+                            "signal: ups dumps stacks only with SIGUSR1, SIGUSR2 or a real-time signal", exit_code=1)
     proof = check_identity(run, record, scope)
     sig = signal_name(record.stack_signal)
     path = run.path / record.stack_file
