@@ -31,7 +31,7 @@ from ups.runs.view import load_run_view, node_view
 from ups.status.health import Health
 from ups.status.host import ENV_HOSTNAME, hostname
 from ups.status.procs import process_start_time, same_start, this_process_start
-from ups.status.reporter import ENV_RUN_DIR, ENV_RUN_ID, Reporter
+from ups.status.reporter import ENV_RUN_DIR, ENV_RUN_ID, Reporter, append_opener
 from ups.status.schema import process_name
 
 ACTOR = "launcher"
@@ -131,7 +131,7 @@ class Supervisor:
         self.stacks.start()
 
     def start_relay(self, read_end: int) -> None:
-        log_fd = os.open(self.run.log_path("job"), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        log_fd = append_opener(str(self.run.log_path("job")), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         try:
             self.relay = subprocess.Popen([sys.executable, "-m", "ups.launch.logrelay", str(log_fd)], stdin=read_end,
                                           stdout=subprocess.PIPE, pass_fds=(log_fd,), env=_relay_env())
@@ -250,7 +250,7 @@ class Supervisor:
         note = (f"\n[ups: {dropped['dropped'] - told} bytes of the job's output were dropped up to its end: "
                 f"{dropped['error']}]\n")
         try:
-            fd = os.open(self.run.log_path("job"), os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK)
+            fd = append_opener(str(self.run.log_path("job")), os.O_WRONLY | os.O_APPEND)
             try:
                 os.write(fd, note.encode())
             finally:

@@ -163,11 +163,11 @@ class JobScope:
             raise RefusedSignal(f"{path}/run.json is writable by other users (mode {stat.S_IMODE(st.st_mode):o}): "
                                 "its pids cannot be trusted; nothing acted on")
         if manifest is None:
-            import json
+            # The trust boundary's reader (its BadFile is a ValueError).
+            from ups.status.safeio import read_json
 
             try:
-                with open(path / "run.json", "rb") as fh:
-                    manifest = json.loads(fh.read(4 << 20))
+                manifest = read_json(path / "run.json")
             except (OSError, ValueError) as exc:
                 raise RefusedSignal(f"{path}/run.json is unreadable ({exc}): nothing acted on") from None
         if not isinstance(manifest, dict):

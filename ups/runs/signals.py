@@ -19,7 +19,6 @@ from __future__ import annotations
 import errno
 import os
 import signal
-import stat
 import sys
 import time
 from collections.abc import Iterable
@@ -227,16 +226,17 @@ def dump_stacks(run: RunDir, record: StatusRecord, *, actor: str, timeout: float
 
 
 def _append_stack_file(path: Path, text: str) -> int:
-    """Append to a stack file (never through a link, never into anything but a regular file);
-    returns its size after the append."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Append to a stack file through the trust boundary's opener (a FIFO, device or symlink
+    named like it is refused, never waited on or followed); returns its size after the append."""
+    from ups.status.safeio import OPEN_APPEND, BadFile, open_regular
+
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
-    except OSError as exc:
-        raise RefusedSignal(f"cannot write the stack file {path} ({exc.strerror or exc}); not signalled", exit_code=1) from None
+        path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        fd = open_regular(path, OPEN_APPEND)
+    except (OSError, BadFile) as exc:
+        raise RefusedSignal(f"cannot write the stack file {path} ({getattr(exc, 'strerror', None) or exc}); not signalled",
+                            exit_code=1) from None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise RefusedSignal(f"{path} is not a regular file; not signalled", exit_code=1)
         os.write(fd, text.encode())
         return os.fstat(fd).st_size
     except OSError as exc:
@@ -282,9 +282,12 @@ def _wait_for_dump(path: Path, start: int, timeout: float) -> str:
                 stable_since = None
         last_size = size
         time.sleep(0.05)
-    with open(path, "rb") as fh:
-        fh.seek(start)
-        text = fh.read().decode(errors="replace")
+    from ups.status.safeio import BadFile, read_tail
+
+    try:
+        text = read_tail(path, 1 << 20, start)
+    except (OSError, BadFile) as exc:
+        raise RefusedSignal(f"cannot read the stack dump in {path}: {exc}", exit_code=1) from None
     if not text.strip():
         raise RefusedSignal(f"no stack dump appeared in {path} within {timeout:g} s", exit_code=1)
     return text
@@ -294,13 +297,12 @@ def last_stack_dump(run: RunDir, record: StatusRecord, max_bytes: int = 64_000) 
     """The tail of a process's stack file (crash tracebacks and earlier dumps), if any."""
     if not record.stack_file:
         return None
-    path = run.path / record.stack_file
+    from ups.status.safeio import BadFile, read_tail
+
     try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - max_bytes))
-            text = fh.read().decode(errors="replace")
-    except OSError:
+        text = read_tail(run.path / record.stack_file, max_bytes)
+    except FileNotFoundError:
         return None
+    except (OSError, BadFile) as exc:  # a FIFO or device named like a stack file: said, never waited on
+        return f"unreadable: {record.stack_file}: {exc}\n"
     return text if text.strip() else None
