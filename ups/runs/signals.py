@@ -216,16 +216,16 @@ def dump_stacks(run: RunDir, record: StatusRecord, *, actor: str, timeout: float
         note = f"{record.label} (pid {record.pid}) no longer handles {sig} (handler gone; not signalled)"
         if text is None:
             raise HandlerGone(f"{note}; no dump: py-spy is not installed or not permitted", exit_code=1)
-        _append_stack_file(path, f"\n=== {note}; py-spy dump requested by {actor} at {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n{text}")
+        _append_stack_file(record, path, f"\n=== {note}; py-spy dump requested by {actor} at {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n{text}")
         log_event(run, "stacks.pyspy", actor=actor, target=record.name, pid=record.pid, reason=note, proof=proof)
         return text
     header = f"\n=== stack dump of {record.label} pid {record.pid} requested by {actor} at {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n"
-    start = _append_stack_file(path, header)
+    start = _append_stack_file(record, path, header)
     send_signal(run, record, record.stack_signal, actor=actor, reason="dump stacks", scope=scope)
     return _wait_for_dump(path, start, timeout)
 
 
-def _append_stack_file(path: Path, text: str) -> int:
+def _append_stack_file(record: StatusRecord, path: Path, text: str) -> int:
     """Append to a stack file through the trust boundary's opener (a FIFO, device or symlink
     named like it is refused, never waited on or followed); returns its size after the append."""
     from ups.status.safeio import OPEN_APPEND, BadFile, open_regular
@@ -234,13 +234,14 @@ def _append_stack_file(path: Path, text: str) -> int:
         path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
         fd = open_regular(path, OPEN_APPEND)
     except (OSError, BadFile) as exc:
-        raise RefusedSignal(f"cannot write the stack file {path} ({getattr(exc, 'strerror', None) or exc}); not signalled",
-                            exit_code=1) from None
+        raise RefusedSignal(f"{record.label}: stack file {record.stack_file} cannot be written: "
+                            f"{getattr(exc, 'strerror', None) or exc}; not signalled", exit_code=1) from None
     try:
         os.write(fd, text.encode())
         return os.fstat(fd).st_size
     except OSError as exc:
-        raise RefusedSignal(f"cannot write the stack file {path} ({exc.strerror or exc}); not signalled", exit_code=1) from None
+        raise RefusedSignal(f"{record.label}: stack file {record.stack_file} cannot be written: {exc.strerror or exc}; "
+                            "not signalled", exit_code=1) from None
     finally:
         os.close(fd)
 
