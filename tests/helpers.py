@@ -85,3 +85,14 @@ def write_raw_pdebench(root: Path, task: str, samples: int, *, seed: int = 0, ti
             f.create_dataset("x-coordinate", data=np.linspace(0, 1, resolution, dtype=np.float32))
             f.create_dataset("t-coordinate", data=np.linspace(0, 1, timesteps + 1, dtype=np.float32))
     return path
+
+
+def record_job(run, proc) -> None:
+    """Record a process the test started itself as the run's job, as the launcher does
+    (run.json ``job``: pid, start time, session): ups signals only a run's provable processes,
+    and a hand-made run has no launcher. The process must lead its own session
+    (``procs.popen`` starts it so)."""
+    from ups.status.procs import process_start_time
+
+    run.update_manifest(job={"pid": proc.pid, "pid_start": process_start_time(proc.pid), "pgid": proc.pid,
+                             "sid": os.getsid(proc.pid)})

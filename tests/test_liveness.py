@@ -10,7 +10,7 @@ import textwrap
 import time
 
 import pytest
-from helpers import run_ups, wait_for
+from helpers import record_job, run_ups, wait_for
 
 from ups.runs.rundir import RunDir
 from ups.runs.view import load_run_view
@@ -41,6 +41,7 @@ def start_job(procs, runs_root, mode: str, arg: str = "-") -> tuple[RunDir, obje
     run = RunDir.create(runs_root, "test", extra={"thresholds": FAST})
     env = dict(os.environ, UPS_RUN_DIR=str(run.path))
     proc = procs.popen([sys.executable, "-c", JOB, mode, arg], env=env)
+    record_job(run, proc)
     wait_for(lambda: (run.status_dir / "rank-0.json").exists(), 30, message="first record")
     return run, proc
 

@@ -598,11 +598,13 @@ def kill_cmd(
                                "--grace", str(grace), "--reason", reason, *(["--json"] if json else [])])
         return
     from ups.runs.actions import kill_run
+    from ups.runs.ownership import JobScope
     from ups.runs.rundir import resolve_run
     from ups.runs.signals import check_identity, terminate
     from ups.runs.view import load_run_view
 
     rd = resolve_run(runs_dir, run)
+    JobScope.of_run(rd.path)  # not a run folder, or another user's: one line, nothing written
     view = load_run_view(rd)
     actor = cli_actor()
     if rank is None and worker is None:
@@ -610,7 +612,7 @@ def kill_cmd(
     else:
         targets = select_records(view, rank, worker)
         for rec in targets:
-            check_identity(rec)  # refuse (exit 2 / 1) before anything is sent
+            check_identity(rd, rec)  # refuse (exit 2 / 1) before anything is sent
         results = terminate(rd, targets, actor=actor, reason=reason, grace=grace, force=force)
     if json:
         print_json({"run_id": rd.run_id, "results": [r.__dict__ for r in results]})

@@ -2,7 +2,9 @@
 
 The supervisor runs this beside the job. When a process of the run turns stalled or
 unresponsive, its stacks are dumped once per episode (the episode ends when it is healthy
-again), only to processes whose record registered the stack-dump handler, so by the time an
+again), only to processes whose record registered the stack-dump handler and whose live
+caught-signal mask still shows it (ups.runs.signals.dump_stacks: the one check that the CLI
+and the console go through too; a program may have reset it), so by the time an
 operator asks ``ups why`` the frames are there. Each dump is an automatic action on a
 process: it is logged as a ``stacks.auto`` event with its evidence (health and reason). In
 observe-only mode (``--observe-only``, run.json ``automatic: observe``) no signal is sent; the
@@ -73,7 +75,8 @@ class StackCollector:
         evidence = {"target": rec.name, "pid": rec.pid, "health": p.verdict.health.value, "reason": p.verdict.reason,
                     "phase": rec.phase}
         if rec.stack_signal is None or not rec.stack_file:
-            self.run.append_event("stacks.auto", actor=self.actor, result="no stack-dump handler registered", **evidence)
+            self.run.append_event("stacks.auto", actor=self.actor, result="not signalled: its record names no stack-dump "
+                                  "handler (never registered, or the program reset or replaced it)", **evidence)
             return
         if self.observe_only:
             self.run.append_event("stacks.auto", actor=self.actor, result="observe-only: not signalled", **evidence)

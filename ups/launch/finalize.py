@@ -34,6 +34,7 @@ class End:
     returncode: int | None  # None: not known (the run was adopted, or settled by a reader)
     terminated: bool = False  # the operator (or a signal to the launcher) stopped it
     exits: Mapping[str, ProcessExit] = field(default_factory=dict)
+    disk_full: str | None = None  # evidence that the run folder's disk was full during the run
 
 
 Finalizer = Callable[[RunView, End], Outcome]
@@ -110,4 +111,17 @@ def default_finalizer(view: RunView, end: End) -> Outcome:
 
 def finalize(view: RunView, end: End) -> Outcome:
     kind = view.kind or ""
-    return _FINALIZERS.get(kind, default_finalizer)(view, end)
+    outcome = _FINALIZERS.get(kind, default_finalizer)(view, end)
+    return records_incomplete(view, end, outcome)
+
+
+def records_incomplete(view: RunView, end: End, outcome: Outcome) -> Outcome:
+    """A job that exited 0 while the disk was full may have had no room for its final
+    records: that is not a failure of the job. It succeeded, with a note that its records are
+    incomplete, unless a record it did write says it failed."""
+    if outcome.state != "failed" or end.disk_full is None or end.returncode != 0 or end.terminated:
+        return outcome
+    if any(p.record.state == "failed" for p in view.processes if p.record.role != "launcher"):
+        return outcome
+    note = f"exited 0; its records are incomplete (disk full: {end.disk_full})"
+    return Outcome("succeeded", note, None, {**outcome.extra, "records_incomplete": end.disk_full})

@@ -103,6 +103,13 @@ def torchrun_outcome(view: RunView, end: End) -> Outcome:
         except (TypeError, ValueError):
             world = 0
         expected = set()
+    if not records and not m.get("instrument", True):
+        # UPS_INSTRUMENT=0: no process writes a record, so torchrun's own exit is the truth.
+        if end.terminated or end.returncode in STOPPED_CODES:
+            return Outcome("killed", f"stopped ({describe_returncode(end.returncode)})")
+        root = f" (torchrun named rank {torchrun_root})" if torchrun_root is not None else ""
+        return Outcome("succeeded" if end.returncode == 0 else "failed",
+                       f"torchrun {describe_returncode(end.returncode)}{root} (not instrumented: UPS_INSTRUMENT=0)")
     ranks: dict[str, dict[str, Any]] = {}
     for r in sorted(expected | set(records) | set(codes)):
         rec = records.get(r)

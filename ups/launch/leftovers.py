@@ -24,6 +24,7 @@ import ctypes
 import os
 import signal
 import time
+from collections.abc import Collection
 from dataclasses import asdict, dataclass
 
 from ups.runs.rundir import RunDir
@@ -76,14 +77,16 @@ def _command(pid: int) -> str:
         return "?"
 
 
-def find(me: int | None = None) -> list[Leftover]:
+def find(me: int | None = None, keep: Collection[int] = ()) -> list[Leftover]:
     """The live processes that are provably this launcher's job: its session (when it leads
-    one) and its descendants. Zombies are not alive (``reap`` collects ours)."""
+    one) and its descendants, but ``keep`` (the launcher's own helpers: the job's output relay,
+    which ends by itself once the job's pipe is closed). Zombies are not alive (``reap``
+    collects ours)."""
     me = os.getpid() if me is None else me
     session = os.getsid(me) if os.getsid(me) == me else None
     table: dict[int, tuple[str, int, int]] = {}
     for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != me:
+        if entry.isdigit() and int(entry) != me and int(entry) not in keep:
             st = _stat(int(entry))
             if st is not None:
                 table[int(entry)] = st
@@ -152,12 +155,12 @@ def _wait_gone(procs: list[Leftover], seconds: float) -> list[Leftover]:
     return left
 
 
-def sweep(run: RunDir, *, actor: str, observe_only: bool, stopping: bool = False) -> list[Leftover]:
+def sweep(run: RunDir, *, actor: str, observe_only: bool, stopping: bool = False, keep: Collection[int] = ()) -> list[Leftover]:
     """End whatever the job left running; returns the survivors (to be named in the run's end).
 
     ``stopping``: the run is being killed, its processes were told to stop already: no
     settling time before the signals."""
-    left = _wait_gone(find(), 0.0 if stopping else SETTLE_S)
+    left = _wait_gone(find(keep=keep), 0.0 if stopping else SETTLE_S)
     if not left:
         return []
     evidence = [asdict(p) for p in left]
@@ -172,7 +175,7 @@ def sweep(run: RunDir, *, actor: str, observe_only: bool, stopping: bool = False
         _signal(p, signal.SIGKILL)
     survivors = _wait_gone(after_term, KILL_WAIT_S)
     # A process started by a leftover while we waited is the job's too: one more look.
-    late = [p for p in find() if p.pid not in {q.pid for q in left}]
+    late = [p for p in find(keep=keep) if p.pid not in {q.pid for q in left}]
     for p in late:
         _signal(p, signal.SIGKILL)
     survivors += _wait_gone(late, KILL_WAIT_S)

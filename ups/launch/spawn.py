@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ups.errors import UpsError
 from ups.runs.rundir import RunDir
 from ups.status.health import Thresholds
 from ups.status.reporter import append_opener
@@ -59,17 +60,34 @@ def launch_run(
         "automatic": "observe" if observe_only else "act",
     }
     fields.update(extra or {})
-    run = RunDir.create(runs_root, kind, argv=argv if argv is not None else sys.argv, config=config, extra=fields, name=name,
-                         run_id=run_id, multinode=multinode)
-    for name, data in (files or {}).items():  # e.g. the resolved config the job reads
-        (run.path / name).parent.mkdir(parents=True, exist_ok=True)
-        (run.path / name).write_bytes(data)
-    if any("{RUN}" in c for c in fields["command"]):
-        resolved = str(run.path.resolve())
-        run.update_manifest(command=[c.replace("{RUN}", resolved) for c in fields["command"]])
+    before = _entries(runs_root)
+    try:
+        run = RunDir.create(runs_root, kind, argv=argv if argv is not None else sys.argv, config=config, extra=fields,
+                            name=name, run_id=run_id, multinode=multinode)
+        for name, data in (files or {}).items():  # e.g. the resolved config the job reads
+            (run.path / name).parent.mkdir(parents=True, exist_ok=True)
+            (run.path / name).write_bytes(data)
+        if any("{RUN}" in c for c in fields["command"]):
+            resolved = str(run.path.resolve())
+            run.update_manifest(command=[c.replace("{RUN}", resolved) for c in fields["command"]])
+    except OSError as exc:
+        # A full disk (or a read-only one): no half-made run is left to be listed as corrupt.
+        if multinode is None:
+            import shutil
+
+            for made in _entries(runs_root) - before:
+                shutil.rmtree(Path(runs_root) / made, ignore_errors=True)
+        raise UpsError(f"cannot create a run under {runs_root}: {exc.strerror or exc}; nothing was started") from None
     proc = spawn_supervisor(run)
     run.append_event("launch", actor=os.environ.get("UPS_ACTOR", "cli"), kind=kind, supervisor_pid=proc.pid)
     return run
+
+
+def _entries(root: str | os.PathLike[str]) -> set[str]:
+    try:
+        return set(os.listdir(root))
+    except OSError:
+        return set()
 
 
 def spawn_supervisor(run: RunDir, *, adopt: bool = False) -> subprocess.Popen[bytes]:

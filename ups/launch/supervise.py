@@ -11,10 +11,14 @@ ends, whatever the job left running is ended too, and a survivor is named in the
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -24,6 +28,8 @@ from ups.launch.autostacks import StackCollector
 from ups.launch.exits import ExitWatcher
 from ups.launch.finalize import End, Outcome, describe_returncode, finalize
 from ups.launch.onhang import Decision, HangWatch, archive_attempt
+from ups.launch.pending import LauncherRun
+from ups.runs import space
 from ups.runs.rundir import RunDir
 from ups.runs.signals import signal_name
 from ups.runs.view import load_run_view, node_view
@@ -36,6 +42,9 @@ from ups.status.schema import process_name
 ACTOR = "launcher"
 TERM_GRACE_S = 10.0
 RESTART_GRACE_S = 5.0  # a hung job asked to stop before a restart: then SIGKILL
+PIPE_BYTES = 1 << 20  # the job's output pipe: a burst of output never waits on the relay
+STOP_WRITE_S = 3.0  # a launcher asked to stop while its end cannot be written: how long it still tries
+RELAY_END_S = 3.0  # after the job: how long its output may still drain (a daemon it left may hold the pipe)
 
 
 def _own_process_group() -> dict[str, Any]:
@@ -60,6 +69,9 @@ class Supervisor:
         from ups.notify import Notifier
 
         self.notifier = Notifier.for_run(run, self.manifest)  # --notify, or the user's config; None: nobody to tell
+        self.relay: subprocess.Popen[bytes] | None = None
+        self.relay_thread: threading.Thread | None = None
+        self.relay_report: dict[str, Any] | None = None
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         name = signal_name(signum) or str(signum)
@@ -103,26 +115,74 @@ class Supervisor:
 
     def start(self) -> None:
         command = [str(c) for c in self.manifest["command"]]
-        log = open(self.run.log_path("job"), "ab", opener=append_opener)  # noqa: SIM115 - owned by the child
-        self.child = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=self.job_env(),
-            cwd=self.manifest.get("cwd") or None,
-            **_own_process_group(),
-        )
-        log.close()
+        # The job's stdout and stderr go to a pipe that the relay drains into logs/job.log
+        # (see ups.launch.logrelay): a full disk drops output, never the program.
+        read_end, write_end = os.pipe()
+        try:
+            fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+        except OSError:
+            pass  # the default 64 KiB (a lower pipe-max-size): still correct, only less slack
+        try:
+            self.start_relay(read_end)
+        finally:
+            os.close(read_end)
+        try:
+            self.child = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=write_end,
+                stderr=subprocess.STDOUT,
+                env=self.job_env(),
+                cwd=self.manifest.get("cwd") or None,
+                **_own_process_group(),
+            )
+        finally:
+            os.close(write_end)  # only the job holds it now: the relay sees the end when the job's is
         self.pgid = self.child.pid
         self.run.update_manifest(
             state="running",
             job={"pid": self.child.pid, "pid_start": process_start_time(self.child.pid), "pgid": self.child.pid,
-                 "command": command},
+                 "sid": os.getsid(0), "command": command},  # sid: the proof that a pid is the job's (ups.runs.ownership)
         )
         self.run.append_event("start", actor=ACTOR, pid=self.child.pid, command=command)
         self.exits.start()
         self.stacks.start()
+
+    def start_relay(self, read_end: int) -> None:
+        log_fd = append_opener(str(self.run.log_path("job")), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        try:
+            self.relay = subprocess.Popen([sys.executable, "-m", "ups.launch.logrelay", str(log_fd)], stdin=read_end,
+                                          stdout=subprocess.PIPE, pass_fds=(log_fd,), env=_relay_env())
+        finally:
+            os.close(log_fd)
+        self.relay_thread = threading.Thread(target=self._read_relay, name="ups-log-relay", daemon=True)
+        self.relay_thread.start()
+
+    def _read_relay(self) -> None:
+        assert self.relay is not None and self.relay.stdout is not None
+        for line in self.relay.stdout:
+            try:
+                report = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(report, dict):
+                self.relay_report = report
+                if "since" in report and report.get("error") and not report.get("end") and "resumed" not in report:
+                    self.run.append_event("log.dropping", actor=ACTOR, error=report["error"], since=report["since"])
+
+    def output_dropped(self) -> dict[str, Any] | None:
+        """What the relay could not write to the job's log (None: nothing was dropped)."""
+        if self.relay is not None:
+            try:
+                self.relay.wait(timeout=RELAY_END_S)
+            except subprocess.TimeoutExpired:
+                pass  # a process the job left holds the pipe: the count so far
+            if self.relay_thread is not None:
+                self.relay_thread.join(timeout=1.0)
+        report = self.relay_report or {}
+        if not report.get("dropped"):
+            return None
+        return {k: report.get(k) for k in ("dropped", "total", "error", "episodes") if report.get(k) is not None}
 
     def describe(self) -> str:
         return f"job pid {self.child.pid if self.child else '?'}"
@@ -131,7 +191,8 @@ class Supervisor:
         """End what the job left running (its session, our descendants); the survivors."""
         try:
             return leftovers.sweep(self.run, actor=ACTOR, observe_only=self.manifest.get("automatic") == "observe",
-                                   stopping=self.terminate_requested is not None)
+                                   stopping=self.terminate_requested is not None,
+                                   keep={self.relay.pid} if self.relay is not None else set())
         except Exception as exc:  # noqa: BLE001 - the run's end must be written whatever happens here
             print(f"ups: could not check for processes left behind: {exc!r}", flush=True)
             return []
@@ -145,6 +206,7 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 pass
             deadline = self._escalate(reporter, deadline)
+            self._retry_pending()
             if self.terminate_requested is None:
                 self._watch_hang(reporter)
 
@@ -211,6 +273,7 @@ class Supervisor:
         v = decision.verdict
         self.run.append_event("hang", actor=ACTOR, action="restart", **evidence)
         rc = self._stop_for_restart()
+        self.sweep()  # what the hung attempt left outside its process group (re-parented to us, its session)
         self.stacks.stop()
         self.exits.stop()
         folder = archive_attempt(self.run, self.attempt)
@@ -239,6 +302,20 @@ class Supervisor:
             self.signal_job(signal.SIGKILL)
         return deadline
 
+    def _retry_pending(self) -> None:
+        if isinstance(self.run, LauncherRun) and self.run.pending:
+            self.run.flush_pending()
+
+    def disk_full(self, dropped: dict[str, Any] | None) -> str | None:
+        """Evidence that the run folder's disk was full during the run (None: none seen)."""
+        failure = getattr(self.run, "write_failure", None)
+        if failure and failure.get("errno") in (errno.ENOSPC, errno.EDQUOT):
+            return f"{failure['error']} (the launcher's writes, from {time.strftime('%H:%M:%S', time.localtime(failure['at']))})"
+        if dropped and any(e in str(dropped.get("error")) + str(dropped.get("episodes"))
+                           for e in (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))):
+            return f"{dropped.get('dropped')} bytes of the job's output dropped ({os.strerror(errno.ENOSPC)})"
+        return space.disk_full(self.run.path)
+
     def _grace(self) -> float:
         """Seconds between SIGTERM and SIGKILL for the job: ours, or less if ``ups kill --grace``
         asked for less (it waits that long plus a margin for us before it kills the launcher,
@@ -258,20 +335,28 @@ class Supervisor:
             time.sleep(0.02)
         self.stacks.stop()
         self.exits.stop()  # the job's own ends; what the sweep ends below is the launcher's doing
-        survivors = self.sweep()
+        survivors = self.sweep()  # first: a process the job left may hold its output pipe open
+        dropped = self.output_dropped()
+        disk_full = self.disk_full(dropped)
         view = node_view(load_run_view(self.run))  # this node's processes: each node finishes its own
-        outcome = finalize(view, End(returncode, self.terminate_requested is not None, dict(self.exits.exits)))
+        outcome = finalize(view, End(returncode, self.terminate_requested is not None, dict(self.exits.exits), disk_full))
         if survivors:
             outcome = Outcome(outcome.state, f"{outcome.summary}; {leftovers.describe(survivors)}", outcome.failure,
                               {**outcome.extra, "leftovers": [s.__dict__ for s in survivors]})
         outcome = self._hang_outcome(outcome)
+        extra = dict(outcome.extra)
+        summary = outcome.summary
+        if dropped:
+            extra["output_dropped"] = dropped
+            summary += f"; {dropped['dropped']} bytes of its output could not be written to the log ({dropped.get('error') or 'see the log'})"
+            self.run.append_event("log.dropped", actor=ACTOR, **dropped)
         self.run.set_state(
             outcome.state,
             exit_code=returncode if returncode is None or returncode >= 0 else None,
             signal=signal_name(-returncode) if returncode is not None and returncode < 0 else None,
-            summary=outcome.summary,
+            summary=summary,
             failure=outcome.failure,
-            **outcome.extra,
+            **extra,
         )
         self.run.append_event(
             "exit",
@@ -279,8 +364,11 @@ class Supervisor:
             state=outcome.state,
             returncode=returncode,
             detail=describe_returncode(returncode),
-            summary=outcome.summary,
+            summary=summary,
         )
+        self.wait_for_space()
+        if dropped and dropped.get("error"):
+            self.note_dropped_in_log(dropped)
         record_verdict(self.run)
         if self.hang.restarts and self.hang_end is None:  # the last attempt's verdict beside the others
             self._record_attempt((self.run.read_own_manifest().get("verdict") or {}), f"ended {outcome.state}")
@@ -310,6 +398,38 @@ def _group_alive(pgid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+    def note_dropped_in_log(self, dropped: dict[str, Any]) -> None:
+        """The relay ended while the disk was still full, so its own note never reached the
+        log: say at the log's end what is missing from it (best effort)."""
+        told = sum(e.get("bytes", 0) for e in dropped.get("episodes") or [])
+        note = (f"\n[ups: {dropped['dropped'] - told} bytes of the job's output were dropped up to its end: "
+                f"{dropped['error']}]\n")
+        try:
+            fd = append_opener(str(self.run.log_path("job")), os.O_WRONLY | os.O_APPEND)
+            try:
+                os.write(fd, note.encode())
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
+
+    def wait_for_space(self) -> None:
+        """The run's end is written, or kept until the disk has room again: the launcher
+        stays (its record says so) until the truth is on disk, unless it is asked to stop
+        (`ups kill`): then it tries for STOP_WRITE_S more and leaves, and a reader settles
+        the run's state from the records once there is room."""
+        if not isinstance(self.run, LauncherRun):
+            return
+        give_up: float | None = None
+        while not self.run.flush_pending():
+            if self.terminate_requested is not None:
+                give_up = give_up or time.monotonic() + STOP_WRITE_S
+                if time.monotonic() > give_up:
+                    print(f"ups: asked to stop; the run's end could not be written ({(self.run.write_failure or {}).get('error')})",
+                          flush=True)
+                    return
+            time.sleep(0.5)
 
 
 def _all_final(run: RunDir) -> bool:
@@ -377,7 +497,8 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m ups.launch.supervise RUN_DIR [--adopt]", file=sys.stderr)
         return 2
-    run = RunDir(args[0])
+    _tolerant_streams()
+    run = LauncherRun(args[0])
     sup = Adopter(run) if adopt else Supervisor(run)
     if not adopt:
         leftovers.become_subreaper()  # orphans of the job stay ours, to be ended with the run
@@ -393,6 +514,7 @@ def main(argv: list[str] | None = None) -> int:
             sup.start()
         except OSError as exc:
             run.set_state("failed", summary=f"could not start the job: {exc}")
+            run.flush_pending()
             run.append_event("exit", actor=ACTOR, state="failed", summary=str(exc))
             reporter.fail(f"could not start the job: {exc}")
             return 1
@@ -411,6 +533,38 @@ def notify_end(run: RunDir, notifier: Any) -> None:  # noqa: ANN401
     m = run.read_manifest()
     notifier.on_end(m.get("state") or "?", m.get("summary") or "", m.get("verdict"))
     notifier.drain(notifier.timeout + 1.0)
+
+class _TolerantStream:
+    """The launcher's stdout/stderr (logs/launcher.log): a write that fails (a full disk) is
+    dropped; the launcher never dies of its own log."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except (OSError, ValueError):
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except (OSError, ValueError):
+            pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _tolerant_streams() -> None:
+    sys.stdout = _TolerantStream(sys.stdout)  # type: ignore[assignment]
+    sys.stderr = _TolerantStream(sys.stderr)  # type: ignore[assignment]
+
+
+def _relay_env() -> dict[str, str]:
+    """The relay's environment: this one, without a job's instrumentation."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("UPS_")}
 
 
 if __name__ == "__main__":

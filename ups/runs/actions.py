@@ -6,11 +6,13 @@ and reason); requests to a live job go through the run's ``control/`` folder.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from ups.errors import UpsError
+from ups.runs.ownership import JobScope
 from ups.runs.rundir import FINAL_RUN_STATES, RunDir
-from ups.runs.signals import KillResult, is_alive, terminate
+from ups.runs.signals import KillResult, is_alive, log_event, terminate
 from ups.runs.view import RunView, load_run_view, node_view
 
 
@@ -20,9 +22,10 @@ def kill_run(run: RunDir, view: RunView, *, actor: str, reason: str, grace: floa
 
     A multi-node run: this node's part (its launcher, its processes, its node manifest); the
     other nodes' ranks fail in their next collective, or are stopped there (``--remote``)."""
+    JobScope.of_run(run.path)  # a folder that is no run, or not this user's: refused before anything is written
     # The grace is the launcher's to honour too (it stops the job's process group, then ends
     # whatever is left): it must finish before this waits out its own grace for the launcher.
-    run.append_event("kill", actor=actor, target="run", reason=reason, force=force, grace=grace)
+    log_event(run, "kill", actor=actor, target="run", reason=reason, force=force, grace=grace)
     view = node_view(view)
     launcher = [p.record for p in view.processes if p.record.role == "launcher"]
     results: list[KillResult] = []
@@ -33,7 +36,10 @@ def kill_run(run: RunDir, view: RunView, *, actor: str, reason: str, grace: floa
     if force and launcher:
         results += terminate(run, launcher, actor=actor, reason=reason, grace=grace, force=True)
     if run.read_own_manifest().get("state") not in FINAL_RUN_STATES:
-        run.set_state("killed", summary=f"killed by {actor}: {reason}")
+        try:
+            run.set_state("killed", summary=f"killed by {actor}: {reason}")
+        except OSError as exc:  # a full disk: the processes are stopped; a reader settles the state later
+            print(f"ups: the run's state not written to {run.manifest_path}: {exc.strerror or exc}", file=sys.stderr, flush=True)
     return results
 
 

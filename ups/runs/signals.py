@@ -1,8 +1,17 @@
 """Safe signalling: only processes a run's records name, only when their identity holds.
 
-A pid alone is not an identity: after a process exits its pid can be handed to a stranger.
-Every signal here is sent only when the live process's start time equals the start time the
-record carries, and every action is appended to the run's event log with who and why.
+A pid alone is not an identity: after a process exits its pid can be handed to a stranger,
+and anyone who can write a file can name any pid. Every signal here is sent only when the
+live process's start time equals the start time the record carries **and** the kernel proves
+the process is the job's (:mod:`ups.runs.ownership`: the acting user's run, the run owner's
+process, the launcher, its descendant or its session; never pid 1). Every action is appended
+to the run's event log with who and why.
+
+A stack-dump signal is sent only to a process that handles it *now* (its caught-signal mask
+in ``/proc/PID/status``): a program may reset the handler (Lightning's teardown resets the
+signals it touched to their default action, which for every user and real-time signal is
+death). Where the handler is gone, a dump that cannot kill (py-spy) is used if it is
+installed, else no dump, and the refusal says so.
 """
 
 from __future__ import annotations
@@ -10,12 +19,14 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ups.errors import RefusedSignal
+from ups.runs.ownership import JobScope, catches, check_record_owner
 from ups.runs.rundir import RunDir
 from ups.status.host import hostname
 from ups.status.procs import process_start_time, same_start
@@ -30,6 +41,8 @@ def signal_name(signum: int | None) -> str | None:
     try:
         return signal.Signals(signum).name
     except ValueError:
+        if signal.SIGRTMIN < signum < signal.SIGRTMAX:
+            return f"SIGRTMIN+{signum - signal.SIGRTMIN}"
         return f"signal {signum}"
 
 
@@ -48,12 +61,15 @@ def own_lineage() -> set[int]:
     return pids
 
 
-def check_identity(record: StatusRecord) -> None:
-    """Raise RefusedSignal unless ``record.pid`` is alive and is the process the record names,
-    and is not this command's own process or one of its ancestors."""
+def check_identity(run: RunDir, record: StatusRecord, scope: JobScope | None = None) -> str:
+    """Raise RefusedSignal unless ``record.pid`` is alive, is the process the record names,
+    is provably the job's (see :mod:`ups.runs.ownership`), and is not this command's own
+    process or one of its ancestors. Returns why it is the job's."""
     if record.host != hostname():
         raise RefusedSignal(f"{record.label} runs on {record.host}, not on this host ({hostname()}): act on it "
                             f"there, or with --remote {record.host}", exit_code=1)
+    if record.pid <= 1:
+        raise RefusedSignal(f"{record.label} names pid {record.pid}: ups never signals pid 1 or lower")
     if record.pid in own_lineage():
         raise RefusedSignal(f"pid {record.pid} ({record.label}) is this command's own process or one of its "
                             "parents: refusing to signal it")
@@ -65,6 +81,9 @@ def check_identity(record: StatusRecord) -> None:
             f"pid {record.pid} is not {record.label} of this run any more "
             f"(started {live:.2f}, record says {record.pid_start:.2f}): refusing to signal it"
         )
+    scope = scope or JobScope.of_run(run.path)
+    check_record_owner(run.status_dir / f"{record.name}.json", record.label)
+    return scope.prove(record.pid, record.pid_start, record.label)
 
 
 def is_alive(record: StatusRecord) -> bool:
@@ -74,23 +93,34 @@ def is_alive(record: StatusRecord) -> bool:
     return same_start(process_start_time(record.pid), record.pid_start)
 
 
-def send_signal(run: RunDir, record: StatusRecord, signum: int, *, actor: str, reason: str) -> None:
-    """Send one signal after the identity check, and log it."""
-    check_identity(record)
+def send_signal(run: RunDir, record: StatusRecord, signum: int, *, actor: str, reason: str,
+                scope: JobScope | None = None) -> None:
+    """Send one signal after the identity and ownership proof, and log it with the proof."""
+    proof = check_identity(run, record, scope)
     try:
         os.kill(record.pid, signum)
     except ProcessLookupError:
         raise RefusedSignal(f"{record.label} (pid {record.pid}) exited before the signal", exit_code=1) from None
     except PermissionError:
         raise RefusedSignal(f"not allowed to signal pid {record.pid} ({record.label})", exit_code=1) from None
-    run.append_event(
-        "signal",
-        actor=actor,
-        reason=reason,
-        target=record.name,
-        pid=record.pid,
-        signal=signal_name(signum),
-    )
+    log_event(run, "signal", actor=actor, reason=reason, target=record.name, pid=record.pid, signal=signal_name(signum),
+              proof=proof)
+
+
+def log_event(run: RunDir, event: str, *, actor: str, **fields: object) -> None:
+    """Log an action that was taken: a full disk (or a read-only one) must not turn a signal
+    already sent into a traceback, nor stop the rest of a kill. What could not be logged is
+    said on stderr, once per error."""
+    try:
+        run.append_event(event, actor=actor, **fields)
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        if why not in _UNLOGGED:
+            _UNLOGGED.add(why)
+            print(f"ups: {event} not written to {run.events_path}: {why}", file=sys.stderr, flush=True)
+
+
+_UNLOGGED: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -114,9 +144,10 @@ def terminate(
     results: dict[str, KillResult] = {}
     waiting: list[StatusRecord] = []
     first = signal.SIGKILL if force else signal.SIGTERM
+    scope = JobScope.of_run(run.path)  # refuses a run this user may not act on, before any signal
     for rec in records:
         try:
-            send_signal(run, rec, first, actor=actor, reason=reason)
+            send_signal(run, rec, first, actor=actor, reason=reason, scope=scope)
         except RefusedSignal as exc:
             gone = process_start_time(rec.pid) is None or exc.exit_code == 1
             results[rec.name] = KillResult(rec.name, rec.pid, "already gone" if gone else f"refused: {exc}")
@@ -129,7 +160,7 @@ def terminate(
             time.sleep(0.05)
     for rec in waiting:
         try:
-            send_signal(run, rec, signal.SIGKILL, actor=actor, reason=f"{reason} (no exit after {grace:g} s)")
+            send_signal(run, rec, signal.SIGKILL, actor=actor, reason=f"{reason} (no exit after {grace:g} s)", scope=scope)
         except RefusedSignal:
             results[rec.name] = KillResult(rec.name, rec.pid, "terminated")
             continue
@@ -149,36 +180,86 @@ def _alive_or_refused(rec: StatusRecord, results: dict[str, KillResult], outcome
     return False
 
 
-def dump_stacks(run: RunDir, record: StatusRecord, *, actor: str, timeout: float = 5.0) -> str:
+def is_dump_signal(signum: int) -> bool:
+    """A signal with no meaning but the one a program gives it: a record (which anyone who can
+    write the folder may forge) never makes a "stack dump" a SIGTERM, SIGINT or SIGHUP."""
+    return signum in (signal.SIGUSR1, signal.SIGUSR2) or signal.SIGRTMIN <= signum <= signal.SIGRTMAX
+
+
+class HandlerGone(RefusedSignal):
+    """The process no longer handles the stack-dump signal: sending it could kill it."""
+
+
+def dump_stacks(run: RunDir, record: StatusRecord, *, actor: str, timeout: float = 5.0,
+                scope: JobScope | None = None) -> str:
     """Ask a process's faulthandler to write all thread stacks; return what it wrote.
 
     Works while the process is blocked in a C call that holds the GIL (faulthandler writes
     from the signal handler). Refused for a process whose record does not say that it
-    registered the handler: by default that signal would kill it.
+    registered the handler, and for one whose caught-signal mask says the handler is gone
+    now (the program reset it): by default that signal would kill it. Then a dump that
+    cannot kill is tried (py-spy, if installed and allowed), else HandlerGone says why.
     """
     if record.stack_signal is None or not record.stack_file:
         raise RefusedSignal(
             f"{record.label} (pid {record.pid}) registered no stack-dump handler; "
             "the signal would kill it"
         )
-    check_identity(record)
+    if not is_dump_signal(record.stack_signal):
+        raise RefusedSignal(f"{record.label} (pid {record.pid}) names {signal_name(record.stack_signal)} as its stack-dump "
+                            "signal: ups dumps stacks only with SIGUSR1, SIGUSR2 or a real-time signal", exit_code=1)
+    proof = check_identity(run, record, scope)
+    sig = signal_name(record.stack_signal)
     path = run.path / record.stack_file
-    path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    if not catches(record.pid, record.stack_signal):
+        text = _dump_without_signal(record.pid, timeout)
+        note = f"{record.label} (pid {record.pid}) no longer handles {sig} (handler gone; not signalled)"
+        if text is None:
+            raise HandlerGone(f"{note}; no dump: py-spy is not installed or not permitted", exit_code=1)
+        _append_stack_file(record, path, f"\n=== {note}; py-spy dump requested by {actor} at {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n{text}")
+        log_event(run, "stacks.pyspy", actor=actor, target=record.name, pid=record.pid, reason=note, proof=proof)
+        return text
     header = f"\n=== stack dump of {record.label} pid {record.pid} requested by {actor} at {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n"
+    start = _append_stack_file(record, path, header)
+    send_signal(run, record, record.stack_signal, actor=actor, reason="dump stacks", scope=scope)
+    return _wait_for_dump(path, start, timeout)
+
+
+def _append_stack_file(record: StatusRecord, path: Path, text: str) -> int:
+    """Append to a stack file through the trust boundary's opener (a FIFO, device or symlink
+    named like it is refused, never waited on or followed); returns its size after the append."""
     from ups.status.safeio import OPEN_APPEND, BadFile, open_regular
 
-    try:  # a FIFO or symlink named like the stack file is refused, never waited on or followed
+    try:
+        path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
         fd = open_regular(path, OPEN_APPEND)
     except (OSError, BadFile) as exc:
-        raise RefusedSignal(f"{record.label}: stack file {record.stack_file} cannot be written: {exc}",
-                            exit_code=1) from None
+        raise RefusedSignal(f"{record.label}: stack file {record.stack_file} cannot be written: "
+                            f"{getattr(exc, 'strerror', None) or exc}; not signalled", exit_code=1) from None
     try:
-        os.write(fd, header.encode())
-        start = os.fstat(fd).st_size
+        os.write(fd, text.encode())
+        return os.fstat(fd).st_size
+    except OSError as exc:
+        raise RefusedSignal(f"{record.label}: stack file {record.stack_file} cannot be written: {exc.strerror or exc}; "
+                            "not signalled", exit_code=1) from None
     finally:
         os.close(fd)
-    send_signal(run, record, record.stack_signal, actor=actor, reason="dump stacks")
-    return _wait_for_dump(path, start, timeout)
+
+
+def _dump_without_signal(pid: int, timeout: float) -> str | None:
+    """All threads' stacks read from outside (py-spy: ptrace, the process is paused for the
+    read and never signalled), or None when py-spy is missing or not permitted."""
+    import shutil
+    import subprocess
+
+    exe = shutil.which("py-spy")
+    if exe is None:
+        return None
+    try:
+        res = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=max(timeout, 1.0))
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return res.stdout if res.returncode == 0 and res.stdout.strip() else None
 
 
 def _wait_for_dump(path: Path, start: int, timeout: float) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 
 from ups.errors import CorruptRun
 from ups.runs.rundir import FINAL_RUN_STATES, RunDir
+from ups.runs.space import disk_full
 from ups.status.health import (
     Health,
     HealthVerdict,
@@ -236,12 +237,27 @@ def load_run_view(
         processes = tuple(
             dataclasses.replace(p, verdict=HealthVerdict(Health.UNREACHABLE, lost[p.record.host]))
             if p.record.host in lost and not p.record.is_final else p for p in processes)
+    if any(p.verdict.health is Health.UNRESPONSIVE for p in processes):
+        processes = _disk_full_verdicts(run, processes)
     nodes: tuple[NodeView, ...] = ()
     if manifest is not None and manifest.get("multinode"):
         nodes = node_views(manifest, processes, lost, here)
         manifest = _with_lost_nodes(manifest, nodes)
     supervision = _supervision(manifest, launcher, processes, table, here, multinode=bool(nodes))
     return RunView(run, manifest, problem, processes, snap.problems, thresholds, now, supervision, nodes)
+
+
+def _disk_full_verdicts(run: RunDir, processes: tuple[ProcessView, ...]) -> tuple[ProcessView, ...]:
+    """Records that went stale because the run folder's disk is full: the processes cannot be
+    seen (unreachable), not blocked in a C call."""
+    full = disk_full(run.path)
+    if full is None:
+        return processes
+    return tuple(
+        dataclasses.replace(p, verdict=HealthVerdict(
+            Health.UNREACHABLE, f"disk full: no record written for {p.heartbeat_age:.0f} s because {full}; "
+                                "the process may be running fine"))
+        if p.verdict.health is Health.UNRESPONSIVE else p for p in processes)
 
 
 def _launcher_pids(manifest: dict[str, Any]) -> list[int]:

@@ -11,10 +11,14 @@ Design points (see DESIGN.md, "the run directory"):
   a torn record, and a process that dies leaves its last record behind.
 * Reporting never kills or blocks the job: any OSError (run folder gone, disk full) is
   reported once on stderr and the write is retried on the next tick.
-* faulthandler is registered for fatal signals and for a user signal (SIGUSR1 by default),
-  writing to ``stacks/<name>.txt``; the record says which signal, so tools only send it to
-  processes that registered it (by default that signal kills a Python process). If the
-  program later installs its own handler for that signal, the record stops naming it.
+* faulthandler is registered for fatal signals and for a stack-dump signal, writing to
+  ``stacks/<name>.txt``; the record says which signal, so tools only send it to processes
+  that registered it (by default that signal kills a process). The signal is a real-time
+  one (``SIGRTMIN+7``), not SIGUSR1: programs own SIGUSR1 (Lightning's teardown resets it
+  to its default, SLURM's ``--signal=USR1`` and requeue, servers), and no framework we know
+  touches real-time signals. If the program later installs its own handler for that signal,
+  or resets it, the record stops naming it (tools also check the live caught-signal mask
+  before every send: see ups.runs.signals).
 * Every instrumented process pays for importing this module, so it imports only the
   standard library's light modules and :mod:`ups.status.schema` (no dataclasses, pathlib,
   psutil): the record is written as a dict with the keys of
@@ -46,7 +50,7 @@ ENV_RUN_ID = "UPS_RUN_ID"
 ENV_WORKER_ID = "UPS_WORKER_ID"
 ENV_ROLE = "UPS_ROLE"
 ENV_STACK_SIGNAL = "UPS_STACK_SIGNAL"
-DEFAULT_STACK_SIGNAL = signal.SIGUSR1
+DEFAULT_STACK_SIGNAL = int(signal.SIGRTMIN) + 7  # see the module's docstring: not SIGUSR1
 RATE_WINDOW_S = 10.0
 INTERVALS_KEPT = 256  # recent gaps between progress, for the learned stall limit (p99)
 # Entering one of these breaks the current progress interval: an eval or a checkpoint between
@@ -67,6 +71,18 @@ def _env_int(name: str) -> int | None:
         return int(value)
     except ValueError:
         return None
+
+
+def _catches_self(signum: int) -> bool | None:
+    """Whether this process has a handler for ``signum`` (its SigCgt mask), None if unknown."""
+    try:
+        with open("/proc/self/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def boot_id() -> str | None:
@@ -375,13 +391,14 @@ class Reporter:
             pass
 
     def _check_stack_handler(self) -> None:
-        """A program that installs its own Python handler for our signal replaces faulthandler's;
-        from then on the signal is theirs, and the record must stop inviting tools to send it."""
+        """A program that installs its own Python handler for our signal replaces faulthandler's,
+        and one that resets it (``signal.signal(sig, SIG_DFL)``) leaves the default, deadly
+        action: from then on the record must stop inviting tools to send it."""
         sig = self._stack_signal
-        if sig is not None and threading.current_thread() is not threading.main_thread():
-            handler = signal.getsignal(sig)
-            if callable(handler):
-                self._stack_signal = None
+        if sig is None or threading.current_thread() is threading.main_thread():
+            return
+        if callable(signal.getsignal(sig)) or _catches_self(sig) is False:
+            self._stack_signal = None
 
     # -- the job-facing API ---------------------------------------------------------------
     def start(self) -> Reporter:

@@ -454,6 +454,19 @@ def lost_node(ev: Evidence) -> Verdict | None:
                    evidence=evidence, next=f"ssh {n.host} (is it up?); ups status {ev.view.run_id} --remote {n.host}")
 
 
+def full_disk(ev: Evidence) -> Verdict | None:
+    """A live run on a full disk: its records went stale because nothing can be written, not
+    because its processes hang (the view says so: unreachable, "disk full")."""
+    silent = [p for p in ev.view.processes if not p.record.is_final and p.verdict.reason.startswith("disk full")]
+    if not silent:
+        return None
+    first = min(silent, key=lambda p: p.record.heartbeat_at)
+    return Verdict("disk_full", f"the runs folder's disk is full: {len(silent)} process(es) of the run cannot write their records",
+                   who=who_of(first.record), since=first.record.heartbeat_at, evidence=[first.verdict.reason],
+                   next=f"free space under {ev.view.run.path.parent}; the job goes on, its output is dropped and "
+                        "counted, and its launcher writes the run's end when there is room")
+
+
 # ---------------------------------------------------------------------- live runs
 def unsupervised(ev: Evidence) -> Verdict | None:
     if ev.view.supervision != "unsupervised":
@@ -704,5 +717,5 @@ def healthy(ev: Evidence) -> Verdict:
 
 # ended_training / live_training: verdicts on the training's own metrics (NaN, divergence,
 # step rate, GPU memory), kept in ups.why.metric_rules.
-RULES: tuple[Rule, ...] = (lost_node, ended_training, ended, unsupervised, live_failure, collectives, ddp_backward,
-                          starved_loader, stuck_workers, dead, hung, live_training, oom_skipped)
+RULES: tuple[Rule, ...] = (lost_node, ended_training, ended, full_disk, unsupervised, live_failure, collectives,
+                          ddp_backward, starved_loader, stuck_workers, dead, hung, live_training, oom_skipped)

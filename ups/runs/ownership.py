@@ -1,0 +1,278 @@
+"""Which processes are the job's: the proof every signal from ``ups`` needs first.
+
+A record's word is never enough: anyone who can write a file under a runs folder can name
+any pid with its true start time. A pid is signalled only when the kernel's own facts tie it
+to the run:
+
+* the run is the acting user's: the run folder and ``run.json`` belong to the user running
+  ``ups`` (``run.json`` not writable by anyone else), and so does the record that names the
+  pid. A run another user owns is read, never acted on;
+* the process belongs to the run's owner (real and effective uid), and is never pid 1 (or
+  lower), nor the acting command or one of its parents;
+* and it is provably the job's, one of:
+  - the run's launcher itself: the pid and start time ``run.json`` records **and** its
+    command line is ``python -m ups.launch.supervise <this run folder>``;
+  - a descendant of that launcher, of the job's top process (its pid and start time as
+    run.json records them), or of the acting process (a job's own watchdog acting on its
+    DataLoader workers), by the ``PPid`` chain in ``/proc``;
+  - a member of the job's session: the launcher starts in a session of its own and the job
+    inside it, so its processes carry the launcher's pid as session id. Session ids are not
+    reused while any member lives, so the session is ours when its leader is alive with the
+    recorded start time, or gone altogether (then only the old session's members can carry
+    that id). A leader pid alive with another start time means the old session is gone.
+
+The trust root is run.json (the acting user's, writable by no one else); status records are
+the job's word and prove nothing alone. Everything else here is read from ``/proc``.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ups.errors import RefusedSignal
+from ups.status.procs import process_start_time, same_start
+
+SUPERVISOR_MODULE = "ups.launch.supervise"
+MAX_DEPTH = 256  # a PPid chain longer than this is not one we started
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    """What the kernel says of a live process (``/proc/PID/stat`` and ``status``)."""
+
+    pid: int
+    ppid: int
+    pgid: int
+    sid: int
+    uid: int  # real
+    euid: int
+    start: float | None
+
+
+def proc_info(pid: int) -> ProcInfo | None:
+    """The process's parent, group, session and owner; None when it is gone (or a zombie)."""
+    if pid <= 0:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read(4096)
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            status = fh.read(8192)
+    except OSError:
+        return None
+    try:
+        rest = data[data.rindex(b")") + 2:].split()
+        if rest[0] in (b"Z", b"X"):
+            return None
+        ppid, pgid, sid = int(rest[1]), int(rest[2]), int(rest[3])
+        uids = next(line for line in status.splitlines() if line.startswith(b"Uid:")).split()[1:3]
+        return ProcInfo(pid, ppid, pgid, sid, int(uids[0]), int(uids[1]), process_start_time(pid))
+    except (ValueError, IndexError, StopIteration):
+        return None
+
+
+def caught_signals(pid: int) -> int | None:
+    """The process's caught-signal mask (``SigCgt``: bit N-1 set when signal N has a handler)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            for line in fh.read(8192).splitlines():
+                if line.startswith(b"SigCgt:"):
+                    return int(line.split()[1], 16)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def catches(pid: int, signum: int) -> bool | None:
+    """Whether the process has a handler for ``signum`` now (None: cannot tell)."""
+    mask = caught_signals(pid)
+    return None if mask is None else bool(mask >> (int(signum) - 1) & 1)
+
+
+def cmdline(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            raw = fh.read(65536)
+    except OSError:
+        return None
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def user_name(uid: int) -> str:
+    try:
+        import pwd
+
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (KeyError, ImportError):
+        return f"uid {uid}"
+
+
+def _same_folder(a: str, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+@dataclass(frozen=True)
+class JobScope:
+    """What this host's ``/proc`` proves about a run's processes, from its run.json.
+
+    Build it with :meth:`of_run` (which refuses a run the acting user does not own); then
+    :meth:`prove` each pid before any signal."""
+
+    run_path: Path
+    owner: int
+    launchers: tuple[dict[str, Any], ...]  # launcher, then previous (adopted) launchers
+    job: dict[str, Any]
+    actor_pid: int
+
+    @classmethod
+    def of_run(cls, run_path: str | os.PathLike[str], manifest: dict[str, Any] | None = None) -> JobScope:
+        """The scope of a run the acting user may act on; RefusedSignal (one line) otherwise.
+        Reads run.json only when ``manifest`` is not given (the caller's validated copy)."""
+        path = Path(run_path)
+        me = os.geteuid()
+        try:
+            folder = os.stat(path)
+            st = os.lstat(path / "run.json")
+        except FileNotFoundError:
+            raise RefusedSignal(f"{path} is not a run folder (no run.json): nothing acted on") from None
+        except OSError as exc:
+            raise RefusedSignal(f"{path}: cannot read the run's ownership ({exc.strerror or exc}): nothing acted on") from None
+        if not stat.S_ISDIR(folder.st_mode) or not stat.S_ISREG(st.st_mode):
+            raise RefusedSignal(f"{path} is not a run folder (run.json is not a regular file): nothing acted on")
+        for what, owner in (("run folder", folder.st_uid), ("run.json", st.st_uid)):
+            if owner != me:
+                raise RefusedSignal(f"{path}: the {what} belongs to {user_name(owner)}, not to you ({user_name(me)}): "
+                                    "ups reads another user's runs but never acts on them")
+        try:
+            events = os.lstat(path / "events.jsonl")
+        except FileNotFoundError:
+            events = None
+        except OSError as exc:
+            raise RefusedSignal(f"{path}/events.jsonl: {exc.strerror or exc}: nothing acted on") from None
+        if events is not None and (not stat.S_ISREG(events.st_mode) or events.st_uid != me):
+            raise RefusedSignal(f"{path}/events.jsonl is not a regular file of yours (a link or another user's): "
+                                "ups acts only where it can log what it does; nothing acted on")
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise RefusedSignal(f"{path}/run.json is writable by other users (mode {stat.S_IMODE(st.st_mode):o}): "
+                                "its pids cannot be trusted; nothing acted on")
+        if manifest is None:
+            # The trust boundary's reader (its BadFile is a ValueError).
+            from ups.status.safeio import read_json
+
+            try:
+                manifest = read_json(path / "run.json")
+            except (OSError, ValueError) as exc:
+                raise RefusedSignal(f"{path}/run.json is unreadable ({exc}): nothing acted on") from None
+        if not isinstance(manifest, dict):
+            raise RefusedSignal(f"{path}/run.json is not a JSON object: nothing acted on")
+        launchers = [x for x in [manifest.get("launcher"), *reversed(_list(manifest.get("previous_launchers")))]
+                     if isinstance(x, dict)]
+        job = manifest.get("job") if isinstance(manifest.get("job"), dict) else {}
+        return cls(path, me, tuple(launchers), job, os.getpid())
+
+    # -- anchors -----------------------------------------------------------------------
+    def _launcher_proven(self, entry: dict[str, Any]) -> int | None:
+        """The recorded launcher's pid when the live process is it: same start time, and it
+        runs our supervisor on this very run folder."""
+        pid, start = _int(entry.get("pid")), _float(entry.get("pid_start"))
+        if pid is None or pid <= 1 or start is None or not same_start(process_start_time(pid), start):
+            return None
+        argv = cmdline(pid) or []
+        if SUPERVISOR_MODULE not in argv or not any(_same_folder(a, self.run_path) for a in argv[argv.index(SUPERVISOR_MODULE) + 1:]):
+            return None
+        return pid
+
+    def anchors(self) -> dict[int, str]:
+        """Live processes whose descendants are the job's: pid -> what it is."""
+        out: dict[int, str] = {self.actor_pid: "this process"}
+        for entry in self.launchers:
+            pid = self._launcher_proven(entry)
+            if pid is not None:
+                out[pid] = "the run's launcher"
+        jpid, jstart = _int(self.job.get("pid")), _float(self.job.get("pid_start"))
+        if jpid and jpid > 1 and jstart is not None and same_start(process_start_time(jpid), jstart):
+            out[jpid] = "the job's top process"
+        return out
+
+    def sessions(self) -> dict[int, str]:
+        """Session ids that are provably the job's (see the module's docstring)."""
+        leaders = {_int(e.get("pid")): (_float(e.get("pid_start")), e) for e in self.launchers}
+        jpid = _int(self.job.get("pid"))
+        if jpid is not None and jpid not in leaders:
+            leaders[jpid] = (_float(self.job.get("pid_start")), None)
+        out: dict[int, str] = {}
+        for sid in {_int(e.get("pid")) for e in self.launchers} | {_int(self.job.get("sid"))}:
+            if sid is None or sid <= 1 or sid not in leaders or leaders[sid][0] is None:
+                continue
+            start, launcher = leaders[sid]
+            live = process_start_time(sid)
+            if live is None:
+                out[sid] = f"the job's session {sid} (its leader is gone)"
+            elif same_start(live, start) and (launcher is None or self._launcher_proven(launcher) == sid):
+                out[sid] = f"the job's session {sid}"
+        return out
+
+    # -- the proof -----------------------------------------------------------------------
+    def prove(self, pid: int, pid_start: float | None, label: str) -> str:
+        """Why ``pid`` is the job's (a short phrase); RefusedSignal when it is not proven."""
+        if pid <= 1:
+            raise RefusedSignal(f"{label} names pid {pid}: ups never signals pid 1 or lower")
+        info = proc_info(pid)
+        if info is None:
+            raise RefusedSignal(f"{label} (pid {pid}) is not running", exit_code=1)
+        if pid_start is None or not same_start(info.start, pid_start):
+            raise RefusedSignal(f"pid {pid} is not {label} of this run any more (started {info.start}, record says "
+                                f"{pid_start}): refusing to signal it")
+        if info.uid != self.owner or info.euid != self.owner:
+            raise RefusedSignal(f"pid {pid} ({label}) runs as {user_name(info.euid)}, not as the run's owner "
+                                f"{user_name(self.owner)}: refusing to signal it")
+        anchors = self.anchors()
+        for entry in self.launchers:
+            if _int(entry.get("pid")) == pid and pid in anchors:
+                return "the run's launcher"
+        sessions = self.sessions()
+        if info.sid in sessions:
+            return f"in {sessions[info.sid]}"
+        cur, seen = info.ppid, 0
+        while cur > 1 and seen < MAX_DEPTH:
+            if cur in anchors and cur != pid:
+                return f"a descendant of {anchors[cur]} (pid {cur})"
+            parent = proc_info(cur)
+            if parent is None:
+                break
+            cur, seen = parent.ppid, seen + 1
+        raise RefusedSignal(f"pid {pid} ({label}) is not provably this run's: not its launcher, not in the job's "
+                            "session, not a descendant of the launcher or the job; refusing to signal it")
+
+
+def check_record_owner(path: Path, label: str) -> None:
+    """A record file written by another user never names a process for us to signal."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return  # the process ended and took nothing with it; the pid proof still decides
+    except OSError as exc:
+        raise RefusedSignal(f"{path}: cannot check its owner ({exc.strerror or exc}); {label} not signalled") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise RefusedSignal(f"{path} is not a regular file; {label} not signalled")
+    if st.st_uid != os.geteuid():
+        raise RefusedSignal(f"{path} was written by {user_name(st.st_uid)}, not by you: {label} not signalled")
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _float(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _list(v: Any) -> list[Any]:
+    return v if isinstance(v, list) else []
