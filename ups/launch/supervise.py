@@ -390,15 +390,6 @@ class Supervisor:
                                                     f"({'; '.join(reasons)})")
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
     def note_dropped_in_log(self, dropped: dict[str, Any]) -> None:
         """The relay ended while the disk was still full, so its own note never reached the
         log: say at the log's end what is missing from it (best effort)."""
@@ -430,6 +421,16 @@ def _group_alive(pgid: int) -> bool:
                           flush=True)
                     return
             time.sleep(0.5)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _all_final(run: RunDir) -> bool:
@@ -533,6 +534,7 @@ def notify_end(run: RunDir, notifier: Any) -> None:  # noqa: ANN401
     m = run.read_manifest()
     notifier.on_end(m.get("state") or "?", m.get("summary") or "", m.get("verdict"))
     notifier.drain(notifier.timeout + 1.0)
+
 
 class _TolerantStream:
     """The launcher's stdout/stderr (logs/launcher.log): a write that fails (a full disk) is
