@@ -1,0 +1,29 @@
+"""`ups why` on a program nobody here wrote: the DDP tutorial (tests/programs/ddp_tutorial.py,
+its own Dataset, DistributedSampler, two DataLoader workers a rank, gloo), launched with no
+flag and default thresholds. Each fault (a worker hung in ``__getitem__``, in ``open()`` or
+``h5py.File()`` of a file on a hung mount, a worker's exception, an all_reduce one rank makes
+alone, all_reduce against broadcast) must be named with who, where and the class within 15 s
+of showing, and no verdict asked for every 0.2 s on the way may blame anyone else."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import run_ups
+from why_drills import TUTORIAL_DRILLS, VERDICT_WITHIN_S, ended, run_drill
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("drill", TUTORIAL_DRILLS, ids=[d.name for d in TUTORIAL_DRILLS])
+def test_an_outside_ddp_script_gets_the_right_verdict_and_never_a_wrong_one(drill, runs_root, tmp_path):
+    out = run_drill(drill, tmp_path)
+    run = out["run"]
+    shown = "\n".join(map(str, out["shown"][-12:]))
+    assert out["visible_s"] is not None, f"the failure never showed: {run.read_manifest().get('summary')}\n{shown}"
+    assert out["problem"] is None, f"{out['problem']}\nverdict: {out['verdict'] and out['verdict']['text']}\n{shown}"
+    assert out["verdict_s"] <= VERDICT_WITHIN_S
+    assert not out["wrong"], "a verdict on the way blamed another process:\n" + "\n".join(map(str, out["wrong"][:6]))
+    res = run_ups("why", str(run.path), "--json")  # what the operator runs says the same
+    assert res.returncode == 1 and f'"mode": "{drill.mode}"' in res.stdout, res.stdout + res.stderr
+    if not ended(run):
+        assert run_ups("kill", str(run.path), "--grace", "3").returncode == 0
