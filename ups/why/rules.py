@@ -552,10 +552,12 @@ def lost_node(ev: Evidence) -> Verdict | None:
     silent = sorted((p.record for p in ev.view.processes if p.record.host == n.host and not p.record.is_final),
                     key=lambda r: (r.role != "rank", r.heartbeat_at))
     what = "is unreachable" if not n.reachable else "was lost (its launcher and processes vanished)"
+    heard = f"{n.processes} process(es) there, launcher pid {n.launcher_pid}" if n.processes or n.launcher_pid else \
+        "never heard from (no record of it reached this node)"
     others = [f"node {m.host}: {m.state or '?'} ({m.health})" for m in ev.view.nodes if m is not n]
     last = max(silent, key=lambda r: r.heartbeat_at) if silent else None
     evidence = [n.reason] + ([f"last heartbeat there: {last.label}"] if last else []) + others
-    return Verdict("node_unreachable", f"node {n.host} {what}: {n.processes} process(es) there, launcher pid {n.launcher_pid}",
+    return Verdict("node_unreachable", f"node {n.host} {what}: {heard}",
                    who=who_of(silent[0]) if silent else None, since=last.heartbeat_at if last else None,
                    evidence=evidence, next=f"ssh {n.host} (is it up?); ups status {ev.view.run_id} --remote {n.host}")
 
