@@ -690,6 +690,13 @@ def collectives(ev: Evidence) -> Verdict | None:
             return worker_verdict(ev, worker, waiting)
         r = stuck.record
         section = ev.stack(r)
+        if section is None:
+            # Its stack decides: DDP's gradient all-reduce (backward: the one-sided call is the
+            # peers') or its own code (it is the one they wait for). Blame no one before it comes.
+            return Verdict("settling", f"{_wait(waiting)} in {c['op']} #{c['seq']} at {c.get('site')}; {r.label} is in no "
+                           "explicit collective; settling… (its stack dump tells whether it waits in DDP's all-reduce or is "
+                           "stuck in its own code)", since=c.get("since"),
+                           evidence=[f"{r.label}: {stuck.verdict.reason}"], next=f"ups stacks {run} --group")
         where = where_of(ev, r, section)
         ev_lines = [f"{_wait(waiting)} in {c['op']} #{c['seq']} at {c.get('site')}",
                     f"{r.label} is in no collective: {stuck.verdict.reason}"]
@@ -879,6 +886,19 @@ def hung(ev: Evidence) -> Verdict | None:
             return worker_verdict(ev, worker, [o for o in troubled if o.record.role == "rank" and o is not q])
     r = p.record
     section = ev.stack(r)
+    peers = [q for q in ev.processes("rank") if q is not p and q.record.state == "running"
+             and q.verdict.health not in (Health.STALLED, Health.UNRESPONSIVE)]
+    many = len(ev.processes("rank")) > 1
+    if r.role == "rank" and many and (section is None or (peers and (_in_backward(ev, p) or r.collective))):
+        # A rank of a multi-rank run that stopped while its peers have not (yet): waiting for a
+        # peer (DDP's all-reduce in backward, a collective) or stuck itself; its stack and its
+        # peers' next seconds decide. Blame no one before that.
+        what = "waits in DDP's gradient all-reduce (backward)" if section is not None and _in_backward(ev, p) else (
+            f"waits in {r.collective['op']}" if r.collective else "has no stack dump yet")
+        others = f" ({_label_list(peers)} not in trouble yet)" if peers else ""
+        return Verdict("settling", f"{r.label} is {p.verdict.health.value} in phase {r.phase} and {what}; settling…{others}",
+                       since=max(r.progress_at, r.phase_at),
+                       evidence=[p.verdict.reason], next=f"ups stacks {ev.view.run_id} --group")
     facts = ev.proc(r)
     ev_lines = [p.verdict.reason] + ([f"kernel: {facts.describe()}"] if facts and facts.describe() else [])
     others = [q for q in troubled if q is not p]
