@@ -27,3 +27,32 @@ def test_an_outside_ddp_script_gets_the_right_verdict_and_never_a_wrong_one(dril
     assert res.returncode == 1 and f'"mode": "{drill.mode}"' in res.stdout, res.stdout + res.stderr
     if not ended(run):
         assert run_ups("kill", str(run.path), "--grace", "3").returncode == 0
+
+
+def test_a_rank_stopped_from_outside_is_named_as_such(runs_root, tmp_path):
+    """A scheduler's SIGTERM (preemption, a time limit) that neither ups nor torchrun sent: the
+    rank that got it is named, and the verdict says it came from outside."""
+    import os
+    import signal
+
+    from helpers import wait_for
+    from why_drills import tutorial
+
+    from ups.runs.view import load_run_view
+    from ups.why import diagnose
+
+    run = tutorial(epochs=1000)(tmp_path)
+    try:
+        def rank1():
+            p = load_run_view(run).process("rank-1")
+            return p is not None and p.record.step >= 5 and p.record
+        rec = wait_for(rank1, 90, interval=0.2, message="rank 1 training")
+        os.kill(rec.pid, signal.SIGTERM)  # what a scheduler does to a preempted job's process
+        wait_for(lambda: ended(run), 60, interval=0.2, message="the run to end")
+        v = wait_for(lambda: (d := diagnose(run).to_dict())["mode"] == "stopped_from_outside" and d, 15, interval=0.2,
+                     message="the verdict")
+        assert v["who"]["rank"] == 1 and v["headline"].startswith("rank 1 was stopped from outside (SIGTERM, not sent by ups")
+        assert "preemption" in v["evidence"][0] and "scheduler" in v["next"]
+    finally:
+        if not ended(run):
+            run_ups("kill", str(run.path), "--grace", "3")

@@ -369,7 +369,7 @@ def make_samples(root: Path, *, h5: bool = False, fifo_at: int | None = None) ->
             values.tofile(path)
 
 
-def tutorial(fault: str | None = None, *, h5: bool = False, fifo: bool = False) -> Callable[[Path], RunDir]:
+def tutorial(fault: str | None = None, *, h5: bool = False, fifo: bool = False, epochs: int = 2) -> Callable[[Path], RunDir]:
     """The tutorial under `ups launch torchrun` with no flags and default thresholds; the fault
     comes from the program's own switch (``DDP_TUTORIAL_FAULT``), or a FIFO among the samples."""
     def launch(tmp: Path) -> RunDir:
@@ -377,7 +377,7 @@ def tutorial(fault: str | None = None, *, h5: bool = False, fifo: bool = False) 
         make_samples(tmp / "data", h5=h5, fifo_at=index if fifo else None)
         env = {"DDP_TUTORIAL_FAULT": fault.replace("IDX", str(index))} if fault else {}
         res = run_ups("launch", "torchrun", "--detach", "--json", "--standalone", "--nproc-per-node", "2", str(TUTORIAL),
-                      str(tmp / "data"), env=env, cwd=tmp)
+                      str(tmp / "data"), "--epochs", str(epochs), env=env, cwd=tmp)
         return launched(res)
 
     return launch

@@ -19,6 +19,7 @@ from ups.runs.view import ProcessView
 from ups.status.health import Health
 from ups.status.record import StatusRecord
 from ups.why import stacks
+from ups.why.classify import classify as classify_text
 from ups.why.evidence import Evidence, shm_figures
 from ups.why.verdict import Verdict, who_of
 
@@ -175,6 +176,11 @@ def classify_failure(ev: Evidence, record: StatusRecord | None, failure: dict) -
         return disk_full_verdict(ev, record, error + "\n" + _exception_text(ev, record))
     if DATALOADER_RESOURCES.search(error):
         return resources_verdict(ev, record, error)
+    if signal_name in ("SIGKILL", "SIGTERM") and not _signalled_by_ups(ev, record):
+        return outside_signal_verdict(ev, record, signal_name, failure)
+    logged = classify_text("\n".join((error, _exception_text(ev, record), log[-20_000:])))
+    if logged is not None:
+        return log_class_verdict(ev, record, logged, failure)
     if signal_name:
         fatal = ev.stack(record, "fatal")
         where = where_of(ev, record, fatal)
@@ -200,6 +206,70 @@ def classify_failure(ev: Evidence, record: StatusRecord | None, failure: dict) -
                        since=_ended_at(ev, record), evidence=_followers(failure),
                        next=f"ups logs {ev.view.run_id}" + (f" --rank {record.rank}" if record.role == "rank" else ""))
     return None
+
+
+def _signalled_by_ups(ev: Evidence, record: StatusRecord) -> bool:
+    """ups sent this process a signal (a kill of the run, a signal to it): events.jsonl says."""
+    return any(e.get("event") == "kill" or (e.get("event") == "signal" and e.get("target") == record.name)
+               for e in ev.events)
+
+
+def oom_kills() -> int | None:
+    """The kernel OOM killer's count for this cgroup (cgroup v2 memory.events), where readable."""
+    try:
+        with open("/proc/self/cgroup") as fh:
+            rel = next((ln.split(":", 2)[2].strip() for ln in fh if ln.startswith("0::")), None)
+    except OSError:
+        rel = None
+    for path in ([f"/sys/fs/cgroup{rel}/memory.events"] if rel else []) + ["/sys/fs/cgroup/memory.events"]:
+        try:
+            with open(path) as fh:
+                m = re.search(r"^oom_kill (\d+)", fh.read(), re.M)
+            if m:
+                return int(m.group(1))
+        except OSError:
+            continue
+    return None
+
+
+def outside_signal_verdict(ev: Evidence, record: StatusRecord, signal_name: str, failure: dict) -> Verdict:
+    """The first process to end was killed by SIGKILL or SIGTERM that neither ups nor its launcher
+    sent (events.jsonl has no kill or signal for it): the kernel's OOM killer, a scheduler's
+    preemption, an operator's kill."""
+    run = ev.view.run_id
+    where = where_of(ev, record)
+    ended_at = _ended_at(ev, record)
+    if signal_name == "SIGKILL":
+        kills = oom_kills()
+        if kills:
+            return Verdict("oom_killed", f"{record.label} was killed by the kernel's OOM killer (SIGKILL) in phase {record.phase}",
+                           who=who_of(record), where=where, since=ended_at,
+                           evidence=[f"cgroup memory.events: oom_kill {kills}", "no kill or signal from ups in events.jsonl"]
+                           + _followers(failure),
+                           next="use less host memory per process (fewer DataLoader workers, smaller prefetch or batch), "
+                                f"or a box with more RAM; then `ups relaunch {run}`")
+        return Verdict("killed_from_outside", f"{record.label} was killed by SIGKILL from outside ups in phase {record.phase}",
+                       who=who_of(record), where=where, since=ended_at,
+                       evidence=["no kill or signal from ups in events.jsonl",
+                                 "no OOM kill counted in this cgroup's memory.events" if kills == 0 else
+                                 "memory.events not readable here"] + _followers(failure),
+                       next="check `dmesg | grep -i -e oom -e killed` (the kernel's OOM killer) and who else can kill "
+                            f"this user's processes; then `ups relaunch {run}`")
+    return Verdict("stopped_from_outside", f"{record.label} was stopped from outside (SIGTERM, not sent by ups or its launcher) "
+                   f"in phase {record.phase}, at step {record.step}",
+                   who=who_of(record), where=where, since=ended_at,
+                   evidence=["no kill or signal from ups in events.jsonl: a scheduler's preemption, a job time limit or "
+                             "someone's kill"] + _followers(failure),
+                   next=f"check the scheduler's log for a preemption or time limit; `ups relaunch {run}` resumes")
+
+
+def log_class_verdict(ev: Evidence, record: StatusRecord, m, failure: dict) -> Verdict:  # noqa: ANN001
+    """A failure the process's own words name (ups.why.classify): what, where, the fix."""
+    section = ev.stack(record, "exception")
+    where = where_of(ev, record, section)
+    where["site"] = record.error_site or where.get("site") or m.site
+    return Verdict(m.cls.name, f"{record.label} failed: {m.cls.what}", who=who_of(record), where=where,
+                   since=_ended_at(ev, record), evidence=[_first_line(m.line)] + _followers(failure), next=m.cls.fix)
 
 
 def worker_exception(ev: Evidence, rank: StatusRecord, text: str) -> Verdict | None:
@@ -862,7 +932,13 @@ def worker_verdict(ev: Evidence, p: ProcessView, peers: list[ProcessView] = ()) 
 
 
 def dead(ev: Evidence) -> Verdict | None:
-    gone = [p for p in ev.processes("rank", "worker", "agent") if p.verdict.health is Health.DEAD]
+    fine_ranks = {p.record.rank for p in ev.processes("rank") if p.record.state == "running"
+                  and p.verdict.health in (Health.OK, Health.STARTING, Health.SLOW)}
+    # A DataLoader worker gone while its rank goes on is one the loader let go (the end of an
+    # epoch with non-persistent workers exits them without a final record); a worker that died
+    # unexpectedly stops its rank within seconds, and the rank's failure names it.
+    gone = [p for p in ev.processes("rank", "worker", "agent") if p.verdict.health is Health.DEAD
+            and not (p.record.role == "worker" and p.record.rank in fine_ranks)]
     if not gone:
         return None
     p = gone[0]
