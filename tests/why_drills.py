@@ -538,3 +538,20 @@ def run_drill(drill: Drill, tmp: Path, *, visible_within: float = 120.0, poll: f
     right = culprit(out["verdict"])
     out["wrong"] = [s for s in shown if s[2] is not None and s[2] != right]
     return out
+
+
+def assert_drill(drill: Drill, tmp: Path) -> None:
+    """Run a drill and assert what its test asserts: visible, the right verdict within
+    VERDICT_WITHIN_S, no verdict on the way (asked every 0.2 s, as a console does) blaming
+    another process, and the CLI saying the same. Stops the run if it still runs."""
+    out = run_drill(drill, tmp)
+    run = out["run"]
+    shown = "\n".join(map(str, out["shown"][-12:]))
+    assert out["visible_s"] is not None, f"the failure never showed: {run.read_manifest().get('summary')}\n{shown}"
+    assert out["problem"] is None, f"{out['problem']}\nverdict: {out['verdict'] and out['verdict']['text']}\n{shown}"
+    assert out["verdict_s"] <= VERDICT_WITHIN_S
+    assert not out["wrong"], "a verdict on the way blamed another process:\n" + "\n".join(map(str, out["wrong"][:6]))
+    res = run_ups("why", str(run.path), "--json")  # what the operator runs says the same
+    assert res.returncode == 1 and f'"mode": "{drill.mode}"' in res.stdout, res.stdout + res.stderr
+    if not ended(run):
+        assert run_ups("kill", str(run.path), "--grace", "3").returncode == 0

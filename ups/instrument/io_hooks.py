@@ -15,7 +15,10 @@ import os
 from ups.instrument import boot
 from ups.instrument.torch_hooks import _patch
 
-_last: dict[int, str] = {}  # id(reporter) -> the file last written into its record
+_last: dict[int, str] = {}
+# How long a note may wait for the heartbeat thread's write in progress (a few hundred us on a
+# sane disk): the open that follows may hold the GIL for good.
+FLUSH_WAIT_S = 0.25  # id(reporter) -> the file last written into its record
 
 
 def note_file(name, *, flush: bool = True) -> None:  # noqa: ANN001
@@ -28,7 +31,7 @@ def note_file(name, *, flush: bool = True) -> None:  # noqa: ANN001
     rep.metrics(file=path)
     if flush:
         _last[id(rep)] = path
-        rep.flush()
+        rep.flush(wait=FLUSH_WAIT_S)
     else:
         _last.pop(id(rep), None)
 

@@ -505,8 +505,10 @@ def _make_fetch(original):
             return original(self, possibly_batched_index)
         rep.item(_describe_index(possibly_batched_index))
         # Written before the dataset is touched: a read that blocks holding the GIL (h5py on a
-        # hung mount) stops the heartbeat thread too, and the record must already say what.
-        rep.phase("fetch")
+        # hung mount) stops the heartbeat thread too, and the record must already say what
+        # (waiting out a heartbeat write in progress, which could not write it again after).
+        rep.phase("fetch", flush=False)
+        rep.flush(wait=0.25)
         data = original(self, possibly_batched_index)
         rep.auto_progress(add=len(possibly_batched_index) if isinstance(possibly_batched_index, list | tuple) else 1)
         rep.phase("idle", flush=False)

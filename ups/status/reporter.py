@@ -515,9 +515,14 @@ class Reporter:
         return StatusRecord.from_dict(self.record_dict())
 
     # -- writing ----------------------------------------------------------------------------
-    def flush(self) -> bool:
-        """Write the record now. Never raises, never waits for another writer."""
-        if not self._lock.acquire(blocking=False):
+    def flush(self, *, wait: float = 0.0) -> bool:
+        """Write the record now. Never raises. By default never waits for another writer: the
+        heartbeat thread writes once more instead. ``wait`` (seconds) is for a write that must be
+        on disk before a call that may block holding the GIL (h5py on a hung mount): from then
+        on the heartbeat thread cannot run, so "write once more" would never happen and the
+        record would keep the previous sample. Bounded, so a runs folder on a hung disk cannot
+        stop the job."""
+        if not (self._lock.acquire(timeout=wait) if wait > 0 else self._lock.acquire(blocking=False)):
             # The heartbeat thread is writing this very moment; have it write once more.
             self._dirty = True
             self._wake.set()

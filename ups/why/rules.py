@@ -146,6 +146,9 @@ def classify_failure(ev: Evidence, record: StatusRecord | None, failure: dict) -
     text = "\n".join((error, _exception_text(ev, record), log[-20_000:] if log else ev.job_log[-20_000:]))
     who = who_of(record)
 
+    hardware = gpu_fault(ev, record) if record.role == "rank" else None
+    if hardware is not None:
+        return hardware
     # A rank that died of its DataLoader: the worker is the one to name (its exception, else its death).
     in_worker = worker_exception(ev, record, "\n".join((error, _exception_text(ev, record))))
     if in_worker is not None:
@@ -205,6 +208,60 @@ def classify_failure(ev: Evidence, record: StatusRecord | None, failure: dict) -
         return Verdict("exception", f"{record.label} raised {message}", who=who, where=where,
                        since=_ended_at(ev, record), evidence=_followers(failure),
                        next=f"ups logs {ev.view.run_id}" + (f" --rank {record.rank}" if record.role == "rank" else ""))
+    return None
+
+
+# NVIDIA's Xid codes: which ones are the hardware's (drain the node) and which the program's own
+# CUDA fault seen by the driver.
+XID_MEANING = {13: ("graphics engine exception", False), 31: ("GPU memory page fault", False),
+               43: ("GPU stopped processing", False), 48: ("double-bit ECC error", True),
+               63: ("ECC page retirement or row remap recorded", True), 64: ("ECC page retirement or row remap failed", True),
+               74: ("NVLink error", True), 79: ("GPU has fallen off the bus", True), 92: ("high single-bit ECC rate", True),
+               94: ("contained ECC error", True), 95: ("uncontained ECC error", True)}
+
+
+def gpu_fault(ev: Evidence, record: StatusRecord) -> Verdict | None:
+    """The GPU a failed rank ran on reported a hardware fault (NVML: Xid events, uncorrected ECC,
+    a row remap pending a reset): that is the cause, whatever CUDA error the rank raised."""
+    d = ev.gpu_of(record)
+    if d is None:
+        return None
+    hardware = [x for x in d.xid_errors if XID_MEANING.get(x, ("", True))[1]]
+    program = [x for x in d.xid_errors if x in XID_MEANING and not XID_MEANING[x][1]]
+    facts = [f"Xid {x}: {XID_MEANING.get(x, ('see NVIDIA Xid table', True))[0]}" for x in d.xid_errors]
+    if d.ecc_uncorrected:
+        facts.append(f"{d.ecc_uncorrected} uncorrected ECC error(s)")
+    if d.remapped_rows_pending:
+        facts.append("a memory row remap is pending (needs a GPU reset)")
+    if not facts:
+        return None
+    gpu = f"GPU {d.index}" + (f" ({d.name})" if d.name else "")
+    if hardware or d.ecc_uncorrected or d.remapped_rows_pending:
+        return Verdict("gpu_hardware", f"{record.label} failed on {gpu}, which reported a hardware fault: {facts[0]}",
+                       who=who_of(record), where=where_of(ev, record), since=_ended_at(ev, record),
+                       evidence=facts + ([f"its own error: {_first_line(record.error, 160)}"] if record.error else []),
+                       next=f"drain this node (the GPU needs a reset or replacement), then `ups relaunch {ev.view.run_id}` "
+                            "elsewhere; nvidia-smi -q -d ECC,ROW_REMAPPER shows the counters")
+    return Verdict("cuda_fault", f"{record.label}'s kernel faulted on {gpu}: {facts[0]} (the program's CUDA code, not the "
+                   "hardware)", who=who_of(record), where=where_of(ev, record), since=_ended_at(ev, record),
+                   evidence=facts, next="rerun with CUDA_LAUNCH_BLOCKING=1 to find the kernel; Xid "
+                   f"{program[0]} is an illegal access or a bad index in the program's own CUDA code")
+
+
+def gpu_straggler(ev: Evidence) -> Verdict | None:
+    """A rank slower than its peers whose GPU is throttled (thermal, power): the clock, not the code."""
+    for p in ev.processes("rank"):
+        if p.verdict.health is not Health.SLOW:
+            continue
+        d = ev.gpu_of(p.record)
+        if d is not None and d.throttle:
+            r = p.record
+            return Verdict("gpu_throttled", f"{r.label} is a straggler: GPU {d.index} is throttled ({', '.join(d.throttle)})",
+                           who=who_of(r), where=where_of(ev, r), since=r.progress_at,
+                           evidence=[p.verdict.reason] + ([f"GPU {d.index} at {d.temperature_c} C"] if d.temperature_c else [])
+                           + ([f"{d.power_w:.0f} W"] if d.power_w else []),
+                           next="check cooling and power on this node (nvidia-smi -q -d PERFORMANCE); every rank waits for "
+                                "the slowest one")
     return None
 
 
@@ -1014,4 +1071,4 @@ def healthy(ev: Evidence) -> Verdict:
 
 
 RULES: tuple[Rule, ...] = (lost_node, ended, unsupervised, settling, live_failure, collectives, ddp_backward, starved_loader,
-                          stuck_workers, dead, hung, oom_skipped)
+                          stuck_workers, dead, hung, gpu_straggler, oom_skipped)

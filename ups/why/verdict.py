@@ -13,6 +13,7 @@ MODES = (
     "crashed_by_signal", "exception", "worker_exception", "cuda_in_worker", "no_normal_exit", "out_of_memory", "disk_full", "rendezvous_failed",
     "dataloader_resources", "stalled", "unresponsive", "dead", "failed", "killed", "lost", "unsupervised",
     "node_unreachable", "oom_killed", "killed_from_outside", "stopped_from_outside",
+    "gpu_hardware", "cuda_fault", "gpu_throttled",
 )
 
 
