@@ -181,3 +181,13 @@ def test_why_remote_names_an_unreachable_node_first(runs_root, tmp_path):
         assert run_ups("why", run.run_id, "--remote", "-x").returncode == 2  # bad input: one line
     finally:
         run_ups("kill", str(run.path), "--grace", "2")
+    # A run that ended failed here while the other node was never heard from: its end names
+    # the lost node first, then what this node saw.
+    bad = tmp_path / "bad.py"
+    bad.write_text("raise ConnectionResetError('Connection reset by peer')\n")
+    failed = launched(run_ups("launch", "python", "--json", str(bad), cwd=tmp_path))
+    res = run_ups("status", failed.run_id, "--json", "--remote", "127.0.0.2", "--remote-timeout", "5")
+    summary = json.loads(res.stdout)["run"]["summary"]
+    assert summary.startswith("node 127.0.0.2 unreachable (") and "Connection reset by peer" in summary, summary
+    v = json.loads(run_ups("why", failed.run_id, "--json", "--remote", "127.0.0.2", "--remote-timeout", "5").stdout)["verdict"]
+    assert v["mode"] == "node_unreachable" and v["headline"].startswith("node 127.0.0.2 is unreachable")
