@@ -8,6 +8,7 @@ relaunch, launch) run in worker threads through ups.runs with "console" as the a
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -99,7 +100,7 @@ class UpsConsole(App):
         worker = get_current_worker()
         while not worker.is_cancelled:
             started = time.monotonic()
-            self.post_message(SnapshotReady(self.poller.snapshot(self.selected_run, self.selected_process)))
+            self.post_message(SnapshotReady(self._snapshot()))
             worker_wait = max(0.05, self.refresh_s - (time.monotonic() - started))
             end = time.monotonic() + worker_wait
             while time.monotonic() < end and not worker.is_cancelled:
@@ -107,7 +108,20 @@ class UpsConsole(App):
 
     def poll_once(self) -> None:
         """One synchronous snapshot (tests, snapshots): no thread, deterministic."""
-        self.on_snapshot_ready(SnapshotReady(self.poller.snapshot(self.selected_run, self.selected_process)))
+        self.on_snapshot_ready(SnapshotReady(self._snapshot()))
+
+    def _snapshot(self) -> Snapshot:
+        """This tick's snapshot. A poll that fails never ends polling: the last good
+        snapshot stays on screen with a note that says what failed, and the next tick
+        tries afresh (a bad file removed, the screen recovers by itself)."""
+        try:
+            return self.poller.snapshot(self.selected_run, self.selected_process)
+        except Exception as exc:  # noqa: BLE001 - the console must outlive any one bad read
+            last = self.snapshot
+            note = f"poll failed: {type(exc).__name__}: {str(exc)[:300]} (retrying every {self.refresh_s:g} s)"
+            if last is None:
+                return Snapshot(time.time(), (), None, None, notes=(note,))
+            return dataclasses.replace(last, notes=(*last.notes, note))
 
     def on_snapshot_ready(self, message: SnapshotReady) -> None:
         t = time.perf_counter()

@@ -18,6 +18,7 @@ from ups.runs.rundir import FINAL_RUN_STATES, RunDir, list_runs
 from ups.runs.signals import last_stack_dump
 from ups.runs.view import RunView, load_run_view
 from ups.status.procs import StaticProcessTable
+from ups.status.safeio import BadFile, read_tail
 
 
 @dataclass(frozen=True)
@@ -59,13 +60,11 @@ class Snapshot:
 
 def _tail(path: Path, lines: int = 40, max_bytes: int = 32_000) -> tuple[str, ...]:
     try:
-        with open(path, "rb") as fh:
-            fh.seek(0, 2)
-            size = fh.tell()
-            fh.seek(max(0, size - max_bytes))
-            text = fh.read().decode(errors="replace")
-    except OSError:
+        text = read_tail(path, max_bytes)
+    except FileNotFoundError:
         return ()
+    except (OSError, BadFile) as exc:
+        return (f"unreadable: {path.name}: {exc}",)
     return tuple(text.splitlines()[-lines:])
 
 
@@ -164,24 +163,39 @@ class Poller:
         except Exception as exc:  # noqa: BLE001 - a bad runs folder is a note on screen
             summaries, notes = [], [str(exc)]
         for s in summaries:
-            cached = self._row_cache.get(s.run_id)
-            if s.run_id == selected_run:
-                rank = _rank_of(selected_process)
-                view = self._view(s.run, None if full else (lambda n, r=rank: "worker" not in n or n.startswith(f"rank-{r}-worker-")))
-                detail = self._detail(view, selected_process)
-                row = run_row(view) if full or cached is None else _merge_row(cached, run_row(view))
-            elif cached is not None and cached.state == s.state and s.state in FINAL_RUN_STATES:
-                row = cached  # a finished run does not change
-            else:
-                view = self._view(s.run, None if full else (lambda n: "worker" not in n))
-                row = run_row(view) if full or cached is None else _merge_row(cached, run_row(view))
+            try:
+                row, run_detail = self._row(s, selected_run, selected_process, full)
+            except Exception as exc:  # noqa: BLE001 - one run that cannot be read is a row saying why
+                row, run_detail = _broken_row(s, exc), None
+                notes.append(f"{s.run_id}: {row.problem}")
+            detail = run_detail or detail
             self._row_cache[s.run_id] = row
             rows.append(row)
         gpu = None
         if with_gpu and self.gpu_provider is not None:
-            gpu = attribute(self.gpu_provider.snapshot(), records_for_attribution(self.runs_dir) if full or self.tick == 1 else
-                            [(detail.view.run_id, p.record) for p in detail.view.processes] if detail else [])
+            try:
+                gpu = attribute(self.gpu_provider.snapshot(), records_for_attribution(self.runs_dir) if full or self.tick == 1
+                                else [(detail.view.run_id, p.record) for p in detail.view.processes] if detail else [])
+            except Exception as exc:  # noqa: BLE001
+                notes.append(f"GPU panel: {type(exc).__name__}: {exc}")
         return Snapshot(self.clock(), tuple(rows), detail, gpu, (time.perf_counter() - t0) * 1000, tuple(notes))
+
+    def _row(self, s: Any, selected_run: str | None, selected_process: str | None,
+             full: bool) -> tuple[RunRow, RunDetail | None]:
+        """One run's row (and its detail when it is the selected run)."""
+        detail = None
+        cached = self._row_cache.get(s.run_id)
+        if s.run_id == selected_run:
+            rank = _rank_of(selected_process)
+            view = self._view(s.run, None if full else (lambda n, r=rank: "worker" not in n or n.startswith(f"rank-{r}-worker-")))
+            detail = self._detail(view, selected_process)
+            row = run_row(view) if full or cached is None else _merge_row(cached, run_row(view))
+        elif cached is not None and cached.state == s.state and s.state in FINAL_RUN_STATES:
+            row = cached  # a finished run does not change
+        else:
+            view = self._view(s.run, None if full else (lambda n: "worker" not in n))
+            row = run_row(view) if full or cached is None else _merge_row(cached, run_row(view))
+        return row, detail
 
     def _detail(self, view: RunView, selected: str | None) -> RunDetail:
         names = [p.record.name for p in view.processes]
@@ -217,6 +231,12 @@ class Poller:
         if view.is_final:
             self._verdicts[key] = verdict
         return verdict
+
+
+def _broken_row(s: Any, exc: Exception) -> RunRow:
+    """The row of a run whose read failed: what failed, in its problem column."""
+    return RunRow(s.run_id, s.path, s.kind or "?", "unreadable", s.created_at if isinstance(s.created_at, float) else None,
+                  0, None, None, "items", "-", "", f"unreadable: {type(exc).__name__}: {str(exc)[:200]}")
 
 
 def _rank_of(name: str | None) -> int:

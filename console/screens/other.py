@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -44,6 +45,12 @@ class RunsScreen(Screen):
     def show(self, snap: Snapshot | None) -> None:
         if snap is None:
             return
+        try:
+            self._show(snap)
+        except Exception as exc:  # noqa: BLE001 - a value that cannot be drawn is a note, not a dead console
+            self.query_one("#runs-notes", Static).update(Text(f"cannot draw the runs list: {type(exc).__name__}: {exc}"))
+
+    def _show(self, snap: Snapshot) -> None:
         self.query_one("#runs", LiveTable).sync([
             (r.run_id, (
                 r.run_id, state_cell(r.state),
@@ -54,7 +61,7 @@ class RunsScreen(Screen):
             for r in snap.runs
         ])
         notes = list(snap.notes) or ([] if snap.runs else [f"no runs under {self.app.runs_dir} yet: press l to launch one"])
-        self.query_one("#runs-notes", Static).update("\n".join(notes))
+        self.query_one("#runs-notes", Static).update(Text("\n".join(notes)))  # notes quote files: no markup
 
     def action_open(self) -> None:
         key = self.query_one("#runs", LiveTable).selected_key

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.markup import escape
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -118,12 +119,26 @@ class RunScreen(Screen):
 
     # -- drawing ----------------------------------------------------------------------
     def show(self, snap: Snapshot | None) -> None:
-        if snap is None or snap.detail is None or snap.detail.view.run_id != self.run_id:
+        if snap is None:
             return
+        if snap.detail is None or snap.detail.view.run_id != self.run_id:
+            if snap.notes:  # this run could not be read this tick: say why, keep the last screen
+                self._set("#verdict", Text("\n".join(snap.notes), style="bold red"))
+            return
+        try:
+            self._show(snap)
+        except Exception as exc:  # noqa: BLE001 - a value that cannot be drawn is a note, not a dead console
+            self._set("#verdict", Text(f"cannot draw this run: {type(exc).__name__}: {exc}", style="bold red"))
+
+    def _show(self, snap: Snapshot) -> None:
         d = snap.detail
+        assert d is not None
         view = d.view
         self._set("#run-header", run_header(view, snap.taken_at))
-        self._set("#verdict", verdict_line(d.verdict))
+        verdict = verdict_line(d.verdict)
+        if snap.notes:
+            verdict = Text.assemble(verdict, "\n", Text("\n".join(snap.notes), style="bold red"))
+        self._set("#verdict", verdict)
         ranks = view.ranks() + [p for p in view.processes if p.record.role in ("helper", "agent", "launcher")]
         rows = [(p.record.name, lambda p=p: rank_cells(p)) for p in ranks]
         if view.nodes:  # a multi-node run: each node heads its group of processes
@@ -146,8 +161,9 @@ class RunScreen(Screen):
             for p in workers
         ])
         label = sel.record.label if sel else "?"
-        self._set("#stack", f"[b]last stack dump of {label}[/b] (s: dump now)\n" + (d.stack or "(none yet)"))
-        self._set("#log", f"[b]{d.log_name}[/b]\n" + "\n".join(d.log_tail[-20:]) if d.log_tail else "(empty log)")
+        # Stack and log text is the program's (or anyone's) bytes: shown as text, never as markup.
+        self._set("#stack", f"[b]last stack dump of {escape(label)}[/b] (s: dump now)\n" + escape(d.stack or "(none yet)"))
+        self._set("#log", f"[b]{escape(d.log_name)}[/b]\n" + escape("\n".join(d.log_tail[-20:])) if d.log_tail else "(empty log)")
         self._set("#events", events_text(d.events))
         self.query_one("#gpu", Static).update(gpu_panel(snap.gpu))
 

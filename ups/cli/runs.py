@@ -6,6 +6,7 @@ Thin: resolve the run, build a :class:`~ups.runs.view.RunView`, render or act th
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import TYPE_CHECKING, Annotated
@@ -681,19 +682,29 @@ def logs_cmd(
     """Print the job's log (or one rank's with --rank)."""
     from ups.runs.actions import find_logs
     from ups.runs.rundir import FINAL_RUN_STATES, resolve_run
+    from ups.status.safeio import OPEN_READ, BadFile, open_regular, read_tail
 
     rd = resolve_run(runs_dir, run)
     paths = find_logs(rd, rank)
+    budget = max(1, lines) * 4096  # the last N lines, read from no more than ~4 KB a line
     for path in paths[1:]:  # a rank's stderr after its stdout
         typer.echo(f"==> {path.name} <==")
-        for line in path.read_text(errors="replace").splitlines()[-lines:]:
-            typer.echo(line)
+        try:
+            for line in read_tail(path, budget).splitlines()[-lines:]:
+                typer.echo(line)
+        except (OSError, BadFile) as exc:
+            typer.echo(f"unreadable: {path.name}: {exc}")
     path = paths[0]
     if not path.exists():
         raise UpsError(f"no log yet at {path}")
     if len(paths) > 1:
         typer.echo(f"==> {path.name} <==")
-    with open(path, "rb") as fh:
+    try:  # a regular file only: a FIFO named like a log must not hang `ups logs`
+        fd = open_regular(path, OPEN_READ)
+    except BadFile as exc:
+        raise UpsError(f"{path}: {exc}") from None
+    with os.fdopen(fd, "rb") as fh:
+        fh.seek(max(0, os.fstat(fd).st_size - budget))
         tail = fh.read().decode(errors="replace").splitlines()[-lines:]
         for line in tail:
             typer.echo(line)

@@ -26,6 +26,7 @@ from ups.status.procs import process_start_time, same_start
 from ups.status.reader import read_record_file, read_status_dir
 from ups.status.record import RecordError, StatusRecord
 from ups.status.reporter import boot_id
+from ups.status.safeio import BadFile, check_object
 
 SCAN_S = 0.25  # how often new records are looked for (a few files for a small run)
 SLOW_SCAN_S = 2.0  # above LARGE records: reading thousands of files 4 times a second is waste
@@ -178,8 +179,23 @@ def read_exits(run: RunDir) -> dict[str, ProcessExit]:
     fields = set(ProcessExit.__dataclass_fields__)
     for e in run.read_events():
         if e.get("event") == "process.exit":
-            try:
-                out[e["name"]] = ProcessExit(**{k: v for k, v in e.items() if k in fields})
-            except (KeyError, TypeError):
+            try:  # an event is outside input like any file of the run: typed before use
+                checked = check_object({k: v for k, v in e.items() if k in fields}, _EXIT_SPEC, required=_EXIT_REQUIRED)
+                out[checked["name"]] = ProcessExit(**checked)
+            except (BadFile, TypeError):
                 continue
     return out
+
+
+def _exit_spec() -> dict:
+    from ups.status.record import RECORD_SPEC
+    from ups.status.safeio import boolean, number
+
+    r = RECORD_SPEC
+    return {"name": r["name"], "pid": r["pid"], "role": r["role"], "rank": r["rank"], "at": number(0.0),
+            "exact": boolean, "record_state": r["state"], "phase": r["phase"], "step": r["step"], "error": r["error"],
+            "exit_code": r["exit_code"], "at_mono": r["progress_mono"], "boot_id": r["boot_id"]}
+
+
+_EXIT_SPEC = _exit_spec()
+_EXIT_REQUIRED = ("name", "pid", "role", "rank", "at", "exact", "record_state", "phase", "step", "error", "exit_code")

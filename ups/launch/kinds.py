@@ -74,10 +74,9 @@ def _first_line(text: str | None, limit: int = 160) -> str:
 
 
 def _log_tail(view: RunView) -> str:
-    try:
-        return view.run.log_path("job").read_text(errors="replace")[-200_000:]
-    except OSError:
-        return ""
+    from ups.status.safeio import try_tail
+
+    return try_tail(view.run.log_path("job"), 200_000) or ""
 
 
 @register_finalizer("train")

@@ -12,8 +12,12 @@ nothing does (every process vanished without a word: a reboot, everything SIGKIL
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
+import time
 
+from ups.errors import UpsError
 from ups.launch import kinds as _kinds  # noqa: F401 - registers the per-kind finalizers
 from ups.launch.exits import ProcessExit, read_exits
 from ups.launch.finalize import End, finalize
@@ -52,7 +56,10 @@ def vanished_exits(view: RunView, logged: dict[str, ProcessExit]) -> dict[str, P
 
 
 def settle(view: RunView, *, actor: str | None = None) -> RunView:
-    """Write the final state of a run nobody is left to finish; the view, re-read if it did."""
+    """The final state of a run nobody is left to finish, decided in memory: the view shows
+    it whether or not it can be written. Writing it back to run.json (with its event and
+    verdict) is best effort: a read-only, full or foreign runs folder never makes a reader
+    fail, it only means the next reader decides the same again."""
     if view.supervision != "gone":
         return view
     launcher = (view.manifest or {}).get("launcher") or {}
@@ -64,9 +71,17 @@ def settle(view: RunView, *, actor: str | None = None) -> RunView:
     if state == "failed" and not said and rc is None:
         state = "lost"  # nothing recorded how it ended
     summary = f"launcher lost (pid {launcher.get('pid')} gone); {outcome.summary}"
+    changes = dict(summary=summary, failure=outcome.failure, exit_code=rc, launcher_lost=True, **outcome.extra)
     actor = actor or f"reader:{os.getpid()}"
-    if view.run.settle(state, summary=summary, failure=outcome.failure, exit_code=rc, launcher_lost=True, **outcome.extra):
-        view.run.append_event("reconcile", actor=actor, state=state, summary=summary, launcher_pid=launcher.get("pid"))
+    try:
+        written = view.run.settle(state, **changes)
+    except (OSError, UpsError):  # EROFS, ENOSPC, EACCES, a planted lock: shown settled all the same
+        in_memory = {**(whole.manifest or {}), **changes, "state": state,
+                     "ended_at": (whole.manifest or {}).get("ended_at") or time.time()}
+        return dataclasses.replace(whole, manifest=in_memory, supervision="final")
+    if written:
+        with contextlib.suppress(OSError):
+            view.run.append_event("reconcile", actor=actor, state=state, summary=summary, launcher_pid=launcher.get("pid"))
         from ups.launch.supervise import record_verdict
 
         record_verdict(view.run)
@@ -81,9 +96,6 @@ def load_settled_view(run, **kwargs) -> RunView:  # noqa: ANN001
 def adopt(run, *, actor: str, wait_s: float = 10.0) -> int:  # noqa: ANN001
     """Give an unsupervised run a new supervisor; its pid. A run that still has its launcher,
     or has ended, is refused; one whose processes are all gone is settled instead."""
-    import time
-
-    from ups.errors import UpsError
     from ups.launch.spawn import spawn_supervisor
 
     view = load_run_view(run)

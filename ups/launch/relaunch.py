@@ -37,7 +37,7 @@ def relaunch(run: RunDir, runs_root: str, *, num_workers: int | None, actor: str
             time.sleep(0.1)
     env = dict(m.get("env") or {})
     config = dict(m.get("config") or {})
-    files = {p.name: p.read_bytes() for p in run.path.glob("*.json") if p.name != "run.json"}
+    files = _run_files(run)
     if num_workers is not None:
         env["UPS_FORCE_NUM_WORKERS"] = str(num_workers)
         if m.get("kind") == "precompute":
@@ -56,3 +56,20 @@ def relaunch(run: RunDir, runs_root: str, *, num_workers: int | None, actor: str
     run.append_event("relaunch", actor=actor, new_run=new.run_id, num_workers=num_workers)
     new.append_event("relaunched_from", actor=actor, run=run.run_id, num_workers=num_workers)
     return new
+
+
+def _run_files(run) -> dict[str, bytes]:  # noqa: ANN001
+    """The run's own input files (config.json, plan.json) to copy: regular files of at most
+    1 MiB; anything else in their place is refused with its name and why."""
+    from ups.errors import UpsError
+    from ups.status.safeio import BadFile, read_bytes
+
+    files = {}
+    for p in run.path.glob("*.json"):
+        if p.name == "run.json":
+            continue
+        try:
+            files[p.name] = read_bytes(p)
+        except (OSError, BadFile) as exc:
+            raise UpsError(f"{p}: {exc}") from None
+    return files

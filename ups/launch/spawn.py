@@ -10,6 +10,7 @@ from typing import Any
 
 from ups.runs.rundir import RunDir
 from ups.status.health import Thresholds
+from ups.status.reporter import append_opener
 
 
 def launch_run(
@@ -75,7 +76,7 @@ def spawn_supervisor(run: RunDir, *, adopt: bool = False) -> subprocess.Popen[by
     once (a reader can tell a launcher that died before it wrote anything)."""
     from ups.status.procs import process_start_time
 
-    launcher_log = open(run.log_path("launcher"), "ab")  # noqa: SIM115 - handed to the child
+    launcher_log = open(run.log_path("launcher"), "ab", opener=append_opener)  # noqa: SIM115 - handed to the child
     try:
         proc = subprocess.Popen(
             [sys.executable, "-m", "ups.launch.supervise", str(Path(run.path).resolve()), *(["--adopt"] if adopt else [])],

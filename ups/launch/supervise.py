@@ -25,7 +25,7 @@ from ups.runs.view import load_run_view, node_view
 from ups.status.health import Health
 from ups.status.host import ENV_HOSTNAME, hostname
 from ups.status.procs import process_start_time, same_start, this_process_start
-from ups.status.reporter import ENV_RUN_DIR, ENV_RUN_ID, Reporter
+from ups.status.reporter import ENV_RUN_DIR, ENV_RUN_ID, Reporter, append_opener
 from ups.status.schema import process_name
 
 ACTOR = "launcher"
@@ -85,7 +85,7 @@ class Supervisor:
 
     def start(self) -> None:
         command = [str(c) for c in self.manifest["command"]]
-        log = open(self.run.log_path("job"), "ab")  # noqa: SIM115 - owned by the child
+        log = open(self.run.log_path("job"), "ab", opener=append_opener)  # noqa: SIM115 - owned by the child
         self.child = subprocess.Popen(
             command,
             stdin=subprocess.DEVNULL,

@@ -15,13 +15,12 @@ that node's ``ups`` (:func:`remote_ups`).
 
 Knobs (environment): ``UPS_SSH`` the ssh command with its options (default ``ssh``);
 ``UPS_REMOTE_UPS`` the command that runs ``ups`` on the other node (default ``ups``; e.g.
-``/opt/venv/bin/python -m ups``; ``{host}`` in it is replaced by the HOST given).
+``/opt/venv/bin/python -m ups``; ``{host}`` in it is replaced by the HOST given, shell-quoted).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shlex
 import subprocess
@@ -32,11 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from ups.errors import UpsError
+from ups.runs.manifest_spec import check_manifest
 from ups.runs.rundir import FINAL_RUN_STATES, RunDir, merge_node_states
 from ups.runs.view import NodeView, ProcessView, RunView, _with_lost_nodes, node_views
 from ups.status.health import Health, HealthVerdict, Thresholds
 from ups.status.host import hostname
 from ups.status.record import RecordError, StatusRecord
+from ups.status.safeio import BadFile, decode_json, number
 
 ENV_SSH = "UPS_SSH"
 ENV_REMOTE_UPS = "UPS_REMOTE_UPS"
@@ -65,7 +66,8 @@ class RemoteSpec:
     def argv(self, *ups_args: str) -> list[str]:
         """The local command line that runs ``ups UPS_ARGS`` on that node."""
         ssh = shlex.split(os.environ.get(ENV_SSH) or "ssh")
-        remote_ups = (os.environ.get(ENV_REMOTE_UPS) or "ups").replace("{host}", self.host)
+        # HOST goes into a line a remote shell runs: quoted, so a name never becomes a command.
+        remote_ups = (os.environ.get(ENV_REMOTE_UPS) or "ups").replace("{host}", shlex.quote(self.host))
         args = [*ups_args, *(["--runs-dir", self.runs_dir] if self.runs_dir else [])]
         command = f"{remote_ups} {' '.join(shlex.quote(a) for a in args)}"
         return [*ssh, "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", self.host, command]
@@ -146,9 +148,11 @@ class RemoteStatusSource:
         err_thread.start()
         assert proc.stdout is not None
         for line in proc.stdout:
-            try:
-                payload = json.loads(line)
-            except ValueError:
+            try:  # another node's word is outside input like a file: through the same boundary
+                payload = decode_json(line)
+                if isinstance(payload, dict) and payload.get("run") is not None:
+                    payload["run"] = check_manifest(payload["run"])
+            except BadFile:
                 continue
             if not isinstance(payload, dict):
                 continue
@@ -221,9 +225,16 @@ def remote_processes(payload: dict[str, Any], received_mono: float, now_mono: fl
         verdict = HealthVerdict(health, str(row.get("reason") or ""))
         if lost_reason and not rec.is_final:
             verdict = HealthVerdict(Health.UNREACHABLE, lost_reason)
-        out.append(ProcessView(rec, verdict, float(row.get("heartbeat_age") or 0.0) + waited,
-                               float(row.get("progress_age") or 0.0) + waited))
+        out.append(ProcessView(rec, verdict, _age(row.get("heartbeat_age")) + waited, _age(row.get("progress_age")) + waited))
     return out
+
+
+def _age(value: Any) -> float:
+    """An age another node sent: a finite number of seconds, else 0."""
+    try:
+        return number(0.0, 1e12)(value)
+    except BadFile:
+        return 0.0
 
 
 def merge_remote(local: RunView | None, sources: list[RemoteStatusSource], *, run_id: str,

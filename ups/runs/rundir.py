@@ -32,11 +32,20 @@ from pathlib import Path
 from typing import Any
 
 from ups.errors import CorruptRun, RunNotFound, UpsError
+from ups.runs.manifest_spec import MANIFEST_SCHEMA, RUN_STATES, check_manifest
 from ups.status.host import hostname
 from ups.status.reporter import write_atomic
+from ups.status.safeio import (
+    OPEN_APPEND,
+    BadFile,
+    decode_json,
+    number,
+    open_regular,
+    read_json,
+    read_tail,
+    safe_value,
+)
 
-MANIFEST_SCHEMA = 1
-RUN_STATES = ("launching", "running", "succeeded", "partial", "failed", "killed", "lost")
 FINAL_RUN_STATES = ("succeeded", "partial", "failed", "killed", "lost")
 """``lost``: the launcher and every process vanished and nothing recorded how the run ended
 (a reboot, everything SIGKILLed)."""
@@ -45,6 +54,14 @@ NODES_DIR = "nodes"
 RUN_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 # The per-node keys of a multi-node manifest; the run's own (shared) keys stay in run.json.
 NODE_STATE_ORDER = ("killed", "failed", "lost", "partial", "succeeded")
+DIR_MODE = 0o755  # a run's folders: only their owner writes there, whatever the umask
+EVENTS_TAIL_BYTES = 8 << 20  # events.jsonl is read from its last 8 MiB (a run's log is ~KBs)
+CONTROL_MAX_BYTES = 64 << 10
+
+
+def make_dir(path: Path, *, exist_ok: bool = False) -> None:
+    """mkdir with DIR_MODE: at umask 000 too, ``status/`` and ``control/`` are not world-writable."""
+    path.mkdir(mode=DIR_MODE, exist_ok=exist_ok)
 
 
 def check_run_id(run_id: str) -> str:
@@ -168,7 +185,7 @@ class RunDir:
         and its manifest is ``nodes/<host>.json`` (see the module's docstring)."""
         root = Path(runs_root)
         try:
-            root.mkdir(parents=True, exist_ok=True)
+            root.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
         except OSError as exc:
             raise UpsError(f"cannot create runs folder {root}: {exc.strerror or exc}") from None
         if multinode is not None:
@@ -179,13 +196,13 @@ class RunDir:
         if run_id is not None:
             run = cls(root / check_run_id(run_id))
             try:
-                run.path.mkdir()
+                make_dir(run.path)
             except FileExistsError:
                 raise UpsError(f"run {run_id} already exists under {root}: give another --run-id") from None
         for _ in range(20 if run_id is None else 0):
             run = cls(root / new_run_id(name or kind))
             try:
-                run.path.mkdir()
+                make_dir(run.path)
                 break
             except FileExistsError:
                 continue
@@ -193,7 +210,7 @@ class RunDir:
             if run_id is None:  # pragma: no cover - 20 collisions of 16 random bits in one second
                 raise UpsError(f"could not allocate a run id under {root}")
         for sub in SUBDIRS:
-            (run.path / sub).mkdir()
+            make_dir(run.path / sub)
         manifest = cls._new_manifest(run.run_id, kind, argv=argv, config=config, extra=extra, name=name)
         run.write_manifest(manifest)
         return run
@@ -225,9 +242,9 @@ class RunDir:
         run = cls(root / run_id)
         host = hostname()
         try:
-            run.path.mkdir(exist_ok=True)
+            make_dir(run.path, exist_ok=True)
             for sub in (*SUBDIRS, NODES_DIR):
-                (run.path / sub).mkdir(exist_ok=True)
+                make_dir(run.path / sub, exist_ok=True)
         except OSError as exc:
             raise UpsError(f"cannot create run folder {run.path}: {exc.strerror or exc}") from None
         with run._manifest_lock():
@@ -257,24 +274,16 @@ class RunDir:
     # -- manifest ------------------------------------------------------------------------
     @staticmethod
     def _read_json(path: Path) -> dict[str, Any]:
-        """One manifest file; CorruptRun (one line, where and what) when it cannot be read."""
+        """One manifest file through the trust boundary (regular file, size cap, UTF-8, every
+        key a reader uses checked: :mod:`ups.runs.manifest_spec`); CorruptRun (one line,
+        where and what) when it cannot be read."""
         try:
-            text = path.read_text()
+            return check_manifest(read_json(path))
         except FileNotFoundError:
             raise CorruptRun(f"{path}: missing {path.name}") from None
-        except OSError as exc:
-            raise CorruptRun(f"{path}: unreadable ({exc.strerror or exc})") from None
-        if not text.strip():
-            raise CorruptRun(f"{path}: empty {path.name}")
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise CorruptRun(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
-        if not isinstance(data, dict):
-            raise CorruptRun(f"{path}: not a JSON object")
-        if not isinstance(data.get("schema"), int) or data["schema"] > MANIFEST_SCHEMA:
-            raise CorruptRun(f"{path}: unknown manifest schema {data.get('schema')!r}")
-        return data
+        except BadFile as exc:
+            reason = f"empty {path.name}" if str(exc) == "empty file" else str(exc)
+            raise CorruptRun(f"{path}: {reason}") from None
 
     def read_nodes(self) -> dict[str, dict[str, Any]]:
         """Each node's manifest of a multi-node run, by host (an unreadable one says why)."""
@@ -334,12 +343,20 @@ class RunDir:
 
     @contextlib.contextmanager
     def _manifest_lock(self) -> Iterator[None]:
-        with open(self.path / ".run.json.lock", "a") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
+        """Writers of the manifest take this; readers never need it. A lock file that is not
+        a regular file (a planted FIFO or symlink) is refused, not waited on."""
+        try:
+            fd = open_regular(self.path / ".run.json.lock", OPEN_APPEND)
+        except BadFile as exc:
+            raise OSError(f"{self.path / '.run.json.lock'}: {exc}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
             try:
                 yield
             finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
 
     def update_manifest(self, **changes: Any) -> dict[str, Any]:
         """Read-modify-write under a lock; nested dicts given as values replace whole keys."""
@@ -373,10 +390,14 @@ class RunDir:
 
     # -- events --------------------------------------------------------------------------
     def append_event(self, event: str, *, actor: str, **fields: Any) -> dict[str, Any]:
-        """Append one JSON line to events.jsonl (a single O_APPEND write: no interleaving)."""
+        """Append one JSON line to events.jsonl (a single O_APPEND write: no interleaving),
+        never through a symlink nor into a FIFO planted under its name."""
         entry = {"ts": time.time(), "event": event, "actor": actor, **fields}
         line = (json.dumps(entry, default=str) + "\n").encode()
-        fd = os.open(self.events_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            fd = open_regular(self.events_path, OPEN_APPEND)
+        except BadFile as exc:
+            raise OSError(f"{self.events_path}: {exc}") from None
         try:
             os.write(fd, line)
         finally:
@@ -384,11 +405,18 @@ class RunDir:
         return entry
 
     def read_events(self, limit: int | None = None) -> list[dict[str, Any]]:
-        """Events in order; unparseable lines become ``{"event": "unreadable", ...}``."""
+        """Events in order (from the last EVENTS_TAIL_BYTES); a line that is not a JSON
+        object becomes ``{"event": "unreadable", ...}``, a file that cannot be read one such
+        entry with the reason."""
         try:
-            lines = self.events_path.read_text(errors="replace").splitlines()
+            text = read_tail(self.events_path, EVENTS_TAIL_BYTES)
         except FileNotFoundError:
             return []
+        except BadFile as exc:
+            return [{"event": "unreadable", "line": 0, "text": f"{self.events_path.name}: {exc}"}]
+        lines = text.splitlines()
+        if len(text.encode()) >= EVENTS_TAIL_BYTES and lines:
+            lines = lines[1:]  # the cut first line
         if limit is not None:
             lines = lines[-limit:]
         out: list[dict[str, Any]] = []
@@ -396,37 +424,55 @@ class RunDir:
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
-                if not isinstance(obj, dict):
-                    raise ValueError
-                out.append(obj)
-            except ValueError:
+                obj = decode_json(line)
+                if not isinstance(obj, dict) or not isinstance(obj.get("event", ""), str):
+                    raise BadFile("not an event")
+                if "ts" in obj:
+                    number()(obj["ts"])  # a time every reader can format
+                out.append(safe_value(obj))
+            except BadFile:
                 out.append({"event": "unreadable", "line": n, "text": line[:200]})
         return out
 
     # -- control requests ----------------------------------------------------------------
     def put_control(self, request: str, *, actor: str, **args: Any) -> Path:
         """Ask the job to do something (e.g. ``fallback``); the job polls ``control/``."""
-        self.control_dir.mkdir(exist_ok=True)
+        make_dir(self.control_dir, exist_ok=True)
         body = {"request": request, "actor": actor, "ts": time.time(), **args}
         path = self.control_dir / f"{time.time_ns()}-{request}.json"
         write_atomic(path, json.dumps(body).encode())
         self.append_event("control", actor=actor, request=request, **args)
         return path
 
-    def pending_controls(self) -> list[tuple[Path, dict[str, Any]]]:
-        """Requests not yet handled, oldest first (unreadable ones are skipped)."""
+    def pending_controls(self, *, actor: str = "job") -> list[tuple[Path, dict[str, Any]]]:
+        """Requests not yet handled, oldest first. A request that cannot be read (not a
+        regular file, too large, not UTF-8 JSON, not an object naming a ``request``) is
+        rejected once: renamed to ``*.rejected`` and logged as a ``control.rejected`` event
+        with the reason, so it is neither re-read forever nor in the way of the next one."""
         out = []
         try:
             names = sorted(p for p in os.listdir(self.control_dir) if p.endswith(".json") and not p.startswith("."))
-        except FileNotFoundError:
+        except OSError:
             return []
+        rejected = self.__dict__.setdefault("_rejected_controls", set())
         for name in names:
             path = self.control_dir / name
-            try:
-                out.append((path, json.loads(path.read_text())))
-            except (OSError, ValueError):
+            if name in rejected:
                 continue
+            try:
+                body = read_json(path, CONTROL_MAX_BYTES)
+                if not isinstance(body, dict) or not isinstance(body.get("request"), str):
+                    raise BadFile("not a JSON object naming a 'request'")
+            except FileNotFoundError:
+                continue  # handled meanwhile
+            except BadFile as exc:
+                rejected.add(name)
+                with contextlib.suppress(OSError):
+                    os.replace(path, path.with_suffix(".rejected"))
+                with contextlib.suppress(OSError):
+                    self.append_event("control.rejected", actor=actor, request_file=name, reason=str(exc))
+                continue
+            out.append((path, safe_value(body)))
         return out
 
     def ack_control(self, path: Path, *, actor: str, result: str) -> None:

@@ -163,9 +163,15 @@ def dump_stacks(run: RunDir, record: StatusRecord, *, actor: str, timeout: float
         )
     check_identity(record)
     path = run.path / record.stack_file
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
     header = f"\n=== stack dump of {record.label} pid {record.pid} requested by {actor} at {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n"
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    from ups.status.safeio import OPEN_APPEND, BadFile, open_regular
+
+    try:  # a FIFO or symlink named like the stack file is refused, never waited on or followed
+        fd = open_regular(path, OPEN_APPEND)
+    except (OSError, BadFile) as exc:
+        raise RefusedSignal(f"{record.label}: stack file {record.stack_file} cannot be written: {exc}",
+                            exit_code=1) from None
     try:
         os.write(fd, header.encode())
         start = os.fstat(fd).st_size
@@ -196,9 +202,12 @@ def _wait_for_dump(path: Path, start: int, timeout: float) -> str:
                 stable_since = None
         last_size = size
         time.sleep(0.05)
-    with open(path, "rb") as fh:
-        fh.seek(start)
-        text = fh.read().decode(errors="replace")
+    from ups.status.safeio import BadFile, read_tail
+
+    try:
+        text = read_tail(path, 1 << 20, start)
+    except (OSError, BadFile) as exc:
+        raise RefusedSignal(f"cannot read the stack dump in {path}: {exc}", exit_code=1) from None
     if not text.strip():
         raise RefusedSignal(f"no stack dump appeared in {path} within {timeout:g} s", exit_code=1)
     return text
@@ -208,13 +217,12 @@ def last_stack_dump(run: RunDir, record: StatusRecord, max_bytes: int = 64_000) 
     """The tail of a process's stack file (crash tracebacks and earlier dumps), if any."""
     if not record.stack_file:
         return None
-    path = run.path / record.stack_file
+    from ups.status.safeio import BadFile, read_tail
+
     try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - max_bytes))
-            text = fh.read().decode(errors="replace")
-    except OSError:
+        text = read_tail(run.path / record.stack_file, max_bytes)
+    except FileNotFoundError:
         return None
+    except (OSError, BadFile) as exc:  # a FIFO or device named like a stack file: said, never waited on
+        return f"unreadable: {record.stack_file}: {exc}\n"
     return text if text.strip() else None

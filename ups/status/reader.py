@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Protocol
 
 from ups.status.record import RecordError, StatusRecord
+from ups.status.safeio import BadFile, read_bytes
 
 MAX_RECORD_BYTES = 1 << 20  # a record is ~1 KB; anything huge is not ours
-READ_CHUNK = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -48,28 +48,16 @@ class StatusSource(Protocol):
 
 
 def read_record_file(path: str | os.PathLike[str]) -> StatusRecord:
-    """Read one record; raises RecordError with a short reason on any problem."""
+    """Read one record through the trust boundary (:mod:`ups.status.safeio`); raises
+    RecordError with a short reason on any problem (a FIFO, a device, a symlink, too large,
+    not UTF-8, not JSON, a field of the wrong type or out of range)."""
     try:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            # A record is ~1 KB: read in 64 KiB chunks (asking os.read for 1 MiB allocates
-            # 1 MiB each time, which costs more than the rest of the read).
-            data = os.read(fd, READ_CHUNK)
-            while len(data) <= MAX_RECORD_BYTES and (more := os.read(fd, READ_CHUNK)):
-                data += more
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        raise RecordError(f"unreadable ({exc.strerror or exc})") from None
-    if not data:
-        raise RecordError("empty file")
-    if len(data) > MAX_RECORD_BYTES:
-        raise RecordError("file too large to be a status record")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise RecordError("not UTF-8 text") from None
-    return StatusRecord.from_json(text)
+        data = read_bytes(path, MAX_RECORD_BYTES)
+    except FileNotFoundError:
+        raise RecordError("unreadable (No such file or directory)") from None
+    except BadFile as exc:
+        raise RecordError(str(exc)) from None
+    return StatusRecord.from_json(data)
 
 
 def read_status_dir(

@@ -18,6 +18,22 @@ import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+from ups.status.safeio import (
+    INT_MAX,
+    NAME_MAX,
+    PID_MAX,
+    BadFile,
+    Check,
+    check_object,
+    decode_json,
+    display_number,
+    integer,
+    number,
+    obj,
+    optional,
+    safe_value,
+    text,
+)
 from ups.status.schema import (
     FINAL_STATES,
     ROLES,
@@ -106,41 +122,33 @@ class StatusRecord:
 
     @classmethod
     def from_dict(cls, data: Any) -> StatusRecord:
+        """A record from decoded JSON, every field checked (see :data:`RECORD_SPEC`);
+        RecordError with the first field that fails and why."""
         if not isinstance(data, dict):
             raise RecordError(f"expected a JSON object, got {type(data).__name__}")
         schema = data.get("schema")
-        if not isinstance(schema, int):
+        if isinstance(schema, bool) or not isinstance(schema, int):
             raise RecordError("missing or non-integer 'schema'")
         if schema > SCHEMA_VERSION:
             raise RecordError(f"future schema {schema} (this ups reads up to {SCHEMA_VERSION})")
-        kwargs = {k: v for k, v in data.items() if k in _FIELD_NAMES}
-        for required in ("run_id", "role", "name", "pid", "pid_start", "host"):
-            if required not in kwargs:
-                raise RecordError(f"missing required key {required!r}")
-        if kwargs["role"] not in ROLES:
-            raise RecordError(f"unknown role {kwargs['role']!r}")
-        if not isinstance(kwargs["pid"], int):
-            raise RecordError("'pid' is not an integer")
-        gpu = kwargs.get("gpu")
-        if isinstance(gpu, dict):
-            kwargs["gpu"] = GpuMemory(**{k: gpu.get(k) for k in ("device", "allocated", "reserved", "peak")})
-        elif gpu is not None:
-            kwargs["gpu"] = None
-        if not isinstance(kwargs.get("metrics", {}), dict):
-            kwargs["metrics"] = {}
-        if not isinstance(kwargs.get("collective"), dict | None):
-            kwargs["collective"] = None
+        if "role" in data and data["role"] not in ROLES:
+            raise RecordError(f"unknown role {safe_value(data['role'])!r:.60}")
         try:
-            return cls(**kwargs)
-        except TypeError as exc:  # pragma: no cover - defensive
-            raise RecordError(str(exc)) from exc
+            checked = check_object({k: v for k, v in data.items() if k in _FIELD_NAMES}, RECORD_SPEC,
+                                   required=("run_id", "role", "name", "pid", "pid_start", "host"))
+        except BadFile as exc:
+            raise RecordError(str(exc)) from None
+        gpu = checked.get("gpu")
+        if gpu is not None:
+            checked["gpu"] = GpuMemory(**{k: gpu.get(k) for k in ("device", "allocated", "reserved", "peak")})
+        return cls(**checked)
 
     @classmethod
-    def from_json(cls, text: str) -> StatusRecord:
+    def from_json(cls, text: str | bytes) -> StatusRecord:
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise RecordError(f"not valid JSON ({exc.msg} at char {exc.pos})") from None
+            data = decode_json(text)
+        except BadFile as exc:
+            raise RecordError(str(exc)) from None
         return cls.from_dict(data)
 
     def with_changes(self, **changes: Any) -> StatusRecord:
@@ -159,3 +167,77 @@ class StatusRecord:
 
 
 _FIELD_NAMES = frozenset(f.name for f in fields(StatusRecord))
+
+
+def _stack_file(v: Any) -> str:
+    """A stack file is a path inside the run folder (``stacks/<name>.txt``): readers open it."""
+    v = text(NAME_MAX, cut=False)(v)
+    if v.startswith("/") or ".." in v.split("/") or "\0" in v:
+        raise BadFile(f"{v[:60]!r} is not a path inside the run folder")
+    return v
+
+
+_KNOWN_METRICS: dict[str, Check] = {
+    **dict.fromkeys(("nofile_limit", "skipped_steps", "epoch", "forced_num_workers", "checkpoints", "workers"),
+                    integer(0, INT_MAX)),
+    **dict.fromkeys(("loss", "lr", "eval_loss"), number(-1e300, 1e300)),
+    "file": text(4096),
+}
+
+
+def _metric(key: str, v: Any) -> Any:
+    """A metric the rules read keeps its type or is dropped (None); flat lists of numbers
+    (series) pass; anything else becomes a short display value."""
+    known = _KNOWN_METRICS.get(key)
+    if known is not None:
+        try:
+            return known(v)
+        except BadFile:
+            return None
+    if isinstance(v, list) and len(v) <= 4096 and all(isinstance(x, int | float) and not isinstance(x, bool)
+                                                      for x in v):
+        return [display_number(x) for x in v]
+    return display_number(v)
+
+
+def _metrics(v: Any) -> dict[str, Any]:
+    """Free-form metrics (loss, lr, ...) made safe for display; a non-object becomes {}."""
+    if not isinstance(v, dict):
+        return {}
+    out = {}
+    for key, value in list(v.items())[:256]:
+        value = _metric(key, value)
+        if value is not None:
+            out[key[:120]] = value
+    return out
+
+
+_WALL = number(0.0)  # a UNIX time, finite and before the year 5138
+_MONO = optional(number(0.0, 1e12))
+_SMALL = optional(integer(0, PID_MAX))
+RECORD_SPEC: dict[str, Check] = {
+    "schema": integer(0, 1 << 16),
+    "run_id": text(NAME_MAX, cut=False), "role": text(choices=ROLES), "name": text(NAME_MAX, cut=False),
+    "pid": integer(1, PID_MAX), "pid_start": _WALL, "host": text(NAME_MAX, cut=False),
+    "rank": _SMALL, "local_rank": _SMALL, "world_size": _SMALL, "worker": _SMALL, "loader": _SMALL, "node": _SMALL,
+    "phase": text(NAME_MAX, cut=False), "state": text(choices=STATES),
+    "step": integer(0, INT_MAX), "total": optional(integer(0, INT_MAX)), "unit": text(64, cut=False),
+    "rate": optional(number(0.0, 1e15)),
+    "started_at": _WALL, "progress_at": _WALL, "heartbeat_at": _WALL, "phase_at": _WALL,
+    "heartbeat_interval": number(0.0, 1e6),
+    "item": optional(text()), "error": optional(text()), "error_site": optional(text(1024)),
+    "command": optional(text()), "boot_id": optional(text(128, cut=False)),
+    "gpu": optional(obj(dict.fromkeys(("device", "allocated", "reserved", "peak"), optional(integer(0, INT_MAX))))),
+    "metrics": _metrics,
+    "stack_file": optional(_stack_file), "stack_signal": optional(integer(1, 65)),
+    "exit_code": optional(integer(-(1 << 31), 1 << 31)),
+    "collective": optional(obj({"op": text(NAME_MAX, cut=False), "seq": integer(0, INT_MAX), "site": optional(text(1024)),
+                                "since": _WALL, "since_mono": _MONO, "prev_op": optional(text(NAME_MAX)),
+                                "prev_site": optional(text(1024))}, required=("op", "seq"))),
+    "coll_seq": integer(0, INT_MAX),
+    "interval_p99": optional(number(0.0, 1e9)),
+    "started_mono": _MONO, "progress_mono": _MONO, "heartbeat_mono": _MONO, "phase_mono": _MONO,
+}
+"""Every field of a record and what it must be. A record with a field that fails is not
+read at all (listed as unreadable with the field and why): a half-trusted record would put
+its wrong part on screen, or into the health rules, as if it were true."""

@@ -23,10 +23,12 @@ Design points (see DESIGN.md, "the run directory"):
 
 from __future__ import annotations
 
+import errno
 import faulthandler
 import json
 import os
 import signal
+import stat
 import sys
 import threading
 import time
@@ -79,6 +81,18 @@ def boot_id() -> str | None:
 _BOOT_ID: str | None = None
 
 
+def append_opener(path: str, flags: int) -> int:
+    """``open(..., opener=append_opener)``: a log or stack file of a run, created 0o644 whatever
+    the umask, never through a symlink, and never a FIFO or device found under its name (the
+    open does not block on one; it is refused)."""
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, f"{path} is not a regular file")
+    os.set_blocking(fd, True)
+    return fd
+
+
 def write_atomic(path: str | os.PathLike[str], data: bytes, *, write: Callable[[int, Any], int] = os.write) -> None:
     """Write ``data`` to ``path`` via a temp file in the same folder and ``os.replace``.
 
@@ -89,7 +103,14 @@ def write_atomic(path: str | os.PathLike[str], data: bytes, *, write: Callable[[
     head, tail = os.path.split(path)
     tmp = os.path.join(head, f".{tail}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        # A fresh temp file, never one found there: a symlink or FIFO planted under the temp
+        # name must not redirect or block the write (a stale temp of ours is removed first).
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(tmp, flags, 0o644)
+        except FileExistsError:
+            os.unlink(tmp)
+            fd = os.open(tmp, flags, 0o644)
         try:
             view = memoryview(data)
             while view:
@@ -256,8 +277,8 @@ class Reporter:
     def _install_stack_dumps(self, signum: int) -> None:
         stacks = os.path.join(self.run_dir, "stacks")
         try:
-            os.makedirs(stacks, exist_ok=True)
-            self._stack_fh = open(os.path.join(stacks, f"{self.name}.txt"), "a", buffering=1)  # noqa: SIM115
+            os.makedirs(stacks, mode=0o755, exist_ok=True)
+            self._stack_fh = open(os.path.join(stacks, f"{self.name}.txt"), "a", buffering=1, opener=append_opener)  # noqa: SIM115
             # disable() first: after a fork (DataLoader workers) faulthandler still believes it
             # is enabled and enable() would keep whatever SIGSEGV handler was set since (torch
             # installs its own in workers), so the crash traceback would never be written.
@@ -550,7 +571,7 @@ class Reporter:
                 # status/ may not exist yet for a fresh run dir; never recreate a vanished run.
                 if not os.path.isdir(self.run_dir):
                     raise
-                os.makedirs(os.path.dirname(self.path), exist_ok=True)
+                os.makedirs(os.path.dirname(self.path), mode=0o755, exist_ok=True)
                 write_atomic(self.path, data)
         except Exception as exc:  # noqa: BLE001 - reporting must never kill the job
             self._warn(f"cannot write status record {self.path}: {exc}; the job continues")

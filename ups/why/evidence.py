@@ -177,11 +177,7 @@ class Evidence:
 
 
 def _tail(path, limit: int) -> str:  # noqa: ANN001
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - limit))
-            return fh.read().decode(errors="replace")
-    except OSError:
-        return ""
+    # Regular files only, never blocking (a FIFO named job.log is no evidence, and no hang).
+    from ups.status.safeio import try_tail
+
+    return try_tail(path, limit) or ""

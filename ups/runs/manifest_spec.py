@@ -1,0 +1,97 @@
+"""What a run's manifest (``run.json``, ``nodes/<host>.json``) must hold to be read.
+
+The manifest is written by ``ups`` itself, but it sits in a runs folder, where anything may
+have replaced it (DESIGN.md, "Trust boundary"). Every key a reader looks at is checked here,
+through :mod:`ups.status.safeio`, before any other code sees the manifest: a key of the wrong
+type or out of range makes the whole manifest unreadable, with the key and why ("run.json:
+'created_at' is a string, not a number"), and the run is listed as such. Keys nobody reads
+pass through made safe for display (a newer ``ups`` may add some).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ups.status.safeio import (
+    INT_MAX,
+    NAME_MAX,
+    PID_MAX,
+    BadFile,
+    Check,
+    boolean,
+    check_object,
+    dict_of,
+    integer,
+    list_of,
+    number,
+    obj,
+    optional,
+    safe_value,
+    text,
+)
+
+RUN_STATES = ("launching", "running", "succeeded", "partial", "failed", "killed", "lost")
+MANIFEST_SCHEMA = 1
+
+
+def _int_or_text(v: Any) -> Any:
+    """A signal: its number or its name."""
+    if isinstance(v, str):
+        return text(64, cut=False)(v)
+    return integer(-(1 << 31), 1 << 31)(v)
+
+
+_NAME = text(NAME_MAX, cut=False)
+_TIME = optional(number(0.0))
+_PID = integer(1, PID_MAX)
+_CODE = optional(integer(-(1 << 31), 1 << 31))
+_COUNT = optional(integer(0, INT_MAX))
+_SMALL = optional(integer(0, PID_MAX))
+_ARGV = list_of(text(), 100_000)
+_PROCESS = optional(obj({"pid": _PID, "pid_start": _TIME, "pgid": optional(_PID), "adopted": optional(boolean),
+                         "command": optional(_ARGV), "host": optional(_NAME)}, required=("pid",)))
+_FAILURE_ENTRY = obj({"rank": _SMALL, "state": optional(_NAME), "signal": optional(_int_or_text), "exit_code": _CODE})
+_FAILURE = optional(obj({
+    "rank": _SMALL, "name": optional(_NAME), "node": optional(_NAME), "pid": optional(_PID), "phase": optional(_NAME),
+    "error": optional(text()), "error_site": optional(text(1024)), "signal": optional(_int_or_text), "exit_code": _CODE,
+    "step": _COUNT, "clean": optional(boolean), "torchrun_root": _SMALL, "followed_by": optional(list_of(_FAILURE_ENTRY)),
+}))
+_THRESHOLD = optional(number(0.0, 1e9))
+_THRESHOLDS = optional(obj({
+    "phase_stalled_after": optional(dict_of(_THRESHOLD, 1000)),
+}, unknown=_THRESHOLD))
+_VERDICT = optional(obj({key: optional(text()) for key in ("mode", "headline", "next", "text")}
+                        | {"ok": optional(boolean), "since": _TIME, "evidence": optional(list_of(safe_value)),
+                           "who": optional(dict_of(safe_value)), "where": optional(dict_of(safe_value))}))
+_MULTINODE = optional(obj({"nnodes": optional(integer(1, 1 << 20)), "node_rank": _SMALL,
+                           "rdzv_endpoint": optional(text(1024))}))
+
+MANIFEST_SPEC: dict[str, Check] = {
+    "schema": integer(0, MANIFEST_SCHEMA + 1),
+    "id": _NAME, "kind": _NAME, "name": optional(_NAME), "state": text(choices=RUN_STATES),
+    "created_at": _TIME, "ended_at": _TIME, "host": optional(_NAME),
+    "argv": optional(_ARGV), "command": optional(_ARGV), "command_template": optional(_ARGV),
+    "config": optional(dict_of(safe_value)), "env": optional(dict_of(text())), "cwd": optional(text(4096)),
+    "launcher": _PROCESS, "job": _PROCESS, "previous_launchers": optional(list_of(_PROCESS)),
+    "ranks": optional(dict_of(safe_value)),
+    "thresholds": _THRESHOLDS,
+    "instrument": optional(boolean), "top_role": optional(_NAME), "automatic": optional(text(choices=("act", "observe"))),
+    "world_size": _SMALL, "node_rank": _SMALL,  # nproc, nnodes: torchrun's words ("gpu", "1:4"), shown as given
+    "exit_code": _CODE, "signal": optional(_int_or_text), "summary": optional(text()), "failure": _FAILURE,
+    "verdict": _VERDICT, "launcher_lost": optional(boolean), "multinode": _MULTINODE,
+    "program": optional(dict_of(safe_value)),
+    "failed_nodes": optional(list_of(_NAME)), "unreachable_nodes": optional(list_of(_NAME)),
+    "stages": optional(list_of(obj({"stage": optional(_NAME), "run_id": optional(_NAME), "state": optional(_NAME),
+                                    "summary": optional(text())}))),
+    "skipped_shards": optional(list_of(safe_value)),
+}
+
+
+def check_manifest(data: Any) -> dict[str, Any]:
+    """A decoded manifest, every key a reader uses checked; BadFile("'key' <why>") otherwise."""
+    if not isinstance(data, dict):
+        raise BadFile(f"a JSON {type(data).__name__}, not an object")
+    schema = data.get("schema")
+    if isinstance(schema, bool) or not isinstance(schema, int) or not 0 <= schema <= MANIFEST_SCHEMA:
+        raise BadFile(f"unknown manifest schema {safe_value(schema)!r:.40}")
+    return check_object(data, MANIFEST_SPEC, required=("schema",))
