@@ -429,6 +429,24 @@ def launch_program(ctx: typer.Context, launcher: str, *, name: str | None, total
                 raise UpsError("a run across nodes needs the same run id on every node: give --run-id ID before the "
                                "torchrun options, or torchrun's --rdzv-id ID")
         command = programs.torchrun_command(line, rdzv_id=run_id if multinode is not None else None)
+    elif launcher in programs.OTHER_LAUNCHERS:
+        line = programs.parse_other(launcher, line_args)
+        top_role = str(programs.OTHER_LAUNCHERS[launcher]["top_role"])
+        extra = {"world_size": programs.other_world_size(line)}
+        multinode = None
+        try:
+            nodes = int(line.values.get("nodes") or 1)
+        except ValueError:
+            nodes = 1
+        if nodes > 1 and launcher != "srun":
+            # One launcher per node, each started on its node: one run, a node manifest each.
+            if not run_id:
+                raise UpsError(f"a run across nodes needs the same run id on every node: give --run-id ID before "
+                               f"the {launcher} options")
+            node_rank = line.values.get("node_rank")
+            multinode = {"nnodes": nodes, "node_rank": int(node_rank) if node_rank and node_rank.isdigit() else None,
+                         "rdzv_endpoint": line.values.get("endpoint")}
+        command = [*programs.launcher_executable(launcher), *line_args]
     else:
         multinode = None
         line = programs.parse_python(line_args)
@@ -522,3 +540,77 @@ def launch_python(
     """
     launch_program(ctx, "python", name=name, total_steps=total_steps, detach=detach, runs_dir=runs_dir, json_out=json,
                    stalled_after=stalled_after, unresponsive_after=unresponsive_after, observe_only=observe_only)
+
+
+def _program_command(launcher: str, usage: str, doc: str):
+    """``ups launch accelerate|deepspeed|srun``: the options of ``ups launch torchrun``, then the launcher's
+    line as given."""
+
+    def command(
+        ctx: typer.Context,
+        name: NameOption = None,
+        total_steps: TotalStepsOption = None,
+        stalled_after: StalledOption = None,
+        unresponsive_after: UnresponsiveOption = None,
+        observe_only: ObserveOption = False,
+        run_id: RunIdOption = None,
+        detach: DetachOption = False,
+        runs_dir: RunsDirOption = default_runs_dir(),
+        json: JsonOption = False,
+    ) -> None:
+        launch_program(ctx, launcher, name=name, total_steps=total_steps, detach=detach, runs_dir=runs_dir,
+                       json_out=json, stalled_after=stalled_after, unresponsive_after=unresponsive_after,
+                       observe_only=observe_only, run_id=run_id)
+
+    command.__doc__ = doc
+    command.__name__ = f"launch_{launcher}"
+    launch_app.command(launcher, cls=PassThroughCommand, context_settings=PROGRAM_SETTINGS,
+                       options_metavar=f"[UPS OPTIONS] {usage}")(command)
+    return command
+
+
+launch_accelerate = _program_command("accelerate", "launch [ACCELERATE OPTIONS] SCRIPT [ARGS]...", """\
+Run your own `accelerate launch` line, watched by ups: put `ups launch` in front of it.
+
+\b
+    accelerate launch --multi_gpu --num_processes 2 train.py
+    ups launch accelerate launch --multi_gpu --num_processes 2 train.py
+
+accelerate's launcher (torch's elastic agent, in its own process) is shown as the agent,
+each process it starts as its rank, with their DataLoader workers, steps, phases and
+collectives, as under `ups launch torchrun`. Several machines: the same line on each
+(--num_machines, --machine_rank, --main_process_ip), with the same --run-id.
+A single-process `accelerate launch` is plainer as `ups launch python train.py`.
+
+Exit codes (when following): 0 succeeded, 1 failed or killed, 2 bad input.
+""")
+
+launch_deepspeed = _program_command("deepspeed", "[DEEPSPEED OPTIONS] SCRIPT [ARGS]...", """\
+Run your own `deepspeed` line, watched by ups: put `ups launch` in front of it.
+
+\b
+    ups launch deepspeed --num_gpus 2 train.py --deepspeed ds_config.json
+
+DeepSpeed's runner is shown as the agent, its per-node launcher as a helper and each
+process with RANK as its rank. Several nodes (a hostfile, pdsh): the other nodes' ranks
+are started by pdsh outside ups; run each node's ranks with `ups launch torchrun` instead
+(DeepSpeed takes torchrun's environment), the same --run-id on every node.
+
+Exit codes (when following): 0 succeeded, 1 failed or killed, 2 bad input.
+""")
+
+launch_srun = _program_command("srun", "[SRUN OPTIONS] PROGRAM [ARGS]...", """\
+Run your own `srun` line inside a SLURM allocation, watched by ups.
+
+\b
+    ups launch srun -n 4 python train.py
+
+Each task srun starts is a rank by its SLURM_PROCID (world size SLURM_NTASKS), until its
+process group says otherwise. Tasks on other nodes report into the same runs folder, so it
+must be on a shared file system (--runs-dir or UPS_RUNS_DIR); this node's launcher decides
+the run's end. A torchrun per node (`srun --ntasks-per-node 1 ups launch torchrun --run-id
+$SLURM_JOB_ID --nnodes $SLURM_NNODES --node-rank $SLURM_NODEID --rdzv-backend c10d
+--rdzv-endpoint HEAD:29400 ...`) gives each node a launcher of its own instead.
+
+Exit codes (when following): 0 succeeded, 1 failed or killed, 2 bad input.
+""")

@@ -210,7 +210,7 @@ def _phase_call(phase: str, *, flush: bool):
 # --------------------------------------------------------------------- entry point
 def patch_torch(torch) -> None:  # noqa: ANN001
     """Called right after ``import torch`` finished (post-import hook)."""
-    steps = (_patch_distributed, _patch_data, _patch_optim, _patch_serialization, _patch_module_modes)
+    steps = (_patch_distributed, _patch_spawn, _patch_data, _patch_optim, _patch_serialization, _patch_module_modes)
     for step in steps:
         try:
             step(torch)
@@ -252,9 +252,10 @@ def _patch_distributed(torch) -> None:  # noqa: ANN001
 
         def wrapper(*args, **kwargs):
             result = inner(*args, **kwargs)
-            rep = _rank_reporter()
-            if rep is not None and dist.is_initialized():
-                rep.set_world(dist.get_world_size())
+            if _get_ident() == _t.main and dist.is_initialized():
+                # Whatever started this process (torchrun, Lightning re-executing the script,
+                # mp.spawn, srun), the group it joined says which rank it is.
+                boot.become_rank(dist.get_rank(), dist.get_world_size())
             return result
 
         return wrapper
@@ -269,6 +270,36 @@ def _patch_distributed(torch) -> None:  # noqa: ANN001
             setattr(dist, name, wrapper)
             _PATCHED.append((dist, name, original, wrapper))
     _patch(torch.nn.parallel.DistributedDataParallel, "__init__", _phase_call("ddp.wrap", flush=True))
+
+
+def _patch_spawn(torch) -> None:  # noqa: ANN001
+    """``torch.multiprocessing.spawn`` (``mp.spawn``, ``start_processes``): the calling process
+    starts the ranks and is not one of them (its record becomes a helper's before the first
+    rank starts); the ranks learn how many they are (see ``boot._start_spawned_rank``)."""
+    import importlib
+
+    module = importlib.import_module("torch.multiprocessing.spawn")  # the attribute is the function
+
+    def make(original):
+        def start_processes(fn, args=(), nprocs=1, *rest, **kwargs):  # noqa: ANN001
+            boot.become_spawner(f"mp.spawn parent of {nprocs} processes")
+            previous = os.environ.get(boot.ENV_SPAWN_NPROCS)
+            os.environ[boot.ENV_SPAWN_NPROCS] = str(nprocs)
+            try:
+                return original(fn, args, nprocs, *rest, **kwargs)
+            finally:
+                if previous is None:
+                    os.environ.pop(boot.ENV_SPAWN_NPROCS, None)
+                else:
+                    os.environ[boot.ENV_SPAWN_NPROCS] = previous
+
+        return start_processes
+
+    original = getattr(module, "start_processes", None)
+    _patch(module, "start_processes", make)
+    # mp.spawn calls start_processes through its module's globals: the patched one is used.
+    if getattr(torch.multiprocessing, "start_processes", None) is original:
+        torch.multiprocessing.start_processes = module.start_processes
 
 
 def _collective(op: str):
@@ -450,15 +481,20 @@ class WorkerInit:
     """Wraps a DataLoader's ``worker_init_fn``: starts the worker's record first. Picklable, so
     spawn-context workers get it too (it is unpickled in the child from this module)."""
 
-    def __init__(self, loader: int, rank: int, fn) -> None:  # noqa: ANN001
+    def __init__(self, loader: int, rank: int, fn, owner: str | None = None) -> None:  # noqa: ANN001
         self.loader = loader
         self.rank = rank
         self.fn = fn
+        self.owner = owner  # the record name of a process that is not a rank (its workers are its own)
 
     def __call__(self, worker_id: int) -> None:
         if boot.state.rep is None:
             try:
-                boot.start_reporter("worker", worker=worker_id, loader=self.loader, rank=self.rank)
+                name = None
+                if self.owner:
+                    name = f"{self.owner}-worker-{worker_id}" if not self.loader else \
+                        f"{self.owner}-loader-{self.loader}-worker-{worker_id}"
+                boot.start_reporter("worker", worker=worker_id, loader=self.loader, rank=self.rank, name=name)
                 _patch_fetchers()
             except Exception as exc:  # noqa: BLE001
                 boot.warn(f"no status record for DataLoader worker {worker_id} ({type(exc).__name__}: {exc})")
@@ -474,7 +510,7 @@ def _make_mp_iter_init(original):
         lid = _loader_id(loader)
         self._ups_loader = lid
         user_fn = loader.worker_init_fn
-        loader.worker_init_fn = WorkerInit(lid, rep.rank or 0, user_fn)
+        loader.worker_init_fn = WorkerInit(lid, rep.rank or 0, user_fn, None if rep.role == "rank" else rep.name)
         try:
             original(self, loader, *args, **kwargs)
         finally:

@@ -110,6 +110,8 @@ class ExitWatcher:
         for rec in snap.records:
             if rec.role == "launcher" or (rec.name, rec.pid) in self._watched or rec.host != here:
                 continue  # another node's processes are that node's launcher's to watch
+            if self._renamed(rec):
+                continue
             if rec.state != "running":
                 # Ended normally before we ever saw it running: a clean exit, time from its record.
                 self._note(rec, rec, at=rec.heartbeat_at, exact=False)
@@ -125,6 +127,18 @@ class ExitWatcher:
                     os.close(fd)
                 self._watched[(rec.name, rec.pid)] = None  # gone already, or no pidfd: polled
         return len(snap.records)
+
+    def _renamed(self, rec: StatusRecord) -> bool:
+        """A process watched under its old name took a new one (a helper that became a rank
+        when it joined a process group, mp.spawn's parent that stopped being rank 0): the same
+        watch goes on under the new name, so its end is noted once, as what it turned out to be."""
+        for fd, seen in list(self._by_fd.items()):
+            if seen.pid == rec.pid and seen.name != rec.name and seen.pid_start == rec.pid_start:
+                del self._watched[(seen.name, seen.pid)]
+                self._watched[(rec.name, rec.pid)] = fd
+                self._by_fd[fd] = rec
+                return True
+        return False
 
     def _check_unwatchable(self) -> None:
         """Processes without a pidfd (gone when found, or an old kernel): polled instead."""
@@ -151,6 +165,12 @@ class ExitWatcher:
             os.close(fd)
         self._watched[(rec.name, rec.pid)] = None
         final = self._fresh_record(rec.name)
+        if final is None or final.pid != rec.pid:  # renamed since the last scan: find it by pid
+            final = next((r for r in read_status_dir(self.run.status_dir).records
+                          if r.pid == rec.pid and r.pid_start == rec.pid_start), None)
+            if final is not None and final.name != rec.name:
+                self._watched[(final.name, final.pid)] = None
+                rec = final
         self._note(rec, final if final is not None and final.pid == rec.pid else rec, at=at, exact=True)
 
     def _fresh_record(self, name: str) -> StatusRecord | None:

@@ -81,9 +81,17 @@ def _log_tail(view: RunView) -> str:
 
 @register_finalizer("train")
 @register_finalizer("torchrun")
+@register_finalizer("accelerate")
+@register_finalizer("deepspeed")
+@register_finalizer("srun")
 def torchrun_outcome(view: RunView, end: End) -> Outcome:
+    """Any job of several ranks: torchrun's, and the other launchers' (accelerate, DeepSpeed,
+    srun, ``mp.spawn`` or Lightning under ``ups launch python``), whose ranks say how many
+    they are once they joined their process group."""
     m = view.manifest or {}
     world = int(m.get("world_size") or 0)
+    if m.get("kind") != "train" and m.get("kind") != "torchrun" or not world:
+        world = max((p.record.world_size or 0 for p in view.ranks()), default=0) or world
     boot = boot_id()
     log = _log_tail(view)
     codes, torchrun_root = torchrun_failures(log)
@@ -143,7 +151,7 @@ def torchrun_outcome(view: RunView, end: End) -> Outcome:
     if not bad_ranks:
         agent = next((p.record for p in view.processes if p.record.role == "agent"), None)
         why = f": {agent.error}" if agent is not None and agent.error else ""
-        return Outcome("failed", f"torchrun {describe_returncode(end.returncode)}{why}", extra=extra)
+        return Outcome("failed", f"{m.get('kind') or 'the job'} {describe_returncode(end.returncode)}{why}", extra=extra)
     # The root cause is the rank that ended abnormally first, by the supervisor's clock.
     bad_ranks.sort(key=ended)
     bad = int(bad_ranks[0])
@@ -183,6 +191,10 @@ def python_outcome(view: RunView, end: End) -> Outcome:
     rc = end.returncode
     if end.terminated or rc in STOPPED_CODES:
         return Outcome("killed", f"stopped ({describe_returncode(rc)})")
+    if any((p.record.rank or 0) > 0 or (p.record.world_size or 1) > 1 for p in view.ranks()):
+        # The program started ranks of its own (mp.spawn, Lightning's re-executed script):
+        # judged as any job of several ranks is.
+        return torchrun_outcome(view, end)
     rec = next((p.record for p in view.ranks() if p.record.rank == 0), None)
     if rec is None:
         if not (view.manifest or {}).get("instrument", True):

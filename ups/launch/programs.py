@@ -210,3 +210,70 @@ def multinode(line: ProgramLine) -> dict[str, str | int | None] | None:
     node_rank = line.values.get("node_rank")
     return {"nnodes": count, "node_rank": int(node_rank) if node_rank and node_rank.isdigit() else None,
             "rdzv_endpoint": line.values.get("rdzv_endpoint") or line.values.get("master_addr")}
+
+
+# ------------------------------------------------------------ accelerate, deepspeed, srun
+# The launchers ups runs as they are (their own options untouched): each one's executable, the
+# role of the process ups starts, and the options that say how many ranks there will be.
+OTHER_LAUNCHERS: dict[str, dict[str, object]] = {
+    # accelerate's launcher runs torch's elastic agent in its own process (multi-GPU/CPU):
+    # an agent, whose children carry RANK.
+    "accelerate": {"top_role": "agent", "procs": ("--num_processes", "--num-processes"),
+                   "nodes": ("--num_machines", "--num-machines"), "node_rank": ("--machine_rank", "--machine-rank"),
+                   "endpoint": ("--main_process_ip", "--main-process-ip")},
+    # deepspeed's runner starts a per-node launcher (a helper) that starts the ranks with RANK set.
+    "deepspeed": {"top_role": "agent", "procs": ("--num_gpus", "--num-gpus", "--num_accelerators"),
+                  "nodes": ("--num_nodes", "--num-nodes")},
+    # srun is no Python: each task it starts is a top process, a rank by its SLURM_PROCID.
+    "srun": {"top_role": "rank", "procs": ("-n", "--ntasks"), "nodes": ("-N", "--nodes")},
+}
+
+
+def _option_value(argv: list[str], names: tuple[str, ...]) -> str | None:
+    for i, tok in enumerate(argv):
+        name, eq, value = tok.partition("=")
+        if name in names:
+            if eq:
+                return value
+            return argv[i + 1] if i + 1 < len(argv) else None
+        if len(name) > 2 and name[:2] in names and not name.startswith("--"):
+            return name[2:]  # -n2
+    return None
+
+
+def parse_other(launcher: str, argv: list[str]) -> ProgramLine:
+    """An accelerate / deepspeed / srun line, kept as given: the script (the first ``.py``,
+    else the first argument that is no option) names the run."""
+    if launcher == "accelerate" and argv[:1] != ["launch"]:
+        raise UpsError("expected `ups launch accelerate launch [accelerate options] SCRIPT [ARGS...]`")
+    script = next((a for a in argv if a.endswith(".py")), None)
+    target = [script] if script else []
+    spec = OTHER_LAUNCHERS[launcher]
+    values = {key: _option_value(argv, spec[key]) for key in ("procs", "nodes", "node_rank", "endpoint")  # type: ignore[arg-type]
+              if key in spec}
+    return ProgramLine(launcher, [], target, [], {k: v for k, v in values.items() if v is not None})
+
+
+def other_world_size(line: ProgramLine) -> int | None:
+    """Ranks the line asks for (srun: tasks in all; the others: per node x nodes)."""
+    try:
+        procs = int(line.values["procs"]) if "procs" in line.values else None
+        nodes = int(line.values.get("nodes") or 1)
+    except ValueError:
+        return None
+    if procs is None:
+        return None
+    return procs if line.launcher == "srun" else procs * nodes
+
+
+def launcher_executable(launcher: str) -> list[str]:
+    found = shutil.which(launcher)
+    if found:
+        return [found]
+    hints = {
+        "accelerate": "pip install accelerate",
+        "deepspeed": "pip install deepspeed (or run your DeepSpeed script with `ups launch torchrun`: DeepSpeed "
+                     "accepts torchrun's environment)",
+        "srun": "srun comes with SLURM; outside a SLURM cluster use `ups launch torchrun`",
+    }
+    raise UpsError(f"{launcher} is not on PATH ({hints[launcher]})")

@@ -4,6 +4,9 @@
 in a new session (``start_new_session``): closing the terminal or losing SSH never stops it.
 The supervisor starts the job command stored in run.json, forwards SIGTERM/SIGINT to it,
 waits, and writes the final state, exit code and signal into run.json and the event log.
+It is the job's child subreaper and leads the job's session: when the job's top process
+ends, whatever the job left running is ended too, and a survivor is named in the run's end
+(:mod:`ups.launch.leftovers`).
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ import time
 from typing import Any
 
 from ups.launch import kinds as _kinds  # noqa: F401 - registers the per-kind finalizers
+from ups.launch import leftovers
 from ups.launch.autostacks import StackCollector
 from ups.launch.exits import ExitWatcher
-from ups.launch.finalize import End, describe_returncode, finalize
+from ups.launch.finalize import End, Outcome, describe_returncode, finalize
 from ups.runs.rundir import RunDir
 from ups.runs.signals import signal_name
 from ups.runs.view import load_run_view, node_view
@@ -109,6 +113,15 @@ class Supervisor:
     def describe(self) -> str:
         return f"job pid {self.child.pid if self.child else '?'}"
 
+    def sweep(self) -> list[leftovers.Leftover]:
+        """End what the job left running (its session, our descendants); the survivors."""
+        try:
+            return leftovers.sweep(self.run, actor=ACTOR, observe_only=self.manifest.get("automatic") == "observe",
+                                   stopping=self.terminate_requested is not None)
+        except Exception as exc:  # noqa: BLE001 - the run's end must be written whatever happens here
+            print(f"ups: could not check for processes left behind: {exc!r}", flush=True)
+            return []
+
     def wait(self, reporter: Reporter | Any) -> int | None:
         assert self.child is not None
         deadline: float | None = None
@@ -122,11 +135,22 @@ class Supervisor:
     def _escalate(self, reporter: Reporter | Any, deadline: float | None) -> float | None:
         """After a stop request: SIGKILL the job's group once the grace period is over."""
         if self.terminate_requested and deadline is None:
-            deadline = time.monotonic() + TERM_GRACE_S
+            deadline = time.monotonic() + self._grace()
             reporter.item(f"stopping job ({self.terminate_requested})")
         if deadline is not None and time.monotonic() > deadline:
             self.signal_job(signal.SIGKILL)
         return deadline
+
+    def _grace(self) -> float:
+        """Seconds between SIGTERM and SIGKILL for the job: ours, or less if ``ups kill --grace``
+        asked for less (it waits that long plus a margin for us before it kills the launcher,
+        and a launcher killed cannot end what the job left behind)."""
+        try:
+            kills = [e for e in self.run.read_events() if e.get("event") == "kill" and e.get("target") == "run"]
+            asked = float(kills[-1]["grace"]) if kills and kills[-1].get("grace") is not None else TERM_GRACE_S
+        except (OSError, ValueError, TypeError, KeyError):
+            asked = TERM_GRACE_S
+        return max(0.0, min(TERM_GRACE_S, asked))
 
     def finish(self, returncode: int | None) -> int:
         # Give the job's processes a moment to write their final records (no wait when they
@@ -135,9 +159,13 @@ class Supervisor:
         while time.monotonic() < deadline and not _all_final(self.run):
             time.sleep(0.02)
         self.stacks.stop()
-        self.exits.stop()
+        self.exits.stop()  # the job's own ends; what the sweep ends below is the launcher's doing
+        survivors = self.sweep()
         view = node_view(load_run_view(self.run))  # this node's processes: each node finishes its own
         outcome = finalize(view, End(returncode, self.terminate_requested is not None, dict(self.exits.exits)))
+        if survivors:
+            outcome = Outcome(outcome.state, f"{outcome.summary}; {leftovers.describe(survivors)}", outcome.failure,
+                              {**outcome.extra, "leftovers": [s.__dict__ for s in survivors]})
         self.run.set_state(
             outcome.state,
             exit_code=returncode if returncode is None or returncode >= 0 else None,
@@ -195,6 +223,9 @@ class Adopter(Supervisor):
     def describe(self) -> str:
         return f"adopted job pid {self.job_pid}"
 
+    def sweep(self) -> list[leftovers.Leftover]:
+        return []  # the job is not in our session nor our descendant: nothing is provably ours
+
     def _job_alive(self) -> bool:
         if self.job_pid and (self.job_start is None or same_start(process_start_time(self.job_pid), self.job_start)):
             return process_start_time(self.job_pid) is not None
@@ -222,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     run = RunDir(args[0])
     sup = Adopter(run) if adopt else Supervisor(run)
+    if not adopt:
+        leftovers.become_subreaper()  # orphans of the job stay ours, to be ended with the run
     run.update_manifest(
         launcher={"pid": os.getpid(), "pid_start": this_process_start(), "pgid": os.getpgid(0), "adopted": adopt}
     )

@@ -20,7 +20,9 @@ def kill_run(run: RunDir, view: RunView, *, actor: str, reason: str, grace: floa
 
     A multi-node run: this node's part (its launcher, its processes, its node manifest); the
     other nodes' ranks fail in their next collective, or are stopped there (``--remote``)."""
-    run.append_event("kill", actor=actor, target="run", reason=reason, force=force)
+    # The grace is the launcher's to honour too (it stops the job's process group, then ends
+    # whatever is left): it must finish before this waits out its own grace for the launcher.
+    run.append_event("kill", actor=actor, target="run", reason=reason, force=force, grace=grace)
     view = node_view(view)
     launcher = [p.record for p in view.processes if p.record.role == "launcher"]
     results: list[KillResult] = []

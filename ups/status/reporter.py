@@ -273,6 +273,57 @@ class Reporter:
         kwargs.setdefault("local_rank", 0 if local is None else local)
         return cls(run_dir, role=role, worker=worker, **kwargs)
 
+    # -- what the process turned out to be ------------------------------------------------
+    def relabel(self, role: str, *, rank: int | None = None, local_rank: int | None = None,
+                world_size: int | None = None, name: str | None = None, command: str | None = None,
+                phase: str | None = None, unit: str | None = None) -> bool:
+        """This process is something else than it looked like at start: a helper that turned out
+        to be a rank (it initialised a process group, as ``mp.spawn``'s children and Lightning's
+        re-executed scripts do), or a rank that turned out to be ``mp.spawn``'s parent.
+
+        The record moves to its new name at once and the old file is removed (a reader never
+        sees the process twice for long, and never a stale helper). The stack file is renamed
+        with it (faulthandler's open descriptor follows the file), so the next process to take
+        the old name (``mp.spawn``'s rank 0 after its parent) starts a file of its own; where
+        the new name's file exists already, the old one is kept and the record names it.
+        Returns whether the name changed."""
+        new_name = name or process_name(role, rank, None, pid=self.pid)
+        with self._lock:
+            old_path = self.path
+            self.role = role
+            self._static.update(role=role, name=new_name, rank=rank)
+            if local_rank is not None:
+                self._static["local_rank"] = local_rank
+            if world_size is not None:
+                self._static["world_size"] = world_size
+            if command is not None:  # "": none any more
+                self._static["command"] = command[:300] or None
+            if phase is not None:
+                self._phase = phase
+                self._phase_at, self._phase_mono = time.time(), time.monotonic()
+            if unit is not None:
+                self._unit = unit
+            changed = new_name != self.name
+            if changed and self._stack_rel is not None:
+                old_stack = os.path.join(self.run_dir, self._stack_rel)
+                new_rel = f"stacks/{new_name}.txt"
+                new_stack = os.path.join(self.run_dir, new_rel)
+                try:
+                    if not os.path.exists(new_stack):
+                        os.rename(old_stack, new_stack)
+                        self._stack_rel = new_rel
+                except OSError:
+                    pass
+            self.name = new_name
+            self.path = os.path.join(self.run_dir, "status", f"{new_name}.json")
+            written = self._write()
+            if changed and written:
+                try:
+                    os.unlink(old_path)
+                except OSError:
+                    pass
+        return changed
+
     # -- faulthandler ---------------------------------------------------------------------
     def _install_stack_dumps(self, signum: int) -> None:
         stacks = os.path.join(self.run_dir, "stacks")
@@ -538,11 +589,12 @@ class Reporter:
     # -- writing ----------------------------------------------------------------------------
     def flush(self, *, wait: float = 0.0) -> bool:
         """Write the record now. Never raises. By default never waits for another writer: the
-        heartbeat thread writes once more instead. ``wait`` (seconds) is for a write that must be
-        on disk before a call that may block holding the GIL (h5py on a hung mount): from then
-        on the heartbeat thread cannot run, so "write once more" would never happen and the
-        record would keep the previous sample. Bounded, so a runs folder on a hung disk cannot
-        stop the job."""
+        heartbeat thread writes once more instead. ``wait`` (seconds) is for a write that must
+        not be skipped because the heartbeat thread was writing at that moment: the last write
+        of a process on its way out (``os._exit``), and the record written before a call that
+        may block holding the GIL (h5py on a hung mount), after which the heartbeat thread
+        cannot run to "write once more". Bounded, so a runs folder on a hung disk cannot stop
+        the job."""
         if not (self._lock.acquire(timeout=wait) if wait > 0 else self._lock.acquire(blocking=False)):
             # The heartbeat thread is writing this very moment; have it write once more.
             self._dirty = True
