@@ -106,7 +106,7 @@ def hung_precompute(tmp_path, runs_root):
     cfg.write_text(HANG)
     res = run_ups("launch", "precompute", "--config", str(cfg), "--root", str(tmp_path / "data"), "--tasks", "burgers1d",
                   "--cache-dir", str(tmp_path / "cache"), "--num-workers", "2", "--detach", "--json",
-                  "--inject", "worker_hang:worker=1,after=0,mode=gil,times=1", "--inject", "slow_read:delay=0.3")
+                  "--inject", "worker_hang:worker=1,after=0,mode=gil,times=2", "--inject", "slow_read:delay=0.3")
     assert res.returncode == 0, res.stderr
     run = RunDir(json.loads(res.stdout)["run_dir"])
     yield run

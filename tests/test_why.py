@@ -161,3 +161,33 @@ def test_why_on_a_healthy_live_run_says_nothing_is_wrong(runs_root, tmp_path):
     run = launched(run_ups("launch", "python", "--detach", "--json", str(script), env=FAST, cwd=tmp_path))
     v = wait_for(lambda: (w := why(run))["mode"] == "healthy" and w, 60, message="a healthy verdict")
     assert v["ok"] is True and v["headline"].startswith("nothing: healthy") and "steps" in v["headline"]
+
+
+def test_why_remote_names_an_unreachable_node_first(runs_root, tmp_path):
+    """`ups why --remote NODE` reads the other node as `ups status --remote` does; a node that
+    cannot be reached, never heard from, comes before whatever this node's records say."""
+    script = tmp_path / "wait.py"
+    script.write_text("import time\nfor _ in range(600):\n    time.sleep(0.1)\n")
+    run = launched(run_ups("launch", "python", "--detach", "--json", str(script), env=FAST, cwd=tmp_path))
+    try:
+        wait_for(lambda: (run.status_dir / "rank-0.json").exists(), 30, message="the record")
+        # Nothing listens for ssh at 127.0.0.2: a node that is down.
+        res = run_ups("why", run.run_id, "--json", "--remote", "127.0.0.2:/scratch/runs", "--remote-timeout", "5")
+        assert res.returncode == 1, res.stderr
+        v = json.loads(res.stdout)["verdict"]
+        assert v["mode"] == "node_unreachable", v
+        assert v["headline"] == "node 127.0.0.2 is unreachable: never heard from (no record of it reached this node)"
+        assert any("127.0.0.2" in e for e in v["evidence"]) and v["next"].startswith("ssh 127.0.0.2")
+        assert run_ups("why", run.run_id, "--remote", "-x").returncode == 2  # bad input: one line
+    finally:
+        run_ups("kill", str(run.path), "--grace", "2")
+    # A run that ended failed here while the other node was never heard from: its end names
+    # the lost node first, then what this node saw.
+    bad = tmp_path / "bad.py"
+    bad.write_text("raise ConnectionResetError('Connection reset by peer')\n")
+    failed = launched(run_ups("launch", "python", "--json", str(bad), cwd=tmp_path))
+    res = run_ups("status", failed.run_id, "--json", "--remote", "127.0.0.2", "--remote-timeout", "5")
+    summary = json.loads(res.stdout)["run"]["summary"]
+    assert summary.startswith("node 127.0.0.2 unreachable (") and "Connection reset by peer" in summary, summary
+    v = json.loads(run_ups("why", failed.run_id, "--json", "--remote", "127.0.0.2", "--remote-timeout", "5").stdout)["verdict"]
+    assert v["mode"] == "node_unreachable" and v["headline"].startswith("node 127.0.0.2 is unreachable")

@@ -329,6 +329,109 @@ def check_cuda_in_worker(run: RunDir, v: dict) -> None:
     assert v["next"].startswith("return CPU tensors from the Dataset") and "spawn" in v["next"]
 
 
+# -------------------------------- an outside program: the DDP tutorial, default thresholds
+TUTORIAL = PROGRAMS / "ddp_tutorial.py"
+TUTORIAL_SAMPLES, TUTORIAL_BATCH = 512, 4
+
+
+def tutorial_line(text: str) -> int:
+    """The line of the tutorial program that holds ``text`` (where a verdict must point)."""
+    return next(k for k, line in enumerate(TUTORIAL.read_text().splitlines(), 1) if text in line)
+
+
+def tutorial_index(rank: int = 1, batch: int = 24) -> tuple[int, int]:
+    """A dataset index that DistributedSampler (seed 0, epoch 0) gives ``rank`` in its batch
+    number ``batch``, and the DataLoader worker that fetches that batch (round robin over 2).
+    The 24 batches before it let every process learn its pace (default thresholds)."""
+    from torch.utils.data import DistributedSampler
+
+    order = list(DistributedSampler(range(TUTORIAL_SAMPLES), num_replicas=2, rank=rank, seed=0))
+    return order[batch * TUTORIAL_BATCH + 1], batch % 2
+
+
+def make_samples(root: Path, *, h5: bool = False, fifo_at: int | None = None) -> None:
+    import numpy as np
+
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for k in range(TUTORIAL_SAMPLES):
+        path = root / f"sample_{k:04d}.{'h5' if h5 else 'bin'}"
+        if k == fifo_at:
+            os.mkfifo(path)  # a file on a hung network mount: open() never returns
+            continue
+        values = rng.normal(size=17).astype(np.float32)
+        if h5:
+            import h5py
+
+            with h5py.File(path, "w") as f:
+                f["x"] = values
+        else:
+            values.tofile(path)
+
+
+def tutorial(fault: str | None = None, *, h5: bool = False, fifo: bool = False, epochs: int = 2) -> Callable[[Path], RunDir]:
+    """The tutorial under `ups launch torchrun` with no flags and default thresholds; the fault
+    comes from the program's own switch (``DDP_TUTORIAL_FAULT``), or a FIFO among the samples."""
+    def launch(tmp: Path) -> RunDir:
+        index, _ = tutorial_index()
+        make_samples(tmp / "data", h5=h5, fifo_at=index if fifo else None)
+        env = {"DDP_TUTORIAL_FAULT": fault.replace("IDX", str(index))} if fault else {}
+        res = run_ups("launch", "torchrun", "--detach", "--json", "--standalone", "--nproc-per-node", "2", str(TUTORIAL),
+                      str(tmp / "data"), "--epochs", str(epochs), env=env, cwd=tmp)
+        return launched(res)
+
+    return launch
+
+
+def check_tutorial_worker(mode_words: str, site_text: str, *, file: str | None = None) -> Callable[[RunDir, dict], None]:
+    def check(run: RunDir, v: dict) -> None:
+        index, worker = tutorial_index()
+        assert v["who"]["role"] == "worker" and v["who"]["rank"] == 1 and v["who"]["worker"] == worker, v["who"]
+        assert v["headline"].startswith(f"rank 1 / worker {worker} ") and mode_words in v["headline"], v["headline"]
+        assert f"index {index}" in v["headline"], "the dataset index in flight"
+        assert v["where"]["site"] == f"ddp_tutorial.py:{tutorial_line(site_text)}", v["where"]
+        assert v["where"]["function"] == "__getitem__"
+        if file is not None:
+            name = f"sample_{index:04d}.{file}"
+            assert f"opening {name}" in v["headline"] and any(e.endswith(name) for e in v["evidence"]), v
+        if v["mode"] != "worker_exception":
+            assert "rank 1 waits for the batch" in v["headline"] and "rank 0 waits for rank 1" in v["headline"]
+
+    return check
+
+
+def check_tutorial_one_sided(run: RunDir, v: dict) -> None:
+    site = f"ddp_tutorial.py:{tutorial_line('dist.all_reduce(flag)')}"
+    assert v["who"]["rank"] == 1 and v["where"]["function"] == "all_reduce" and v["where"]["site"] == site, v
+    assert v["headline"].startswith(f"one-sided collective: rank 1 entered all_reduce at {site}, never entered by rank 0")
+    assert "collective mismatch" in v["headline"] and "SIGABRT" in v["headline"]
+    assert any("collective mismatch" in e for e in v["evidence"]) and any(e.startswith("rank 0 was") for e in v["evidence"])
+
+
+def check_tutorial_mismatched(run: RunDir, v: dict) -> None:
+    reduce_at = f"ddp_tutorial.py:{tutorial_line('dist.all_reduce(t)')}"
+    bcast_at = f"ddp_tutorial.py:{tutorial_line('dist.broadcast(t, src=0)')}"
+    assert v["who"] is None, "both sides, no tie-break"
+    assert v["headline"].startswith(f"mismatched collectives: rank 0 is in all_reduce #1 at {reduce_at}; "
+                                    f"rank 1 is in broadcast #1 at {bcast_at}"), v["headline"]
+
+
+TUTORIAL_DRILLS: tuple[Drill, ...] = (
+    Drill("tutorial_worker_hangs_in_sleep", "worker_stuck", tutorial("sleep:IDX"), in_trouble("rank-1-worker-0"),
+          check_tutorial_worker("is stuck in __getitem__", "time.sleep(3600)")),
+    Drill("tutorial_worker_hangs_opening_a_fifo", "worker_stuck_in_read", tutorial(fifo=True), in_trouble("rank-1-worker-0"),
+          check_tutorial_worker("(I/O)", 'with open(path, "rb")', file="bin")),
+    Drill("tutorial_worker_hangs_in_h5py_file", "worker_stuck_in_read", tutorial(h5=True, fifo=True),
+          in_trouble("rank-1-worker-0"), check_tutorial_worker("(h5py)", 'with h5py.File(path, "r")', file="h5")),
+    Drill("tutorial_worker_raises", "worker_exception", tutorial("raise:IDX"), ended,
+          check_tutorial_worker("raised ValueError: corrupt sample", "raise ValueError")),
+    Drill("tutorial_one_sided_all_reduce_aborted", "one_sided_collective", tutorial("extra_all_reduce:100"), ended,
+          check_tutorial_one_sided),
+    Drill("tutorial_all_reduce_vs_broadcast", "collective_mismatch", tutorial("broadcast_vs_all_reduce:100"),
+          in_trouble("rank-0", "rank-1"), check_tutorial_mismatched),
+)
+
+
 STALL = ("--stalled-after", "3")
 DRILLS: tuple[Drill, ...] = (
     Drill("worker_stuck_in_hdf5_open", "worker_stuck_in_read", launch_h5py, worker_in_trouble, check_h5py),
@@ -367,41 +470,88 @@ DRILLS: tuple[Drill, ...] = (
 )
 
 
-def run_drill(drill: Drill, tmp: Path, *, visible_within: float = 120.0, poll: float = 0.25) -> dict:
-    """Build the failure, wait until it is visible, then until the verdict names it.
+def culprit(verdict: dict) -> str | None:
+    """The process a verdict blames (None: nothing wrong, still settling, or no one process)."""
+    if verdict["ok"] or verdict["mode"] == "settling" or not verdict.get("who"):
+        return None
+    return verdict["who"]["name"]
 
-    Returns {"run", "visible_s" (from launch), "verdict_s" (from visible), "verdict", "problem"}:
-    problem is the last assertion the verdict failed, None when it named the right mode, who
-    and where within VERDICT_WITHIN_S."""
+
+def run_drill(drill: Drill, tmp: Path, *, visible_within: float = 120.0, poll: float = 0.2, after_s: float = 1.0) -> dict:
+    """Build the failure, wait until it is visible, then until the verdict names it, asking
+    for the verdict every ``poll`` seconds from launch on (as a console does) and ``after_s``
+    more after the right one.
+
+    Returns {"run", "visible_s" (from launch), "verdict_s" (from visible), "verdict", "problem",
+    "shown", "wrong"}: problem is the last assertion the verdict failed, None when it named the
+    right mode, who and where within VERDICT_WITHIN_S; shown is every verdict seen (seconds from
+    launch, mode, culprit, headline); wrong those that blamed another process than the right
+    verdict does (target: none)."""
     import time
 
     from ups.why import diagnose
 
     t0 = time.monotonic()
     run = drill.launch(tmp)
+    shown: list[tuple[float, str, str | None, str]] = []
+
+    def look() -> dict | None:
+        try:
+            verdict = diagnose(run).to_dict()
+        except Exception:  # noqa: BLE001 - the run folder is still being written at launch
+            return None
+        shown.append((round(time.monotonic() - t0, 2), verdict["mode"], culprit(verdict), verdict["headline"][:200]))
+        return verdict
+
     seen = None
     while time.monotonic() - t0 < visible_within:
+        look()
         if drill.visible(run):
             seen = time.monotonic()
             break
         time.sleep(poll)
     out = {"run": run, "visible_s": None if seen is None else round(seen - t0, 2), "verdict_s": None, "verdict": None,
-           "problem": f"not visible within {visible_within:g} s"}
+           "problem": f"not visible within {visible_within:g} s", "shown": shown, "wrong": []}
     if seen is None:
         return out
     deadline = seen + VERDICT_WITHIN_S
     while True:
-        verdict = diagnose(run).to_dict()
+        verdict = look()
         at = time.monotonic()
         out["verdict"] = verdict
         try:
+            assert verdict is not None, "no verdict"
             assert verdict["mode"] == drill.mode, f"mode {verdict['mode']}: {verdict['headline']}"
             drill.check(run, verdict)
             out["problem"] = None
             out["verdict_s"] = round(max(0.0, at - seen), 2)
-            return out
+            break
         except Exception as exc:  # noqa: BLE001 - e.g. run.json's verdict not written yet: retried to the deadline
             out["problem"] = str(exc) or repr(exc)
         if time.monotonic() > deadline:
             return out
         time.sleep(poll)
+    until = time.monotonic() + after_s
+    while time.monotonic() < until:
+        time.sleep(poll)
+        look()
+    right = culprit(out["verdict"])
+    out["wrong"] = [s for s in shown if s[2] is not None and s[2] != right]
+    return out
+
+
+def assert_drill(drill: Drill, tmp: Path) -> None:
+    """Run a drill and assert what its test asserts: visible, the right verdict within
+    VERDICT_WITHIN_S, no verdict on the way (asked every 0.2 s, as a console does) blaming
+    another process, and the CLI saying the same. Stops the run if it still runs."""
+    out = run_drill(drill, tmp)
+    run = out["run"]
+    shown = "\n".join(map(str, out["shown"][-12:]))
+    assert out["visible_s"] is not None, f"the failure never showed: {run.read_manifest().get('summary')}\n{shown}"
+    assert out["problem"] is None, f"{out['problem']}\nverdict: {out['verdict'] and out['verdict']['text']}\n{shown}"
+    assert out["verdict_s"] <= VERDICT_WITHIN_S
+    assert not out["wrong"], "a verdict on the way blamed another process:\n" + "\n".join(map(str, out["wrong"][:6]))
+    res = run_ups("why", str(run.path), "--json")  # what the operator runs says the same
+    assert res.returncode == 1 and f'"mode": "{drill.mode}"' in res.stdout, res.stdout + res.stderr
+    if not ended(run):
+        assert run_ups("kill", str(run.path), "--grace", "3").returncode == 0

@@ -76,6 +76,22 @@ def _sleep_unless_ended(run: RunDir, seconds: float, step: float = 0.05) -> None
                 continue
 
 
+def _with_verdict(run: RunDir, seconds: float = 10.0) -> dict:
+    """run.json once the launcher has written the ended run's verdict beside its state (it does
+    right after the state: a caller that reads run.json when we return must find both), or
+    when the launcher is gone, or after ``seconds``."""
+    from ups.status.procs import is_zombie, process_start_time
+
+    deadline = time.monotonic() + seconds
+    while True:
+        m = run.read_manifest()
+        pid = (m.get("launcher") or {}).get("pid")
+        gone = not isinstance(pid, int) or process_start_time(pid) is None or is_zombie(pid)
+        if "verdict" in m or gone or time.monotonic() > deadline:
+            return m
+        time.sleep(0.05)
+
+
 def follow_run(run: RunDir, *, interval: float = 0.5, live: bool | None = None) -> int:
     """Watch ``run`` until its state is final; the exit code its state maps to."""
     live = sys.stdout.isatty() if live is None else live
@@ -105,7 +121,7 @@ def follow_run(run: RunDir, *, interval: float = 0.5, live: bool | None = None) 
     except KeyboardInterrupt:
         typer.echo(f"\nstopped following; the job runs on. `ups status {run.run_id}` or `ups console` shows it.", err=True)
         return 0
-    m = run.read_manifest()
+    m = _with_verdict(run)
     state = m.get("state")
     typer.echo(f"{run.run_id}: {state}: {m.get('summary') or ''}".rstrip(": "), err=True)
     return EXIT_BY_STATE.get(state or "", 1) if state in FINAL_RUN_STATES else 1

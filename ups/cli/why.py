@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from ups.cli.app import app
 from ups.cli.common import JsonOption, RunArgument, RunsDirOption, default_runs_dir, print_json
+from ups.cli.runs import RemoteOption
 
 
 @app.command("why")
@@ -13,6 +16,9 @@ def why_cmd(
     run: RunArgument = None,
     runs_dir: RunsDirOption = default_runs_dir(),
     json: JsonOption = False,
+    remote: RemoteOption = None,
+    remote_timeout: Annotated[float, typer.Option("--remote-timeout", help="Seconds to wait for each --remote node's first "
+                                                                           "snapshot; a node silent longer is unreachable.")] = 10.0,
 ) -> None:
     """What is wrong with a run (or "nothing: healthy"), in one paragraph: who (rank, worker,
     pid, host), where (phase and the Python frame that matters, file:line), since when, the
@@ -22,6 +28,10 @@ def why_cmd(
     launcher takes when a process turns stalled or unresponsive, exit truth, torchrun's
     report, logs and events. It never signals a process.
 
+    A run across nodes without a shared runs folder: --remote NODE for each other node, read
+    over SSH as `ups status --remote` reads it; a node that cannot be reached (or was never
+    heard from) is named first.
+
     Exit codes: 0 nothing wrong, 1 a problem named, 2 bad input. --json prints
     {"run_id", "state", "verdict": {"mode", "ok", "headline", "who", "where", "since",
     "evidence", "next", "text"}}.
@@ -30,20 +40,26 @@ def why_cmd(
     from ups.runs.rundir import resolve_run
     from ups.why import diagnose_view
 
-    rd = resolve_run(runs_dir, run)
-    rd.read_manifest()  # a corrupt run.json is bad input: one line, exit 2
-    view = load_settled_view(rd)
+    if remote:
+        view = _remote_view(runs_dir, run, remote, remote_timeout)
+        rd = view.run
+        run_id = view.run_id
+    else:
+        rd = resolve_run(runs_dir, run)
+        rd.read_manifest()  # a corrupt run.json is bad input: one line, exit 2
+        view = load_settled_view(rd)
+        run_id = rd.run_id
     verdict = diagnose_view(view)
     attempts = [a for a in (view.manifest or {}).get("attempts") or [] if isinstance(a, dict)]  # --on-hang restart
     if json:
-        print_json({"run_id": rd.run_id, "run_dir": str(rd.path), "state": view.state, "verdict": verdict.to_dict(),
+        print_json({"run_id": run_id, "run_dir": str(rd.path), "state": view.state, "verdict": verdict.to_dict(),
                     "attempts": attempts})
     else:
         from rich.console import Console
         from rich.text import Text
 
         console = Console(highlight=False, soft_wrap=True)  # no newlines inside a command to copy
-        console.print(Text.assemble((f"{rd.run_id} ({view.state}): ", "bold"),
+        console.print(Text.assemble((f"{run_id} ({view.state}): ", "bold"),
                                     (verdict.headline, "green" if verdict.ok else "bold red")))
         rest = verdict.text()[len(verdict.headline.rstrip(".")) + 1 :].strip()
         if rest:
@@ -52,3 +68,31 @@ def why_cmd(
             console.print(Text(f"attempt {a.get('attempt')} ({a.get('ended', '?')}): "
                                f"{(a.get('verdict') or {}).get('headline', '?')}", style="dim"))
     raise typer.Exit(0 if verdict.ok else 1)
+
+
+def _remote_view(runs_dir, run: str | None, remote: list[str], timeout: float):  # noqa: ANN001, ANN202
+    """This node's records (if it has the run) and every --remote node's, read over SSH."""
+    from ups.errors import RunNotFound, UpsError
+    from ups.launch.reconcile import load_settled_view
+    from ups.runs.remote import RemoteSpec, merge_remote, open_sources, stop_sources
+    from ups.runs.rundir import resolve_run
+
+    specs = [RemoteSpec.parse(r) for r in remote]
+    try:
+        rd = resolve_run(runs_dir, run)
+        rd.read_manifest()
+    except (RunNotFound, UpsError):
+        if not run:
+            raise
+        rd = None  # none of the run's nodes is this host: every node is read remotely
+    run_id = run if rd is None else rd.run_id
+    sources = open_sources(specs, run_id, silent_after=timeout)
+    try:
+        import time
+
+        deadline = time.monotonic() + timeout
+        for src in sources:
+            src.wait_first(max(0.0, deadline - time.monotonic()))
+        return merge_remote(load_settled_view(rd) if rd is not None else None, sources, run_id=run_id)
+    finally:
+        stop_sources(sources)

@@ -34,6 +34,12 @@ class DeviceSnapshot:
     temperature_c: int | None
     power_w: float | None
     processes: tuple[GpuProcess, ...] = ()
+    # Health counters (None: not supported or not read): the kind of fault that makes a rank
+    # crash with a CUDA error, or run slower than its peers.
+    xid_errors: tuple[int, ...] = ()  # Xid codes reported recently (NVML critical-error events, the fake's list)
+    ecc_uncorrected: int | None = None  # volatile uncorrected ECC errors since the driver loaded
+    remapped_rows_pending: bool | None = None  # a row remap waits for a GPU reset
+    throttle: tuple[str, ...] = ()  # active clock throttle reasons that slow it: thermal, power
 
 
 @dataclass(frozen=True)
@@ -52,7 +58,8 @@ class GpuSnapshot:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GpuSnapshot:
         devices = tuple(
-            DeviceSnapshot(**{**d, "processes": tuple(GpuProcess(**p) for p in d.get("processes", []))})
+            DeviceSnapshot(**{**d, "processes": tuple(GpuProcess(**p) for p in d.get("processes", [])),
+                              "xid_errors": tuple(d.get("xid_errors") or ()), "throttle": tuple(d.get("throttle") or ())})
             for d in data.get("devices", [])
         )
         return cls(
@@ -111,7 +118,13 @@ class NvmlProvider:
             for p in _value(nvml.query(fn, h)) or []:
                 used = getattr(p, "usedGpuMemory", None)
                 procs.append(GpuProcess(int(p.pid), used if isinstance(used, int) and used >= 0 else None, kind))
+        ecc = _value(nvml.query("nvmlDeviceGetTotalEccErrors", h, 1, 0))  # uncorrected, volatile
+        remap = _value(nvml.query("nvmlDeviceGetRemappedRows", h))  # (corrected, uncorrected, pending, failure)
+        reasons = _value(nvml.query("nvmlDeviceGetCurrentClocksThrottleReasons", h))
         return DeviceSnapshot(
+            ecc_uncorrected=ecc if isinstance(ecc, int) else None,
+            remapped_rows_pending=bool(remap[2]) if isinstance(remap, tuple | list) and len(remap) > 2 else None,
+            throttle=throttle_reasons(reasons) if isinstance(reasons, int) else (),
             index=i,
             name=_value(nvml.query("nvmlDeviceGetName", h)),
             uuid=_value(nvml.query("nvmlDeviceGetUUID", h)),
@@ -122,6 +135,15 @@ class NvmlProvider:
             power_w=None if power is None else power / 1000.0,
             processes=tuple(procs),
         )
+
+
+# NVML clock throttle reason bits that slow a healthy job (not idle, not the application's own clocks).
+_THROTTLE_BITS = {0x4: "power (software cap)", 0x20: "thermal (software slowdown)", 0x40: "thermal (hardware slowdown)",
+                  0x80: "power (hardware brake)", 0x8: "hardware slowdown"}
+
+
+def throttle_reasons(mask: int) -> tuple[str, ...]:
+    return tuple(name for bit, name in _THROTTLE_BITS.items() if mask & bit)
 
 
 class FakeProvider:

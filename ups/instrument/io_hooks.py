@@ -15,19 +15,55 @@ import os
 from ups.instrument import boot
 from ups.instrument.torch_hooks import _patch
 
-_last: dict[int, str] = {}  # id(reporter) -> the file last written into its record
+_last: dict[int, str] = {}
+# How long a note may wait for the heartbeat thread's write in progress (a few hundred us on a
+# sane disk): the open that follows may hold the GIL for good.
+FLUSH_WAIT_S = 0.25  # id(reporter) -> the file last written into its record
 
 
-def note_file(name) -> None:  # noqa: ANN001
+def note_file(name, *, flush: bool = True) -> None:  # noqa: ANN001
     rep = boot.state.rep
     if rep is None or not isinstance(name, (str, bytes, os.PathLike)):
         return  # no record, or a file-like object (nothing to name)
     path = os.fsdecode(name)
     if _last.get(id(rep)) == path:
         return
-    _last[id(rep)] = path
     rep.metrics(file=path)
-    rep.flush()
+    if flush:
+        _last[id(rep)] = path
+        rep.flush(wait=FLUSH_WAIT_S)
+    else:
+        _last.pop(id(rep), None)
+
+
+def forget_file(rep) -> None:  # noqa: ANN001
+    """A new sample starts: the file the previous one opened is no longer the one in flight."""
+    _last.pop(id(rep), None)
+    rep.metrics(file=None)
+
+
+def patch_open() -> None:
+    """In a DataLoader worker: note the file a sample's ``open()`` is opening. No flush: a
+    blocking open (a FIFO, a hung mount) releases the GIL, so the heartbeat thread writes the
+    name within a second, and the hot path does no I/O."""
+    import builtins
+
+    original = builtins.open
+    if getattr(original, "__ups_hook__", False):
+        return
+
+    def open(file, *args, **kwargs):  # noqa: A001, ANN001, ANN202
+        rep = boot.state.rep
+        if rep is not None and rep.current_phase == "fetch":
+            try:
+                note_file(file, flush=False)
+            except Exception:  # noqa: BLE001, S110 - never in the way of the user's open
+                pass
+        return original(file, *args, **kwargs)
+
+    open.__ups_hook__ = True
+    open.__wrapped__ = original
+    builtins.open = open
 
 
 def patch_h5py(h5py) -> None:  # noqa: ANN001

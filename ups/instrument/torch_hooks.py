@@ -350,8 +350,52 @@ def _patch_fetchers() -> None:
     name the index in flight."""
     from torch.utils.data._utils import fetch
 
+    from ups.instrument import io_hooks
+
     _patch(fetch._MapDatasetFetcher, "fetch", _make_fetch)
     _patch(fetch._IterableDatasetFetcher, "fetch", _make_fetch)
+    _patch(fetch._MapDatasetFetcher, "__init__", _make_map_fetcher_init)
+    io_hooks.patch_open()
+
+
+class _SampleNoting:
+    """Stands between a worker's fetcher and a map-style dataset: the record names the one
+    index in flight (not only its batch), forgets the file the previous sample opened, and
+    keeps the index whose ``__getitem__`` raised: the worker goes on to prefetch the next
+    batch, which would otherwise overwrite it before the rank re-raises the error."""
+
+    def __init__(self, dataset) -> None:  # noqa: ANN001
+        self._ups_dataset = dataset
+
+    def __getattr__(self, name: str):  # noqa: ANN204 - everything else is the dataset's own
+        return getattr(self._ups_dataset, name)
+
+    def __len__(self) -> int:
+        return len(self._ups_dataset)
+
+    def __getitem__(self, idx):  # noqa: ANN001, ANN204
+        rep = boot.state.rep
+        if rep is None:
+            return self._ups_dataset[idx]
+        from ups.instrument import io_hooks
+
+        rep.item(f"index {idx}")
+        io_hooks.forget_file(rep)
+        try:
+            return self._ups_dataset[idx]
+        except Exception as exc:
+            rep.metrics(raised_item=f"index {idx}", raised=type(exc).__name__)
+            rep.flush()
+            raise
+
+
+def _make_map_fetcher_init(original):
+    def __init__(self, dataset, *args, **kwargs):  # noqa: ANN001, N807
+        original(self, dataset, *args, **kwargs)
+        if boot.state.rep is not None and not isinstance(self.dataset, _SampleNoting):
+            self.dataset = _SampleNoting(self.dataset)
+
+    return __init__
 
 
 def _make_next(original):
@@ -500,8 +544,10 @@ def _make_fetch(original):
             return original(self, possibly_batched_index)
         rep.item(_describe_index(possibly_batched_index))
         # Written before the dataset is touched: a read that blocks holding the GIL (h5py on a
-        # hung mount) stops the heartbeat thread too, and the record must already say what.
-        rep.phase("fetch")
+        # hung mount) stops the heartbeat thread too, and the record must already say what
+        # (waiting out a heartbeat write in progress, which could not write it again after).
+        rep.phase("fetch", flush=False)
+        rep.flush(wait=0.25)
         data = original(self, possibly_batched_index)
         rep.auto_progress(add=len(possibly_batched_index) if isinstance(possibly_batched_index, list | tuple) else 1)
         rep.phase("idle", flush=False)

@@ -248,6 +248,10 @@ def merge_remote(local: RunView | None, sources: list[RemoteStatusSource], *, ru
         processes.update(((p.record.host, p.record.name), p) for p in local.processes)
     manifest: dict[str, Any] = dict(local.manifest or {}) if local is not None else {}
     nodes: dict[str, dict[str, Any]] = dict(manifest.get("nodes") or {})
+    if local is not None and local.manifest and not nodes:
+        # A run launched here as one node, read with --remote: this host is its node, with
+        # the state and end its own launcher recorded (else it would read as 'launching').
+        nodes[here] = {k: local.manifest.get(k) for k in ("state", "summary", "failure", "ended_at", "launcher")}
     lost: dict[str, str] = {}
     remotes: list[dict[str, Any]] = []
     for src in sources:

@@ -292,9 +292,19 @@ def node_views(manifest: dict[str, Any], processes: tuple[ProcessView, ...], los
 def _with_lost_nodes(manifest: dict[str, Any], nodes: tuple[NodeView, ...]) -> dict[str, Any]:
     """A multi-node run whose every node has ended or is unreachable, one at least
     unreachable, has ended failed: the lost node is named (nobody is left there to say)."""
-    if manifest.get("state") in FINAL_RUN_STATES or not nodes:
+    if not nodes:
         return manifest
     lost = [n for n in nodes if not n.reachable]
+    if manifest.get("state") in FINAL_RUN_STATES:
+        if not lost or manifest.get("state") == "succeeded":
+            return manifest
+        # Ended failed while a node is unreachable, heard from or never: the lost node comes
+        # first (the others' errors are what losing it did to them).
+        first = "; ".join(f"node {n.host} unreachable ({n.reason or 'no answer'})" for n in lost)
+        failure = {**(manifest.get("failure") or {}), "node": lost[0].host}
+        return {**manifest, "summary": f"{first}; {manifest.get('summary') or '-'}", "failure": failure,
+                "failed_nodes": [n.host for n in lost] + [h for h in manifest.get("failed_nodes", []) if h not in {n.host for n in lost}],
+                "unreachable_nodes": [n.host for n in lost]}
     if not lost or any(n.reachable and n.state not in FINAL_RUN_STATES for n in nodes):
         return manifest
     parts = [f"node {n.host} unreachable ({n.processes} processes silent; launcher pid {n.launcher_pid})" for n in lost]

@@ -626,10 +626,14 @@ class Reporter:
 
     # -- writing ----------------------------------------------------------------------------
     def flush(self, *, wait: float = 0.0) -> bool:
-        """Write the record now. Never raises; never waits for another writer unless ``wait``
-        (seconds) is given: the last write of a process on its way out (``os._exit``) must
-        not be skipped because the heartbeat thread was writing at that moment."""
-        if not self._lock.acquire(timeout=wait) if wait > 0 else not self._lock.acquire(blocking=False):
+        """Write the record now. Never raises. By default never waits for another writer: the
+        heartbeat thread writes once more instead. ``wait`` (seconds) is for a write that must
+        not be skipped because the heartbeat thread was writing at that moment: the last write
+        of a process on its way out (``os._exit``), and the record written before a call that
+        may block holding the GIL (h5py on a hung mount), after which the heartbeat thread
+        cannot run to "write once more". Bounded, so a runs folder on a hung disk cannot stop
+        the job."""
+        if not (self._lock.acquire(timeout=wait) if wait > 0 else self._lock.acquire(blocking=False)):
             # The heartbeat thread is writing this very moment; have it write once more.
             self._dirty = True
             self._wake.set()

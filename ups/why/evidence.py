@@ -147,6 +147,25 @@ class Evidence:
         except Exception:  # noqa: BLE001 - no per-rank log is no evidence, not an error
             return ""
 
+    @cached_property
+    def gpus(self):  # noqa: ANN201 - a GpuSnapshot, or None without GPUs (NVML, or UPS_FAKE_GPU's fake)
+        try:
+            from ups.gpu.snapshot import get_provider
+
+            snap = get_provider().snapshot()
+        except Exception:  # noqa: BLE001 - no GPU layer is no evidence, not an error
+            return None
+        return snap if snap.available and snap.devices else None
+
+    def gpu_of(self, record: StatusRecord):  # noqa: ANN201
+        """The device a process of this host runs on: the one its record names, else its local
+        rank's (torchrun's convention, one GPU a rank)."""
+        snap = self.gpus
+        if snap is None or record.host != hostname():
+            return None
+        index = record.gpu.device if record.gpu is not None and record.gpu.device is not None else record.local_rank
+        return next((d for d in snap.devices if d.index == index), None)
+
     def proc(self, record: StatusRecord) -> ProcFacts | None:
         """Kernel facts of a live process of this host (None elsewhere)."""
         if record.host != hostname() or record.is_final:

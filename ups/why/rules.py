@@ -19,6 +19,7 @@ from ups.runs.view import ProcessView
 from ups.status.health import Health
 from ups.status.record import StatusRecord
 from ups.why import stacks
+from ups.why.classify import classify as classify_text
 from ups.why.evidence import Evidence, shm_figures
 from ups.why.metric_rules import ended_training, live_training
 from ups.why.verdict import Verdict, who_of
@@ -35,6 +36,13 @@ DISK_FULL = re.compile(r"No space left on device|ENOSPC|\[Errno 28\]|file write 
 # NCCL's watchdog (10 min by default), which aborts the process (SIGABRT) after saying so.
 COLLECTIVE_TIMEOUT = re.compile(r"Timed out waiting \d+ms for (?:send|recv)|Watchdog caught collective operation timeout|"
                                 r"collective operation timeout|WorkNCCL\(SeqNum=", re.I)
+# The backend saying that ranks entered different collectives: gloo's size check (it aborts the
+# process that received the wrong size), TORCH_DISTRIBUTED_DEBUG=DETAIL's fingerprint check,
+# and NCCL's desync report / flight recorder.
+MISMATCH = re.compile(r"Is there a distributed collective mismatch|Detected mismatch between collectives|"
+                      r"doesn't match expected size|Collective sequence number mismatch|collective mismatch|"
+                      r"Desync debugging|desync report|mismatched collectives?|ranks? \d+ (?:is|are) running collective", re.I)
+FINGERPRINT = re.compile(r"Rank (?P<rank>\d+) is running (?:inconsistent )?collective: CollectiveFingerPrint\((?P<fp>[^)]*)\)")
 # An exception raised in a DataLoader worker reaches the rank as "Caught X in DataLoader
 # worker process N", followed by the worker's own traceback.
 WORKER_CAUGHT = re.compile(r"Caught (?P<exc>\w+) in DataLoader worker process (?P<worker>\d+)")
@@ -139,6 +147,9 @@ def classify_failure(ev: Evidence, record: StatusRecord | None, failure: dict) -
     text = "\n".join((error, _exception_text(ev, record), log[-20_000:] if log else ev.job_log[-20_000:]))
     who = who_of(record)
 
+    hardware = gpu_fault(ev, record) if record.role == "rank" else None
+    if hardware is not None:
+        return hardware
     # A rank that died of its DataLoader: the worker is the one to name (its exception, else its death).
     in_worker = worker_exception(ev, record, "\n".join((error, _exception_text(ev, record))))
     if in_worker is not None:
@@ -155,6 +166,10 @@ def classify_failure(ev: Evidence, record: StatusRecord | None, failure: dict) -
         rdzv = rendezvous_verdict(ev, record, text)
         if rdzv is not None:
             return rdzv
+    if failure.get("collective_mismatch") or MISMATCH.search(text):
+        mismatch = collective_mismatch(ev, record, text)
+        if mismatch is not None:
+            return mismatch
     timed_out = collective_timeout(ev, record, text)
     if timed_out is not None:
         return timed_out
@@ -165,6 +180,11 @@ def classify_failure(ev: Evidence, record: StatusRecord | None, failure: dict) -
         return disk_full_verdict(ev, record, error + "\n" + _exception_text(ev, record))
     if DATALOADER_RESOURCES.search(error):
         return resources_verdict(ev, record, error)
+    if signal_name in ("SIGKILL", "SIGTERM") and not _signalled_by_ups(ev, record):
+        return outside_signal_verdict(ev, record, signal_name, failure)
+    logged = classify_text("\n".join((error, _exception_text(ev, record), log[-20_000:])))
+    if logged is not None:
+        return log_class_verdict(ev, record, logged, failure)
     if signal_name:
         fatal = ev.stack(record, "fatal")
         where = where_of(ev, record, fatal)
@@ -192,6 +212,124 @@ def classify_failure(ev: Evidence, record: StatusRecord | None, failure: dict) -
     return None
 
 
+# NVIDIA's Xid codes: which ones are the hardware's (drain the node) and which the program's own
+# CUDA fault seen by the driver.
+XID_MEANING = {13: ("graphics engine exception", False), 31: ("GPU memory page fault", False),
+               43: ("GPU stopped processing", False), 48: ("double-bit ECC error", True),
+               63: ("ECC page retirement or row remap recorded", True), 64: ("ECC page retirement or row remap failed", True),
+               74: ("NVLink error", True), 79: ("GPU has fallen off the bus", True), 92: ("high single-bit ECC rate", True),
+               94: ("contained ECC error", True), 95: ("uncontained ECC error", True)}
+
+
+def gpu_fault(ev: Evidence, record: StatusRecord) -> Verdict | None:
+    """The GPU a failed rank ran on reported a hardware fault (NVML: Xid events, uncorrected ECC,
+    a row remap pending a reset): that is the cause, whatever CUDA error the rank raised."""
+    d = ev.gpu_of(record)
+    if d is None:
+        return None
+    hardware = [x for x in d.xid_errors if XID_MEANING.get(x, ("", True))[1]]
+    program = [x for x in d.xid_errors if x in XID_MEANING and not XID_MEANING[x][1]]
+    facts = [f"Xid {x}: {XID_MEANING.get(x, ('see NVIDIA Xid table', True))[0]}" for x in d.xid_errors]
+    if d.ecc_uncorrected:
+        facts.append(f"{d.ecc_uncorrected} uncorrected ECC error(s)")
+    if d.remapped_rows_pending:
+        facts.append("a memory row remap is pending (needs a GPU reset)")
+    if not facts:
+        return None
+    gpu = f"GPU {d.index}" + (f" ({d.name})" if d.name else "")
+    if hardware or d.ecc_uncorrected or d.remapped_rows_pending:
+        return Verdict("gpu_hardware", f"{record.label} failed on {gpu}, which reported a hardware fault: {facts[0]}",
+                       who=who_of(record), where=where_of(ev, record), since=_ended_at(ev, record),
+                       evidence=facts + ([f"its own error: {_first_line(record.error, 160)}"] if record.error else []),
+                       next=f"drain this node (the GPU needs a reset or replacement), then `ups relaunch {ev.view.run_id}` "
+                            "elsewhere; nvidia-smi -q -d ECC,ROW_REMAPPER shows the counters")
+    return Verdict("cuda_fault", f"{record.label}'s kernel faulted on {gpu}: {facts[0]} (the program's CUDA code, not the "
+                   "hardware)", who=who_of(record), where=where_of(ev, record), since=_ended_at(ev, record),
+                   evidence=facts, next="rerun with CUDA_LAUNCH_BLOCKING=1 to find the kernel; Xid "
+                   f"{program[0]} is an illegal access or a bad index in the program's own CUDA code")
+
+
+def gpu_straggler(ev: Evidence) -> Verdict | None:
+    """A rank slower than its peers whose GPU is throttled (thermal, power): the clock, not the code."""
+    for p in ev.processes("rank"):
+        if p.verdict.health is not Health.SLOW:
+            continue
+        d = ev.gpu_of(p.record)
+        if d is not None and d.throttle:
+            r = p.record
+            return Verdict("gpu_throttled", f"{r.label} is a straggler: GPU {d.index} is throttled ({', '.join(d.throttle)})",
+                           who=who_of(r), where=where_of(ev, r), since=r.progress_at,
+                           evidence=[p.verdict.reason] + ([f"GPU {d.index} at {d.temperature_c} C"] if d.temperature_c else [])
+                           + ([f"{d.power_w:.0f} W"] if d.power_w else []),
+                           next="check cooling and power on this node (nvidia-smi -q -d PERFORMANCE); every rank waits for "
+                                "the slowest one")
+    return None
+
+
+def _signalled_by_ups(ev: Evidence, record: StatusRecord) -> bool:
+    """ups sent this process a signal (a kill of the run, a signal to it): events.jsonl says."""
+    return any(e.get("event") == "kill" or (e.get("event") == "signal" and e.get("target") == record.name)
+               for e in ev.events)
+
+
+def oom_kills() -> int | None:
+    """The kernel OOM killer's count for this cgroup (cgroup v2 memory.events), where readable."""
+    try:
+        with open("/proc/self/cgroup") as fh:
+            rel = next((ln.split(":", 2)[2].strip() for ln in fh if ln.startswith("0::")), None)
+    except OSError:
+        rel = None
+    for path in ([f"/sys/fs/cgroup{rel}/memory.events"] if rel else []) + ["/sys/fs/cgroup/memory.events"]:
+        try:
+            with open(path) as fh:
+                m = re.search(r"^oom_kill (\d+)", fh.read(), re.M)
+            if m:
+                return int(m.group(1))
+        except OSError:
+            continue
+    return None
+
+
+def outside_signal_verdict(ev: Evidence, record: StatusRecord, signal_name: str, failure: dict) -> Verdict:
+    """The first process to end was killed by SIGKILL or SIGTERM that neither ups nor its launcher
+    sent (events.jsonl has no kill or signal for it): the kernel's OOM killer, a scheduler's
+    preemption, an operator's kill."""
+    run = ev.view.run_id
+    where = where_of(ev, record)
+    ended_at = _ended_at(ev, record)
+    if signal_name == "SIGKILL":
+        kills = oom_kills()
+        if kills:
+            return Verdict("oom_killed", f"{record.label} was killed by the kernel's OOM killer (SIGKILL) in phase {record.phase}",
+                           who=who_of(record), where=where, since=ended_at,
+                           evidence=[f"cgroup memory.events: oom_kill {kills}", "no kill or signal from ups in events.jsonl"]
+                           + _followers(failure),
+                           next="use less host memory per process (fewer DataLoader workers, smaller prefetch or batch), "
+                                f"or a box with more RAM; then `ups relaunch {run}`")
+        return Verdict("killed_from_outside", f"{record.label} was killed by SIGKILL from outside ups in phase {record.phase}",
+                       who=who_of(record), where=where, since=ended_at,
+                       evidence=["no kill or signal from ups in events.jsonl",
+                                 "no OOM kill counted in this cgroup's memory.events" if kills == 0 else
+                                 "memory.events not readable here"] + _followers(failure),
+                       next="check `dmesg | grep -i -e oom -e killed` (the kernel's OOM killer) and who else can kill "
+                            f"this user's processes; then `ups relaunch {run}`")
+    return Verdict("stopped_from_outside", f"{record.label} was stopped from outside (SIGTERM, not sent by ups or its launcher) "
+                   f"in phase {record.phase}, at step {record.step}",
+                   who=who_of(record), where=where, since=ended_at,
+                   evidence=["no kill or signal from ups in events.jsonl: a scheduler's preemption, a job time limit or "
+                             "someone's kill"] + _followers(failure),
+                   next=f"check the scheduler's log for a preemption or time limit; `ups relaunch {run}` resumes")
+
+
+def log_class_verdict(ev: Evidence, record: StatusRecord, m, failure: dict) -> Verdict:  # noqa: ANN001
+    """A failure the process's own words name (ups.why.classify): what, where, the fix."""
+    section = ev.stack(record, "exception")
+    where = where_of(ev, record, section)
+    where["site"] = record.error_site or where.get("site") or m.site
+    return Verdict(m.cls.name, f"{record.label} failed: {m.cls.what}", who=who_of(record), where=where,
+                   since=_ended_at(ev, record), evidence=[_first_line(m.line)] + _followers(failure), next=m.cls.fix)
+
+
 def worker_exception(ev: Evidence, rank: StatusRecord, text: str) -> Verdict | None:
     """A rank that died of an exception its DataLoader worker raised: the worker, its own
     error and line (from the "Original Traceback" the rank re-raised), the batch in flight."""
@@ -211,7 +349,9 @@ def worker_exception(ev: Evidence, rank: StatusRecord, text: str) -> Verdict | N
     if DATALOADER_RESOURCES.search(said):  # out of descriptors or shared memory: the figures and the fix
         return resources_verdict(ev, worker or rank, said, rank=rank)
     label = worker.label if worker else f"{rank.label} / worker {worker_no}"
-    fetching = f" while fetching {worker.item}" if worker is not None and worker.item else ""
+    # The index whose __getitem__ raised (the worker prefetches on after it raised).
+    in_flight = (worker.metrics.get("raised_item") or worker.item) if worker is not None else None
+    fetching = f" while fetching {in_flight}" if in_flight else ""
     run = ev.view.run_id
     if CUDA_IN_WORKER.search(original or text):
         return Verdict("cuda_in_worker", f"{label} used CUDA inside the Dataset{fetching}: {said}; {rank.label} failed with it",
@@ -270,6 +410,100 @@ def collective_timeout(ev: Evidence, record: StatusRecord, text: str) -> Verdict
                    since=c.get("since"), evidence=[_first_line(line)] + [doing(p) for p in peers[:4]] + _prev(c),
                    next=f"fix the call at {c.get('site')}: every rank must make the same collectives in the same order "
                         "(an error path that skips a step tells the others with a flag all-reduced by every rank)")
+
+
+def _collective_of(ev: Evidence, p: ProcessView) -> tuple[str, str | None] | None:
+    """The explicit collective a rank was in when it ended or stopped (op, the program's own call
+    site): its record's, else the one its last stack (fatal report, dump) is inside."""
+    r = p.record
+    if r.collective:
+        return r.collective["op"], r.collective.get("site")
+    for kind in ("fatal", "exception", None):
+        section = ev.stack(r, kind)
+        if section is None:
+            continue
+        op = next((f.function for f in section.stack if "distributed" in f.file and f.function in _COLLECTIVE_OPS), None)
+        if op is not None:
+            own = section.own_frame
+            return op, own.site if own else None
+    return None
+
+
+_COLLECTIVE_OPS = frozenset(("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
+                             "all_to_all_single", "barrier", "broadcast", "broadcast_object_list", "gather", "gather_object",
+                             "monitored_barrier", "recv", "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter",
+                             "scatter_object_list", "send"))
+
+
+def collective_mismatch(ev: Evidence, record: StatusRecord, text: str) -> Verdict | None:
+    """The backend said the ranks entered different collectives. The rank it aborted is the one
+    that noticed, not always the odd one: every rank's collective is read (record, fatal stack,
+    the backend's own fingerprints). One rank in a collective its peers never entered is named
+    (one-sided); different collectives on both sides are shown side by side (mismatched)."""
+    texts = [text] + [p.record.error or "" for p in ev.processes("rank")]
+    for p in ev.processes("rank"):
+        if p.record.rank is not None and p.record.rank != record.rank:
+            texts.append(ev.rank_log(p.record.rank)[-20_000:])
+    line = next((ln.strip() for t in texts for ln in reversed(t.splitlines()) if MISMATCH.search(ln)), "")
+    if not line:
+        return None
+    if "enforce fail" in line and "]" in line:  # gloo's: the words after its source location
+        line = "gloo: " + line[line.index("]", line.index("enforce fail")) + 1 :].strip()
+    m = MISMATCH.search(line)
+    if len(line) > 200 and m:  # keep the backend's own words about the mismatch
+        line = "…" + line[max(0, m.end() - 190) :]
+    ranks = sorted(ev.processes("rank"), key=lambda p: p.record.rank or 0)
+    colls = {p.record.rank: _collective_of(ev, p) for p in ranks}
+    for t in texts:  # TORCH_DISTRIBUTED_DEBUG=DETAIL names each side's op
+        for m in FINGERPRINT.finditer(t):
+            op = re.search(r"OpType=(\w+)", m["fp"])
+            if op and colls.get(int(m["rank"])) is None:
+                colls[int(m["rank"])] = (op.group(1).lower(), None)
+    inside = [p for p in ranks if colls.get(p.record.rank)]
+    if not inside:
+        return None
+    run = ev.view.run_id
+    fix = ("every rank must make the same collectives in the same order (an error path that skips a step tells the "
+           "others with a flag all-reduced by every rank)")
+
+    def doing(p: ProcessView) -> str:
+        c = colls.get(p.record.rank)
+        if c:
+            return f"{p.record.label} was in {c[0]} at {c[1] or '?'}"
+        if _in_backward(ev, p, "fatal") or _in_backward(ev, p):
+            return f"{p.record.label} was in DDP's gradient all-reduce (backward)"
+        return f"{p.record.label} was in no collective of its own (phase {p.record.phase}, step {p.record.step})"
+
+    aborted = f"the backend aborted {record.label}" + (f" ({failure_signal})" if (failure_signal := _signal_of(ev, record)) else "")
+    outside = [p for p in ranks if p not in inside]
+    ops = {colls[p.record.rank] for p in inside}
+    if outside or len(ops) == 1:
+        odd = inside if outside else []
+        if odd:
+            o = odd[0].record
+            op, site = colls[o.rank]
+            return Verdict("one_sided_collective",
+                           f"one-sided collective: {o.label} entered {op} at {site or '?'}, never entered by "
+                           f"{_label_list(outside)}; {aborted}: a collective mismatch",
+                           who=who_of(o), where={"phase": f"collective:{op}", "site": site, "function": op, "frame": None},
+                           since=_ended_at(ev, o), evidence=[_first_line(line)] + [doing(p) for p in ranks],
+                           next=f"fix the call at {site or 'that collective'}: {fix}")
+    sides = "; ".join(doing(p) for p in ranks)
+    first = inside[0].record
+    op, site = colls[first.rank]
+    return Verdict("collective_mismatch",
+                   f"mismatched collectives: {sides}; {aborted}",
+                   who=None, where={"phase": f"collective:{op}", "site": site, "function": op, "frame": None},
+                   since=_ended_at(ev, record), evidence=[_first_line(line)],
+                   next=f"ups stacks {run} --group (then fix the calls: {fix})")
+
+
+def _signal_of(ev: Evidence, record: StatusRecord) -> str | None:
+    failure = ev.manifest.get("failure") or {}
+    if failure.get("rank") == record.rank and failure.get("signal"):
+        return failure["signal"]
+    ex = ev.exits.get(record.name)
+    return getattr(ex, "signal", None) if ex else None
 
 
 def _exception_text(ev: Evidence, record: StatusRecord) -> str:
@@ -446,10 +680,12 @@ def lost_node(ev: Evidence) -> Verdict | None:
     silent = sorted((p.record for p in ev.view.processes if p.record.host == n.host and not p.record.is_final),
                     key=lambda r: (r.role != "rank", r.heartbeat_at))
     what = "is unreachable" if not n.reachable else "was lost (its launcher and processes vanished)"
+    heard = f"{n.processes} process(es) there, launcher pid {n.launcher_pid}" if n.processes or n.launcher_pid else \
+        "never heard from (no record of it reached this node)"
     others = [f"node {m.host}: {m.state or '?'} ({m.health})" for m in ev.view.nodes if m is not n]
     last = max(silent, key=lambda r: r.heartbeat_at) if silent else None
     evidence = [n.reason] + ([f"last heartbeat there: {last.label}"] if last else []) + others
-    return Verdict("node_unreachable", f"node {n.host} {what}: {n.processes} process(es) there, launcher pid {n.launcher_pid}",
+    return Verdict("node_unreachable", f"node {n.host} {what}: {heard}",
                    who=who_of(silent[0]) if silent else None, since=last.heartbeat_at if last else None,
                    evidence=evidence, next=f"ssh {n.host} (is it up?); ups status {ev.view.run_id} --remote {n.host}")
 
@@ -477,6 +713,53 @@ def unsupervised(ev: Evidence) -> Verdict | None:
                    who=who_of(next((p.record for p in ev.view.processes if p.record.role == "launcher"), None)),
                    evidence=["nobody will record how the run ends until a launcher takes it over"],
                    next=f"ups adopt {ev.view.run_id}")
+
+
+SETTLE_S = 20.0  # how long a live run that lost a rank may take to wind down before the rules guess
+FATAL_SIGNALS = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error": "SIGBUS",
+                 "Floating-point exception": "SIGFPE", "Illegal instruction": "SIGILL"}
+
+
+def settling(ev: Evidence) -> Verdict | None:
+    """A rank (or torchrun's agent) ended while the run is still live: the launcher is about to
+    record how every process ended, and the verdict rests on facts not in yet (the rank's final
+    record, the exit of the one that ended first, its worker's error). Until then say what is
+    known and blame no one: a culprit named now could be contradicted a second later (the agent's
+    ChildFailedError lands before the rank's record; a peer torchrun killed is found gone first)."""
+    view = ev.view
+    if view.is_final or view.supervision == "unsupervised":
+        return None
+    ended_ = [p for p in ev.processes("rank", "agent")
+              if p.verdict.health is Health.DEAD or p.record.state == "failed"]
+    if not ended_:
+        return None
+    exits = ev.exits
+
+    def end_of(p: ProcessView) -> float:
+        ex = exits.get(p.record.name)
+        return ex.at if ex is not None else p.record.heartbeat_at
+
+    first_end = min(end_of(p) for p in ended_)
+    if ev.now - first_end > SETTLE_S:
+        return None  # the run is not winding down: the rules below judge what is there
+    ordered = sorted(ended_, key=end_of)
+    exact = all(p.record.name in exits and exits[p.record.name].exact for p in ended_)
+
+    def how(p: ProcessView) -> str:
+        r = p.record
+        if r.state == "failed":
+            return f"{r.label} failed ({_first_line(r.error, 120) or 'no error text'})"
+        fatal = ev.stack(r, "fatal")
+        signal = FATAL_SIGNALS.get(fatal.title) if fatal else None
+        return f"{r.label} died ({signal})" if signal else f"{r.label} ended without a normal exit"
+
+    if exact and len(ordered) > 1:
+        what = f"{how(ordered[0])} first; then " + ", ".join(how(p) for p in ordered[1:4])
+    else:
+        what = "; ".join(how(p) for p in ordered[:4])
+    return Verdict("settling", f"{what}; settling… (the launcher is recording how every process ended)",
+                   since=first_end, evidence=[f"{p.record.label}: {p.verdict.reason}" for p in ordered[:4]],
+                   next=f"ups why {view.run_id} again in a few seconds")
 
 
 def live_failure(ev: Evidence) -> Verdict | None:
@@ -512,6 +795,17 @@ def collectives(ev: Evidence) -> Verdict | None:
                        next=f"ups stacks {run} --group (then fix the call at {c.get('site')}: every rank must make the same "
                             "collectives in the same order; an error path that skips a step must tell the others with a "
                             "flag all-reduced by every rank)")
+    if len(keys) > 1 and _is_tie(inside):
+        sides = "; ".join(f"{p.record.label} is in {p.record.collective['op']} #{p.record.collective['seq']} at "
+                          f"{p.record.collective.get('site')}" for p in sorted(inside, key=lambda p: p.record.rank or 0))
+        first = sorted(inside, key=lambda p: p.record.rank or 0)[0].record
+        c = first.collective
+        return Verdict("collective_mismatch", f"mismatched collectives: {sides}; every rank waits",
+                       who=None, where={"phase": first.phase, "site": c.get("site"), "function": c["op"], "frame": None},
+                       since=min(p.record.collective.get("since") or 0 for p in inside) or None,
+                       evidence=[f"{p.record.label}: {p.verdict.reason}" for p in inside[:4]],
+                       next=f"ups stacks {run} --group (then fix the calls: every rank must make the same collectives "
+                            "in the same order)")
     if len(keys) > 1:
         odd = _odd_ones(inside)
         common = [p for p in inside if p not in odd]
@@ -532,8 +826,18 @@ def collectives(ev: Evidence) -> Verdict | None:
         waiting = sorted(inside, key=lambda p: p.record.rank or 0)
         c = waiting[0].record.collective
         stuck = sorted(outside, key=lambda p: (p.verdict.health not in PROBLEMS, p.record.rank or 0))[0]
+        worker = waits_on_worker(ev, stuck)
+        if worker is not None:
+            return worker_verdict(ev, worker, waiting)
         r = stuck.record
         section = ev.stack(r)
+        if section is None:
+            # Its stack decides: DDP's gradient all-reduce (backward: the one-sided call is the
+            # peers') or its own code (it is the one they wait for). Blame no one before it comes.
+            return Verdict("settling", f"{_wait(waiting)} in {c['op']} #{c['seq']} at {c.get('site')}; {r.label} is in no "
+                           "explicit collective; settling… (its stack dump tells whether it waits in DDP's all-reduce or is "
+                           "stuck in its own code)", since=c.get("since"),
+                           evidence=[f"{r.label}: {stuck.verdict.reason}"], next=f"ups stacks {run} --group")
         where = where_of(ev, r, section)
         ev_lines = [f"{_wait(waiting)} in {c['op']} #{c['seq']} at {c.get('site')}",
                     f"{r.label} is in no collective: {stuck.verdict.reason}"]
@@ -544,6 +848,18 @@ def collectives(ev: Evidence) -> Verdict | None:
                        who=who_of(r), where=where, since=max(r.progress_at, r.phase_at), evidence=ev_lines,
                        next=f"ups stacks {run} --rank {r.rank}" if section is None else f"ups kill {run}  (after fixing {where.get('site') or 'the loop'})")
     return None
+
+
+def _is_tie(inside: list[ProcessView]) -> bool:
+    """Different collectives in groups of one size, and no group alone in having changed its op
+    from the previous one: nothing tells which side is out of step."""
+    by_key: dict[tuple, list[ProcessView]] = {}
+    for p in inside:
+        by_key.setdefault((p.record.collective["op"], p.record.collective["seq"]), []).append(p)
+    if len({len(v) for v in by_key.values()}) > 1:
+        return False
+    changed = [p for p in inside if p.record.collective.get("prev_op") not in (None, p.record.collective["op"])]
+    return not changed or len(changed) == len(inside)
 
 
 def _odd_ones(inside: list[ProcessView]) -> list[ProcessView]:
@@ -582,6 +898,9 @@ def ddp_backward(ev: Evidence) -> Verdict | None:
         (in_backward if _in_backward(ev, p) else elsewhere).append(p)
     if not in_backward or len(elsewhere) != 1:
         return None
+    worker = waits_on_worker(ev, elsewhere[0])
+    if worker is not None:  # the rank is not stuck in its own code: it waits for its worker
+        return worker_verdict(ev, worker, in_backward)
     r = elsewhere[0].record
     where = where_of(ev, r)
     return Verdict("rank_stuck_peers_wait",
@@ -613,51 +932,84 @@ def starved_loader(ev: Evidence) -> Verdict | None:
     return resources_verdict(ev, rank, lines, rank=rank)
 
 
+def waits_on_worker(ev: Evidence, rank: ProcessView) -> ProcessView | None:
+    """The DataLoader worker a rank waits on: the rank is in ``next(it)`` (phase data) and one
+    of its workers is inside a fetch that began before the rank last advanced, so no batch
+    came since. The worker's own stall limit may not have passed yet: it is still the one."""
+    r = rank.record
+    if r.role != "rank" or r.phase != "data" or r.state != "running":
+        return None
+    fetching = [p for p in ev.processes("worker") if p.record.rank == r.rank and p.record.state == "running"
+                and p.record.phase == "fetch" and p.verdict.health not in (Health.DEAD, Health.DONE, Health.FAILED)
+                and p.record.phase_at <= max(r.progress_at, r.phase_at)]
+    if not fetching:
+        return None
+    return sorted(fetching, key=lambda p: (-p.verdict.health.severity, p.record.phase_at))[0]
+
+
 def stuck_workers(ev: Evidence) -> Verdict | None:
     workers = [p for p in ev.processes("worker") if p.record.state == "running"
                and p.verdict.health in (Health.STALLED, Health.UNRESPONSIVE)]
     if not workers:
         return None
     p = sorted(workers, key=lambda p: p.verdict.health.severity, reverse=True)[0]
+    return worker_verdict(ev, p)
+
+
+def worker_verdict(ev: Evidence, p: ProcessView, peers: list[ProcessView] = ()) -> Verdict:
+    """A DataLoader worker stuck in a sample: which, the index in flight, the file it opened,
+    the frame; ``peers``: the other ranks that wait for its rank (in backward or a collective)."""
     r = p.record
     section = ev.stack(r)
     frames = section.stack if section else ()
     facts = ev.proc(r)
     io_frame = next((f for f in frames if any(k in f.file for k in IO_FRAMES)), None)
     blocked_io = (facts is not None and facts.syscall in ("read", "pread64", "readv", "open", "openat")) \
-        or r.phase in ("data.open", "read")  # our precompute's own phases
+        or r.phase in ("data.open", "read") or bool(r.metrics.get("file"))  # our precompute's own phases
     file = r.metrics.get("file") or (facts.fd_path if facts else None)
     if r.item and "#" in r.item and not file:
         file = r.item.split("#")[0]  # our precompute names the shard in its item
-    ev_lines = [p.verdict.reason]
+    ev_lines = [f"{r.label}: {p.verdict.reason}"]
     if facts is not None and facts.describe():
         ev_lines.append(f"kernel: {facts.describe()}")
     if section is None:
         ev_lines.append("no stack dump of it yet")
+    if peers:
+        ev_lines.append(f"{_label_list(peers)}: waiting for rank {r.rank} (in backward or a collective)")
     where = where_of(ev, r, section)
     if io_frame is not None:
         where["frame"] = str(io_frame)
     run = ev.view.run_id
     worker_opt = f"--rank {r.rank or 0} --worker {r.worker}"
+    item = r.item or "a batch"
+    rank_label = f"rank {r.rank or 0}"
+    waiting = f"; {rank_label} waits for the batch" + (f", {_wait(peers)} for {rank_label}" if peers else "")
+    since = max(r.progress_at, r.phase_at)
     if io_frame is not None or blocked_io:
         lib = "h5py" if io_frame is not None and "h5py" in io_frame.file else "I/O"
         opening = (r.phase == "data.open" or (facts is not None and facts.syscall in ("open", "openat"))
                    or any(f.function in ("make_fid", "__init__", "open") for f in frames[:3]))
         what = f"{'opening' if opening else 'reading'} " + (os.path.basename(file) if file else "a file")
-        return Verdict("worker_stuck_in_read",
-                       f"{r.label} is stuck {what} ({lib}) while fetching {r.item or 'a batch'}; its rank waits for the batch",
-                       who=who_of(r), where=where, since=max(r.progress_at, r.phase_at),
-                       evidence=ev_lines + ([f"file: {file}"] if file else []),
+        return Verdict("worker_stuck_in_read", f"{r.label} is stuck {what} ({lib}) while fetching {item}{waiting}",
+                       who=who_of(r), where=where, since=since, evidence=ev_lines + ([f"file: {file}"] if file else []),
                        next=f"check the storage of {file or 'the data'} (a hung mount?), then `ups kill {run} {worker_opt}`"
                             f" or `ups relaunch {run} --num-workers 0`")
-    return Verdict("unresponsive" if p.verdict.health is Health.UNRESPONSIVE else "stalled",
-                   f"{r.label} is {p.verdict.health.value} while fetching {r.item or 'a batch'}",
-                   who=who_of(r), where=where, since=max(r.progress_at, r.phase_at), evidence=ev_lines,
-                   next=f"ups stacks {run} {worker_opt}" if section is None else f"ups relaunch {run} --num-workers 0")
+    in_fn = f" in {where['function']}" if where.get("function") else ""
+    return Verdict("worker_stuck", f"{r.label} is stuck{in_fn} while fetching {item} ({p.verdict.health.value}){waiting}",
+                   who=who_of(r), where=where, since=since, evidence=ev_lines,
+                   next=f"ups stacks {run} {worker_opt}" if section is None else
+                   f"fix {where.get('site') or 'the Dataset'} (what it waits for at {item}), then `ups relaunch {run}`"
+                   f" (or `ups kill {run} {worker_opt}`)")
 
 
 def dead(ev: Evidence) -> Verdict | None:
-    gone = [p for p in ev.processes("rank", "worker", "agent") if p.verdict.health is Health.DEAD]
+    fine_ranks = {p.record.rank for p in ev.processes("rank") if p.record.state == "running"
+                  and p.verdict.health in (Health.OK, Health.STARTING, Health.SLOW)}
+    # A DataLoader worker gone while its rank goes on is one the loader let go (the end of an
+    # epoch with non-persistent workers exits them without a final record); a worker that died
+    # unexpectedly stops its rank within seconds, and the rank's failure names it.
+    gone = [p for p in ev.processes("rank", "worker", "agent") if p.verdict.health is Health.DEAD
+            and not (p.record.role == "worker" and p.record.rank in fine_ranks)]
     if not gone:
         return None
     p = gone[0]
@@ -675,8 +1027,25 @@ def hung(ev: Evidence) -> Verdict | None:
     if not troubled:
         return None
     p = sorted(troubled, key=lambda p: (p.verdict.health.severity, p.record.role == "rank"), reverse=True)[0]
+    for q in troubled:  # a rank that waits on its own DataLoader worker: the worker is the one
+        worker = waits_on_worker(ev, q) if q.record.role == "rank" else None
+        if worker is not None:
+            return worker_verdict(ev, worker, [o for o in troubled if o.record.role == "rank" and o is not q])
     r = p.record
     section = ev.stack(r)
+    peers = [q for q in ev.processes("rank") if q is not p and q.record.state == "running"
+             and q.verdict.health not in (Health.STALLED, Health.UNRESPONSIVE)]
+    many = len(ev.processes("rank")) > 1
+    if r.role == "rank" and many and (section is None or (peers and (_in_backward(ev, p) or r.collective))):
+        # A rank of a multi-rank run that stopped while its peers have not (yet): waiting for a
+        # peer (DDP's all-reduce in backward, a collective) or stuck itself; its stack and its
+        # peers' next seconds decide. Blame no one before that.
+        what = "waits in DDP's gradient all-reduce (backward)" if section is not None and _in_backward(ev, p) else (
+            f"waits in {r.collective['op']}" if r.collective else "has no stack dump yet")
+        others = f" ({_label_list(peers)} not in trouble yet)" if peers else ""
+        return Verdict("settling", f"{r.label} is {p.verdict.health.value} in phase {r.phase} and {what}; settling…{others}",
+                       since=max(r.progress_at, r.phase_at),
+                       evidence=[p.verdict.reason], next=f"ups stacks {ev.view.run_id} --group")
     facts = ev.proc(r)
     ev_lines = [p.verdict.reason] + ([f"kernel: {facts.describe()}"] if facts and facts.describe() else [])
     others = [q for q in troubled if q is not p]
@@ -717,5 +1086,6 @@ def healthy(ev: Evidence) -> Verdict:
 
 # ended_training / live_training: verdicts on the training's own metrics (NaN, divergence,
 # step rate, GPU memory), kept in ups.why.metric_rules.
-RULES: tuple[Rule, ...] = (lost_node, ended_training, ended, full_disk, unsupervised, live_failure, collectives,
-                          ddp_backward, starved_loader, stuck_workers, dead, hung, live_training, oom_skipped)
+RULES: tuple[Rule, ...] = (lost_node, ended_training, ended, full_disk, unsupervised, settling, live_failure, collectives,
+                          ddp_backward, starved_loader, stuck_workers, dead, hung, gpu_straggler, live_training,
+                          oom_skipped)

@@ -9,12 +9,22 @@ from typing import Any
 from ups.status.record import StatusRecord
 
 MODES = (
-    "healthy", "succeeded", "starting", "worker_stuck_in_read", "rank_stuck_peers_wait", "one_sided_collective", "collective_timeout",
+    "healthy", "succeeded", "starting", "settling", "worker_stuck_in_read", "worker_stuck", "rank_stuck_peers_wait", "one_sided_collective", "collective_mismatch", "collective_timeout",
     "crashed_by_signal", "exception", "worker_exception", "cuda_in_worker", "no_normal_exit", "out_of_memory", "disk_full", "rendezvous_failed",
     "dataloader_resources", "stalled", "unresponsive", "dead", "failed", "killed", "lost", "unsupervised",
-    "node_unreachable",
+    "node_unreachable", "oom_killed", "killed_from_outside", "stopped_from_outside",
+    "gpu_hardware", "cuda_fault", "gpu_throttled",
     "loss_nonfinite", "loss_diverged", "step_rate_dropped", "gpu_memory_leak",  # ups.why.metric_rules
 )
+
+
+def _log_classes() -> tuple[str, ...]:
+    from ups.why.classify import TABLE
+
+    return tuple(c.name for c in TABLE if c.name not in MODES)
+
+
+MODES = MODES + _log_classes()
 
 
 def who_of(record: StatusRecord | None) -> dict[str, Any] | None:
