@@ -75,11 +75,17 @@ def _env_int(name: str) -> int | None:
 
 def _catches_self(signum: int) -> bool | None:
     """Whether this process has a handler for ``signum`` (its SigCgt mask), None if unknown."""
+    # os.open, not builtins.open: the heartbeat thread calls this, and in a DataLoader worker
+    # the instrumentation's open() hook would take /proc/self/status for the sample's file.
     try:
-        with open("/proc/self/status", "rb") as fh:
-            for line in fh:
-                if line.startswith(b"SigCgt:"):
-                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+        fd = os.open("/proc/self/status", os.O_RDONLY)
+        try:
+            data = os.read(fd, 1 << 16)
+        finally:
+            os.close(fd)
+        for line in data.splitlines():
+            if line.startswith(b"SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
     except (OSError, ValueError, IndexError):
         return None
     return None
