@@ -28,7 +28,7 @@ def test_the_corpus_cites_every_excerpt_and_covers_each_class():
     counts = Counter(e["class"] for e in CORPUS)
     assert set(counts) <= set(BY_NAME)
     thin = {c: n for c, n in counts.items() if n < 3}
-    assert thin == {"nccl_version_mismatch": 2}, thin  # the one class with too few public excerpts found (so far)
+    assert not thin, thin  # the issue asks for at least 3 real excerpts per class
 
 
 def test_a_log_that_says_nothing_known_is_not_classified():

@@ -80,7 +80,9 @@ def query(func: str | Callable[..., Any], *args: Any, default: Any = NA) -> Any:
     nvml = _init()
     if nvml is None:
         return default
-    fn = getattr(nvml, func) if isinstance(func, str) else func
+    fn = getattr(nvml, func, None) if isinstance(func, str) else func
+    if fn is None:  # an older nvidia-ml-py without this function: a value it cannot give
+        return default
     try:
         value = fn(*args)
     except nvml.NVMLError:
@@ -93,6 +95,9 @@ def query(func: str | Callable[..., Any], *args: Any, default: Any = NA) -> Any:
 
 
 def shutdown() -> None:
+    from ups.gpu.xid import reset_process_watcher
+
+    reset_process_watcher()  # its event set belongs to this NVML session
     with _lock:
         if _state["initialised"]:
             try:

@@ -94,8 +94,14 @@ class NvmlProvider:
         count = _value(nvml.query("nvmlDeviceGetCount")) or 0
         if not count:
             return GpuSnapshot(False, "no NVIDIA devices visible (check CUDA_VISIBLE_DEVICES and the container's device list)")
+        # Xid events since this process's watcher opened (one-shot CLIs: only those while they run)
+        from ups.gpu.xid import process_watcher
+
+        watcher = process_watcher(nvml._init())
+        watcher.poll(0)
+        xids = watcher.by_gpu()
         cuda = _value(nvml.query("nvmlSystemGetCudaDriverVersion_v2")) or _value(nvml.query("nvmlSystemGetCudaDriverVersion"))
-        devices = [self._device(nvml, i) for i in range(count)]
+        devices = [self._device(nvml, i, xids.get(i, ())) for i in range(count)]
         return GpuSnapshot(
             True,
             None,
@@ -105,10 +111,10 @@ class NvmlProvider:
         )
 
     @staticmethod
-    def _device(nvml: Any, i: int) -> DeviceSnapshot:
+    def _device(nvml: Any, i: int, xids: tuple[int, ...] = ()) -> DeviceSnapshot:
         h = _value(nvml.query("nvmlDeviceGetHandleByIndex", i))
         if h is None:
-            return DeviceSnapshot(i, None, None, None, None, None, None, None)
+            return DeviceSnapshot(i, None, None, None, None, None, None, None, xid_errors=xids)
         mem = _value(nvml.query("nvmlDeviceGetMemoryInfo", h))
         util = _value(nvml.query("nvmlDeviceGetUtilizationRates", h))
         temp = _value(nvml.query("nvmlDeviceGetTemperature", h, 0))  # NVML_TEMPERATURE_GPU
@@ -122,6 +128,7 @@ class NvmlProvider:
         remap = _value(nvml.query("nvmlDeviceGetRemappedRows", h))  # (corrected, uncorrected, pending, failure)
         reasons = _value(nvml.query("nvmlDeviceGetCurrentClocksThrottleReasons", h))
         return DeviceSnapshot(
+            xid_errors=xids,
             ecc_uncorrected=ecc if isinstance(ecc, int) else None,
             remapped_rows_pending=bool(remap[2]) if isinstance(remap, tuple | list) and len(remap) > 2 else None,
             throttle=throttle_reasons(reasons) if isinstance(reasons, int) else (),
