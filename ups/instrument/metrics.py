@@ -136,10 +136,11 @@ class Capture:
         scaled = self.scaled
         if scaled is not None and scaled[0] is tensor:
             tensor = scaled[1]  # AMP: the loss, not loss × scale
-        if tensor.dim() != 0 and tensor.numel() != 1:
+        if tensor.dim() and tensor.numel() != 1:
             return  # backward() on a non-scalar (with a gradient): not a loss
-        self.seq += 1
-        self.losses.append((self.seq, step, _lazy(tensor, self.cuda)))
+        seq = self.seq = self.seq + 1
+        kept = tensor.detach()  # _lazy, inlined: this runs on every backward
+        self.losses.append((seq, step, self.cuda.enqueue(kept) if kept.is_cuda else kept))
 
     def note_grad_norm(self, tensor, step: int) -> None:  # noqa: ANN001
         if hasattr(tensor, "detach") and tensor.numel() == 1:
@@ -149,10 +150,12 @@ class Capture:
         if len(self.optimizers) < 4 and not any(r() is optimizer for r in self.optimizers):
             self.optimizers.append(weakref.ref(optimizer))
 
-    def note_batch(self, batch) -> None:  # noqa: ANN001
+    def note_batch(self, batch, weight: int = 1) -> None:  # noqa: ANN001
+        """A batch's size, counted ``weight`` times: the DataLoader hook reads one batch in
+        :data:`~ups.instrument.torch_hooks.BATCH_SIZE_EVERY` and stands it for the others."""
         n, tokens = batch_size(batch)
-        self.samples += n
-        self.tokens += tokens
+        self.samples += n * weight
+        self.tokens += tokens * weight
 
     def note_logged(self, values: dict, prefix: str = "") -> None:
         for key, value in values.items():

@@ -53,7 +53,10 @@ _COLLECTIVES = (
 
 
 class _Tracking:
-    """Main-thread phase nesting and progress counters of this process."""
+    """Main-thread phase nesting and progress counters of this process (slots: the hooks read
+    them on every step)."""
+
+    __slots__ = ("base", "batches", "cuda_dev", "depth", "forced_warned", "loaders", "main", "opt_counts", "opt_steps")
 
     def __init__(self) -> None:
         self.base = "start"
@@ -119,25 +122,29 @@ def _rank_reporter():
     return rep
 
 
-_LIBRARY_CODE: dict[object, bool] = {}  # code object -> is it torch's / the stdlib's / ours
-_SITES: dict[tuple[object, int], str] = {}  # (code, line) -> "train.py:120"
+# Both keyed by id(code), the code object kept in the value and compared: hashing a code
+# object hashes its constants and names every time (tens of microseconds for a module's code),
+# and this runs on every collective.
+_LIBRARY_CODE: dict[int, tuple[object, bool]] = {}  # is it torch's / the stdlib's / ours
+# (id(code), instruction offset) -> (code, "train.py:120"). The offset, not f_lineno: that one
+# walks the code's line table on every read.
+_SITES: dict[tuple[int, int], tuple[object, str]] = {}
 
 
 def _call_site() -> str | None:
-    """file:line of the program's own frame that made the current call (cached per site:
-    this runs on every collective)."""
+    """file:line of the program's own frame that made the current call (cached per site)."""
     frame = sys._getframe(2)
     while frame is not None:
         code = frame.f_code
-        lib = _LIBRARY_CODE.get(code)
-        if lib is None:
-            lib = _LIBRARY_CODE[code] = is_library_file(code.co_filename)
-        if not lib:
-            key = (code, frame.f_lineno)
+        known = _LIBRARY_CODE.get(id(code))
+        if known is None or known[0] is not code:
+            known = _LIBRARY_CODE[id(code)] = (code, is_library_file(code.co_filename))
+        if not known[1]:
+            key = (id(code), frame.f_lasti)
             site = _SITES.get(key)
-            if site is None:
-                site = _SITES[key] = f"{os.path.basename(code.co_filename)}:{frame.f_lineno}"
-            return site
+            if site is None or site[0] is not code:
+                site = _SITES[key] = (code, f"{os.path.basename(code.co_filename)}:{frame.f_lineno}")
+            return site[1]
         frame = frame.f_back
     return None
 
@@ -309,18 +316,22 @@ def _collective(op: str):
 
     def make(original):
         def wrapper(*args, **kwargs):
-            rep = _rank_reporter()
-            if rep is None or _t.depth:  # nested (broadcast_object_list -> broadcast): the outer counts
-                return original(*args, **kwargs)
+            # On every collective of the program: _rank_reporter, _enter and _leave inlined.
+            rep = boot.state.rep
+            t = _t
+            if rep is None or t.depth or rep.role != "rank" or _get_ident() != t.main:
+                return original(*args, **kwargs)  # nested (broadcast_object_list -> broadcast): the outer counts
             rep.collective(op, _call_site())
-            prev = _enter(rep, phase)
+            prev = rep.enter(phase)
+            t.depth = 1
             try:
                 result = original(*args, **kwargs)
             except BaseException:
-                _leave(rep, prev, failed=True)  # the record keeps the collective it died in
+                t.depth = 0  # the record keeps the collective it died in
                 raise
+            t.depth = 0
             rep.collective(None)
-            _leave(rep, prev)
+            rep.phase(t.base if prev in _AUTO_PHASES else prev, flush=False)
             return result
 
         return wrapper
@@ -398,38 +409,71 @@ def _make_map_fetcher_init(original):
     return __init__
 
 
+class _BatchItem:
+    """The record's ``item`` for a DataLoader iterator: ``batch 12/250 (loader 1)``, formatted by
+    the heartbeat thread; the training thread only stores the count."""
+
+    __slots__ = ("i", "loader", "n")
+
+    def __init__(self, n, loader: int) -> None:  # noqa: ANN001 - int or "?"
+        self.i = 0
+        self.n = n
+        self.loader = loader
+
+    def __str__(self) -> str:
+        return f"batch {self.i}/{self.n}" + (f" (loader {self.loader})" if self.loader else "")
+
+
+def _batch_item(it) -> _BatchItem:  # noqa: ANN001
+    try:
+        n = len(it)
+    except TypeError:
+        n = "?"
+    item = it.__dict__["_ups_item"] = _BatchItem(n, it.__dict__.get("_ups_loader", 0))
+    return item
+
+
+BATCH_SIZE_EVERY = 8  # batches: the size of one in eight is read, weighted by eight
+
+
 def _make_next(original):
     def __next__(self):  # noqa: ANN001, N807
-        rep = _rank_reporter()
-        if rep is None:
+        # On every batch of the program: the minimum here (a phase, a count, a monotonic time);
+        # the item's text and the batch's size are left to the heartbeat thread or sampled.
+        rep = boot.state.rep
+        t = _t
+        if rep is None or rep.role != "rank" or _get_ident() != t.main:
             return original(self)
-        prev = _enter(rep, "data")
+        outer = not t.depth
+        if outer:
+            prev = rep.enter("data")
+        t.depth += 1
         try:
             batch = original(self)
         except StopIteration:
-            _leave(rep, prev)
+            t.depth -= 1
+            if outer:
+                rep.phase(t.base if prev in _AUTO_PHASES else prev, flush=False)
             raise
         except BaseException:
-            _leave(rep, prev, failed=True)
+            t.depth -= 1  # the record keeps the phase it died in
             raise
-        t = _t
+        t.depth -= 1
         if t.base == "start":
             t.base = "train"
-        _leave(rep, prev)
-        t.batches += 1
-        rep.auto_progress(add=0 if t.opt_steps else 1)
-        metrics.capture.note_batch(batch)
-        n = self.__dict__.get("_ups_len")
-        if n is None:
-            try:
-                n = len(self)
-            except TypeError:
-                n = "?"
-            self._ups_len = n
-        loader = self.__dict__.get("_ups_loader", 0)
-        rep.item(f"batch {self._num_yielded}/{n}" + (f" (loader {loader})" if loader else ""))
-        if t.batches % 64 == 1:
-            _note_cuda_device()
+        add = 0 if t.opt_steps else 1
+        if outer:
+            rep.leave(t.base if prev in _AUTO_PHASES else prev, add=add)
+        else:
+            rep.auto_progress(add=add)
+        n = t.batches = t.batches + 1
+        item = self.__dict__.get("_ups_item") or _batch_item(self)
+        item.i = self._num_yielded
+        rep._item = item  # noqa: SLF001 - Reporter.item(), without the call
+        if n % BATCH_SIZE_EVERY == 1:
+            metrics.capture.note_batch(batch, BATCH_SIZE_EVERY if n > 1 else 1)
+            if n % 64 == 1:
+                _note_cuda_device()
         return batch
 
     return __next__
@@ -578,10 +622,10 @@ def _patch_optim(torch) -> None:  # noqa: ANN001
 
 
 def _on_optimizer_step(optimizer, args, kwargs) -> None:  # noqa: ANN001
-    rep = _rank_reporter()
-    if rep is None:
-        return
+    rep = boot.state.rep  # on every optimizer step: _rank_reporter inlined
     t = _t
+    if rep is None or rep.role != "rank" or _get_ident() != t.main:
+        return
     key = id(optimizer)
     count = t.opt_counts.get(key, 0) + 1
     t.opt_counts[key] = count
@@ -594,7 +638,8 @@ def _on_optimizer_step(optimizer, args, kwargs) -> None:  # noqa: ANN001
         rep.auto_progress(step=count, unit="steps")
     else:
         rep.auto_progress()
-    _set_base(rep, "train")
+    if t.base != "train":
+        _set_base(rep, "train")
 
 
 _on_optimizer_step.__ups_hook__ = True  # type: ignore[attr-defined]
@@ -679,13 +724,15 @@ def _patch_metrics(torch) -> None:  # noqa: ANN001
 
     def make_backward(original):
         def backward(tensors, *args, **kwargs):  # noqa: ANN001
-            rep = _rank_reporter()
-            if rep is not None:
+            # On every backward: _rank_reporter and _steps_done inlined.
+            rep = boot.state.rep
+            t = _t
+            if rep is not None and rep.role == "rank" and _get_ident() == t.main:
                 loss = tensors if isinstance(tensors, Tensor) else (
                     tensors[0] if isinstance(tensors, list | tuple) and len(tensors) == 1 else None)
                 if loss is not None:
                     try:
-                        metrics.capture.note_loss(loss, _steps_done(rep))
+                        metrics.capture.note_loss(loss, rep._step if rep._explicit else t.opt_steps)  # noqa: SLF001
                     except Exception:  # noqa: BLE001 - never in the program's way
                         pass
             return original(tensors, *args, **kwargs)

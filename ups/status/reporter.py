@@ -57,6 +57,8 @@ INTERVALS_KEPT = 256  # recent gaps between progress, for the learned stall limi
 # two steps has a limit of its own and must not teach the process that steps are that slow.
 LONG_PHASES = frozenset(("eval", "checkpoint", "load", "dist.init", "ddp.wrap", "model.build", "data.load"))
 
+_monotonic = time.monotonic
+
 TYPE_CHECKING = False  # typing costs ~10 ms to import; annotations here are strings
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -213,8 +215,10 @@ class Reporter:
             started_mono=mono,
         )
         # Mutable state: plain attributes, updated by the job's thread, read by the writer.
+        # Times of the hot path are CLOCK_MONOTONIC only (one clock read); the record's wall
+        # times are derived from them when it is written (see record_dict).
         self._phase = phase
-        self._phase_at, self._phase_mono = now, mono
+        self._phase_mono = mono
         self._state = "running"
         self._step = 0
         self._explicit = False  # the job reports its own progress: automatic counting stops
@@ -223,15 +227,18 @@ class Reporter:
         self._p99: float | None = None
         self._total = total
         self._unit = unit
-        self._progress_at, self._progress_mono = now, mono
-        self._item: str | None = None
+        self._progress_mono = mono
+        self._item: Any = None  # a str, or an object whose str() the heartbeat thread takes
         self._metrics: dict[str, Any] = {}
         self._gpu: Any = None
         self._error: str | None = None
         self._error_site: str | None = None
         self._exit_code: int | None = None
         self._rate: float | None = None
-        self._collective: dict[str, Any] | None = None
+        # (op, seq, site, since_mono, previous tuple or None): a tuple on the hot path, the
+        # record's dict built by the writer.
+        self._collective: tuple | None = None
+        self._last_collective: tuple | None = None
         self._coll_seq = 0
         self._samples: deque[tuple[float, int]] = deque()
         # Writer machinery.
@@ -331,7 +338,7 @@ class Reporter:
                 self._static["command"] = command[:300] or None
             if phase is not None:
                 self._phase = phase
-                self._phase_at, self._phase_mono = time.time(), time.monotonic()
+                self._phase_mono = time.monotonic()
             if unit is not None:
                 self._unit = unit
             changed = new_name != self.name
@@ -422,8 +429,7 @@ class Reporter:
         start = self._interval_from
         if start is not None:
             self._intervals.append(now - start)
-        self._interval_from = now
-        self._progress_at, self._progress_mono = time.time(), now
+        self._interval_from = self._progress_mono = now
 
     def advance(self, n: int = 1) -> None:
         """Count ``n`` units of work done. Cheap: no I/O, no lock."""
@@ -442,14 +448,19 @@ class Reporter:
 
         It sets the count only while the job has reported none of its own (``advance``,
         ``set_step``): a job that counts its own steps (resumed from a checkpoint, skipping
-        OOM steps) knows better. It always counts as progress in time."""
+        OOM steps) knows better. It always counts as progress in time. (On every step of the
+        program: _progressed inlined.)"""
         if not self._explicit:
             if step is not None:
                 self._step = step
             self._step += add
             if unit is not None:
                 self._unit = unit
-        self._progressed()
+        now = time.monotonic()
+        start = self._interval_from
+        if start is not None:
+            self._intervals.append(now - start)
+        self._interval_from = self._progress_mono = now
 
     def set_total(self, total: int | None, unit: str | None = None) -> None:
         self._total = total
@@ -470,12 +481,11 @@ class Reporter:
         change many times a second (one per sample or per batch) pass ``flush=False``: the
         heartbeat thread writes them within ``interval``, and the hot path does no I/O.
         """
-        now, mono = time.time(), time.monotonic()
+        mono = time.monotonic()
         self._phase = name
         if name in LONG_PHASES:
             self._interval_from = None
         # A phase change is progress: the loop moved on.
-        self._phase_at = self._progress_at = now
         self._phase_mono = self._progress_mono = mono
         if flush:
             self.flush()
@@ -484,8 +494,36 @@ class Reporter:
     def current_phase(self) -> str:
         return self._phase
 
-    def item(self, desc: str | None) -> None:
-        """The item being worked on now, e.g. ``"burgers1d_train.h5#17"``."""
+    # -- the instrumentation's hot path (ups.instrument.torch_hooks): every batch, backward,
+    # optimizer step and collective of a program. One monotonic clock read, attribute stores,
+    # nothing else: the heartbeat thread derives the rest when it writes.
+    def enter(self, name: str) -> str:
+        """Enter phase ``name`` for the duration of a wrapped call (not written now); returns
+        the phase it found, for :meth:`leave`."""
+        prev = self._phase
+        self._phase = name
+        self._phase_mono = self._progress_mono = _monotonic()
+        return prev
+
+    def leave(self, name: str, *, step: int | None = None, add: int = 0) -> None:
+        """Back to phase ``name`` after a wrapped call, which was progress: as :meth:`phase`
+        (not written now) then :meth:`auto_progress` with one clock read."""
+        now = _monotonic()
+        self._phase = name
+        self._phase_mono = now
+        start = None if name in LONG_PHASES else self._interval_from
+        if not self._explicit:
+            if step is not None:
+                self._step = step
+            self._step += add
+        if start is not None:
+            self._intervals.append(now - start)
+        self._interval_from = self._progress_mono = now
+
+    def item(self, desc: Any) -> None:
+        """The item being worked on now, e.g. ``"burgers1d_train.h5#17"``: a str, or an object
+        whose ``str()`` says it, taken when the record is written (the instrumentation's
+        DataLoader hook passes one, so the training thread formats nothing)."""
         self._item = desc
 
     def metrics(self, **values: Any) -> None:
@@ -508,14 +546,13 @@ class Reporter:
         The record keeps the previous one's op and site beside the current one: a rank whose
         op just changed while its peers' did not is the odd one out."""
         if op is None:
-            if self._collective is not None:
-                self._last_collective = (self._collective["op"], self._collective["site"])
+            current = self._collective
+            if current is not None:
+                self._last_collective = current
             self._collective = None
             return
         self._coll_seq += 1
-        prev = getattr(self, "_last_collective", (None, None))
-        self._collective = {"op": op, "seq": self._coll_seq, "site": site, "since": time.time(),
-                            "since_mono": time.monotonic(), "prev_op": prev[0], "prev_site": prev[1]}
+        self._collective = (op, self._coll_seq, site, time.monotonic(), self._last_collective)
 
     def fail(self, error: str | BaseException, exit_code: int | None = None, *, site: str | None = None) -> None:
         """Mark the process failed with ``error`` and write the record at once."""
@@ -538,7 +575,7 @@ class Reporter:
                 self._rate = self._step / elapsed  # the whole run's average, for the summary
             if self._phase != "done":
                 self._phase = "done"
-                self._phase_at, self._phase_mono = time.time(), time.monotonic()
+                self._phase_mono = time.monotonic()
             self._collective = None
         self.flush()
 
@@ -596,21 +633,24 @@ class Reporter:
     def record_dict(self) -> dict[str, Any]:
         """The record as it would be written now (the keys of StatusRecord)."""
         gpu = self._gpu
+        now, mono = time.time(), time.monotonic()
+        wall = now - mono  # CLOCK_MONOTONIC -> UNIX time, for the times the hot path keeps
+        phase_mono, progress_mono, item = self._phase_mono, self._progress_mono, self._item
         return {
             **self._static,
             "phase": self._phase,
-            "phase_at": self._phase_at,
-            "phase_mono": self._phase_mono,
+            "phase_at": phase_mono + wall,
+            "phase_mono": phase_mono,
             "state": self._state,
             "step": self._step,
             "total": self._total,
             "unit": self._unit,
             "rate": self._rate,
-            "progress_at": self._progress_at,
-            "progress_mono": self._progress_mono,
-            "heartbeat_at": time.time(),
-            "heartbeat_mono": time.monotonic(),
-            "item": self._item,
+            "progress_at": progress_mono + wall,
+            "progress_mono": progress_mono,
+            "heartbeat_at": now,
+            "heartbeat_mono": mono,
+            "item": item if item is None or type(item) is str else str(item),
             "gpu": None if gpu is None else {"device": gpu.device, "allocated": gpu.allocated,
                                              "reserved": gpu.reserved, "peak": gpu.peak},
             "metrics": dict(self._metrics),
@@ -619,7 +659,7 @@ class Reporter:
             "stack_file": self._stack_rel,
             "stack_signal": self._stack_signal,
             "exit_code": self._exit_code,
-            "collective": self._collective,
+            "collective": _collective_dict(self._collective, wall),
             "coll_seq": self._coll_seq,
             "interval_p99": self._p99,
         }
@@ -754,6 +794,16 @@ class Reporter:
             print(f"ups: {message}", file=self._stderr or sys.stderr, flush=True)
         except Exception:  # noqa: BLE001
             pass
+
+
+def _collective_dict(current: tuple | None, wall: float) -> dict[str, Any] | None:
+    """The record's ``collective``: op, per-rank sequence number, call site, since when, and
+    the previous collective's op and site."""
+    if current is None:
+        return None
+    op, seq, site, mono, prev = current
+    return {"op": op, "seq": seq, "site": site, "since": mono + wall, "since_mono": mono,
+            "prev_op": prev[0] if prev else None, "prev_site": prev[2] if prev else None}
 
 
 def _number(value: Any) -> Any:
