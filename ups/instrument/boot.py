@@ -119,10 +119,12 @@ def boot() -> None:
         return  # the resource tracker and fork server: no record, no hooks
     state.parent = _parse_parent()
     _install_process_hooks()
-    from ups.instrument import identity, imports, io_hooks, torch_hooks
+    from ups.instrument import identity, imports
 
-    imports.when_imported("torch", torch_hooks.patch_torch)
-    imports.when_imported("h5py", io_hooks.patch_h5py)
+    # The torch and h5py hooks' modules are imported when the program imports those (most
+    # of a job's processes never do: they do not pay for them at start-up).
+    imports.when_imported("torch", _patch_torch)
+    imports.when_imported("h5py", _patch_h5py)
     imports.when_imported("multiprocessing.process", _patch_multiprocessing)
     from ups.instrument import loggers
 
@@ -145,6 +147,25 @@ def boot() -> None:
         start_reporter(role, rank=found.rank, local_rank=found.local_rank, world_size=found.world_size)
     else:
         start_reporter(role, command=text if role in ("agent", "helper") else None)
+
+
+def _patch_torch(torch) -> None:  # noqa: ANN001
+    from ups.instrument import torch_hooks
+
+    torch_hooks.patch_torch(torch)
+
+
+def _patch_h5py(h5py) -> None:  # noqa: ANN001
+    from ups.instrument import io_hooks
+
+    io_hooks.patch_h5py(h5py)
+
+
+def _metrics_sampler() -> dict:
+    """The training metrics, once there can be any: ups.instrument.metrics is imported with
+    the torch hooks (or a logging library's)."""
+    metrics = sys.modules.get("ups.instrument.metrics")
+    return metrics.sampler() if metrics is not None else {}
 
 
 def start_reporter(role: str, *, worker: int | None = None, loader: int | None = None, rank: int | None = None,
@@ -182,9 +203,7 @@ def start_reporter(role: str, *, worker: int | None = None, loader: int | None =
 
         rep.metrics(nofile_limit=resource.getrlimit(resource.RLIMIT_NOFILE)[0])
     if role == "rank":
-        from ups.instrument import metrics
-
-        rep.add_sampler(metrics.sampler)  # loss, lr, grad norm ... read by the heartbeat thread
+        rep.add_sampler(_metrics_sampler)  # loss, lr, grad norm ... read by the heartbeat thread
     state.rep = rep
     rep.start()
     _tell_children(rep)
@@ -316,9 +335,11 @@ def _after_fork_in_child() -> None:
     import faulthandler
 
     faulthandler.disable()
-    from ups.instrument import torch_hooks
-
-    torch_hooks.reset_after_fork()
+    torch_hooks = sys.modules.get("ups.instrument.torch_hooks")
+    if torch_hooks is not None:
+        torch_hooks.reset_after_fork()  # and the metrics' capture
+    elif "ups.instrument.metrics" in sys.modules:  # a logging library's values, without torch
+        sys.modules["ups.instrument.metrics"].reset_after_fork()
 
 
 def _record_os_exit(code) -> None:  # noqa: ANN001

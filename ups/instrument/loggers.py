@@ -9,7 +9,7 @@ library that is not installed, or not imported by the program, costs nothing.
 
 from __future__ import annotations
 
-from ups.instrument import boot, metrics
+from ups.instrument import boot
 
 # module imported by the program -> (class name, method, how its arguments name the values)
 TARGETS = {
@@ -32,6 +32,8 @@ def _make(shape: str):
         def log(self, *args, **kwargs):  # noqa: ANN001
             result = original(self, *args, **kwargs)
             if _rank_process():
+                from ups.instrument import metrics  # imported once such a library logs
+
                 try:
                     if shape == "dict":
                         values = args[0] if args else kwargs.get("data", kwargs.get("logs"))

@@ -27,11 +27,11 @@ Design points (see DESIGN.md, "the run directory"):
 
 from __future__ import annotations
 
+import _signal  # signal's constants and getsignal, without the enums signal.py builds at import
 import errno
 import faulthandler
 import json
 import os
-import signal
 import stat
 import sys
 import threading
@@ -41,7 +41,6 @@ from collections import deque
 from ups.status.host import hostname
 from ups.status.procs import process_start_time
 from ups.status.schema import SCHEMA_VERSION, process_name
-from ups.status.series import SeriesWriter
 
 ENV_ATTEMPT = "UPS_ATTEMPT"  # 1 for a run's first attempt; a restart after a hang counts up
 
@@ -50,7 +49,7 @@ ENV_RUN_ID = "UPS_RUN_ID"
 ENV_WORKER_ID = "UPS_WORKER_ID"
 ENV_ROLE = "UPS_ROLE"
 ENV_STACK_SIGNAL = "UPS_STACK_SIGNAL"
-DEFAULT_STACK_SIGNAL = int(signal.SIGRTMIN) + 7  # see the module's docstring: not SIGUSR1
+DEFAULT_STACK_SIGNAL = int(_signal.SIGRTMIN) + 7  # see the module's docstring: not SIGUSR1
 RATE_WINDOW_S = 10.0
 INTERVALS_KEPT = 256  # recent gaps between progress, for the learned stall limit (p99)
 # Entering one of these breaks the current progress interval: an eval or a checkpoint between
@@ -63,6 +62,8 @@ TYPE_CHECKING = False  # typing costs ~10 ms to import; annotations here are str
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
+
+    from ups.status.series import SeriesWriter
 
 
 def _env_int(name: str) -> int | None:
@@ -252,9 +253,10 @@ class Reporter:
         # Training metrics read off the training thread (ups.instrument.metrics) and the
         # process's bounded history of them (ups.status.series), both kept by the heartbeat thread.
         self._samplers: list[Callable[[], dict[str, Any]]] = []
+        # A rank's series is started by the heartbeat thread once there is a point to keep (its
+        # module, and the read of an earlier attempt's file, off every process's start-up).
         self._history: SeriesWriter | None = None
-        if role == "rank":
-            self._history = SeriesWriter(self.run_dir, self.name, attempt=_env_int(ENV_ATTEMPT) or 1)
+        self._history_wanted = role == "rank"
         self._stack_fh: Any = None
         self._stack_signal: int | None = None
         self._stack_rel: str | None = None
@@ -410,7 +412,7 @@ class Reporter:
         sig = self._stack_signal
         if sig is None or threading.current_thread() is threading.main_thread():
             return
-        if callable(signal.getsignal(sig)) or _catches_self(sig) is False:
+        if callable(_signal.getsignal(sig)) or _catches_self(sig) is False:
             self._stack_signal = None
 
     # -- the job-facing API ---------------------------------------------------------------
@@ -752,12 +754,16 @@ class Reporter:
     def _history_tick(self) -> None:
         """One point of the process's series per tick in which it moved; the file every few s."""
         history = self._history
-        if history is None:
+        if history is None and not self._history_wanted:
             return
         m, gpu = self._metrics, self._gpu
         loss = m.get("loss")
         if not self._step and loss is None:
             return
+        if history is None:
+            from ups.status.series import SeriesWriter
+
+            history = self._history = SeriesWriter(self.run_dir, self.name, attempt=_env_int(ENV_ATTEMPT) or 1)
         history.add({"t": time.time(), "step": self._step, "loss": _number(loss), "lr": _number(m.get("lr")),
                      "grad_norm": _number(m.get("grad_norm")), "rate": self._rate, "sps": m.get("samples_per_s"),
                      "tps": m.get("tokens_per_s"), "mem": getattr(gpu, "allocated", None)})
@@ -778,7 +784,7 @@ class Reporter:
             try:
                 self._history_tick()
             except Exception:  # noqa: BLE001 - history is a bonus; heartbeats are not
-                self._history = None
+                self._history, self._history_wanted = None, False
             self._check_stack_handler()
             with self._lock:
                 self._dirty = False
