@@ -321,8 +321,7 @@ def _collective(op: str):
             t = _t
             if rep is None or t.depth or rep.role != "rank" or _get_ident() != t.main:
                 return original(*args, **kwargs)  # nested (broadcast_object_list -> broadcast): the outer counts
-            rep.collective(op, _call_site())
-            prev = rep.enter(phase)
+            prev = rep.enter_collective(op, _call_site(), phase)
             t.depth = 1
             try:
                 result = original(*args, **kwargs)
@@ -330,8 +329,7 @@ def _collective(op: str):
                 t.depth = 0  # the record keeps the collective it died in
                 raise
             t.depth = 0
-            rep.collective(None)
-            rep.phase(t.base if prev in _AUTO_PHASES else prev, flush=False)
+            rep.leave_collective(t.base if prev in _AUTO_PHASES else prev)
             return result
 
         return wrapper
@@ -463,7 +461,7 @@ def _make_next(original):
             t.base = "train"
         add = 0 if t.opt_steps else 1
         if outer:
-            rep.leave(t.base if prev in _AUTO_PHASES else prev, add=add)
+            rep.leave(t.base if prev in _AUTO_PHASES else prev, add)
         else:
             rep.auto_progress(add=add)
         n = t.batches = t.batches + 1
@@ -635,7 +633,7 @@ def _on_optimizer_step(optimizer, args, kwargs) -> None:  # noqa: ANN001
         if t.opt_steps == 0 and t.cuda_dev is None:
             _note_cuda_device()
         t.opt_steps = count
-        rep.auto_progress(step=count, unit="steps")
+        rep.auto_step(count)
     else:
         rep.auto_progress()
     if t.base != "train":

@@ -507,16 +507,47 @@ class Reporter:
         self._phase_mono = self._progress_mono = _monotonic()
         return prev
 
-    def leave(self, name: str, *, step: int | None = None, add: int = 0) -> None:
+    def auto_step(self, step: int) -> None:
+        """``auto_progress(step=step, unit="steps")``: an optimizer step."""
+        now = _monotonic()
+        if not self._explicit:
+            self._step = step
+            self._unit = "steps"
+        start = self._interval_from
+        if start is not None:
+            self._intervals.append(now - start)
+        self._interval_from = self._progress_mono = now
+
+    def enter_collective(self, op: str, site: str | None, phase: str) -> str:
+        """:meth:`collective` (``op``) and :meth:`enter` (``phase``) with one clock read."""
+        now = _monotonic()
+        seq = self._coll_seq = self._coll_seq + 1
+        self._collective = (op, seq, site, now, self._last_collective)
+        prev = self._phase
+        self._phase = phase
+        self._phase_mono = self._progress_mono = now
+        return prev
+
+    def leave_collective(self, name: str) -> None:
+        """:meth:`collective` (None) and :meth:`phase` (``name``, not written now)."""
+        current = self._collective
+        if current is not None:
+            self._last_collective = current
+        self._collective = None
+        now = _monotonic()
+        self._phase = name
+        if name in LONG_PHASES:
+            self._interval_from = None
+        self._phase_mono = self._progress_mono = now
+
+    def leave(self, name: str, add: int = 0) -> None:
         """Back to phase ``name`` after a wrapped call, which was progress: as :meth:`phase`
-        (not written now) then :meth:`auto_progress` with one clock read."""
+        (not written now) then :meth:`auto_progress` (``add``) with one clock read."""
         now = _monotonic()
         self._phase = name
         self._phase_mono = now
         start = None if name in LONG_PHASES else self._interval_from
-        if not self._explicit:
-            if step is not None:
-                self._step = step
+        if add and not self._explicit:
             self._step += add
         if start is not None:
             self._intervals.append(now - start)
