@@ -71,3 +71,25 @@ def test_observe_only_and_kill(runs_root, tmp_path):
     attempts = [row[2] for row in data["recent"]]
     assert attempts[0] == 1 and attempts == sorted(attempts)  # the old run's points first, then the new run's
     assert run_ups("kill", str(new.path), "--grace", "2").returncode == 0
+
+
+def test_a_hung_dataloader_worker_falls_back_to_num_workers_0(runs_root, tmp_path):
+    """--on-worker-hang fallback: the hang is a worker's, so the relaunch loads in the main
+    process (every DataLoader at num_workers=0), and the program runs to its end."""
+    run = _launch("--on-hang", "restart", "--max-restarts", "1", "--on-worker-hang", "fallback",
+                  str(PROGRAMS / "worker_hang_train.py"), "--steps", "60", "--hang-index", "100", cwd=tmp_path)
+    wait_for(lambda: run.read_manifest()["state"] in ("succeeded", "failed", "killed"), 150, interval=0.25,
+             message="the run's end")
+    m = run.read_manifest()
+    assert m["state"] == "succeeded" and m["attempt"] == 2 and m["restarts"] == 1, m
+    first = m["attempts"][0]
+    assert first["attempt"] == 1 and first["verdict"]["who"]["role"] == "worker", first
+    events = run.read_events()
+    assert [e["action"] for e in events if e["event"] == "hang"] == ["restart"]
+    restart = [e for e in events if e["event"] == "restart"]
+    assert len(restart) == 1 and restart[0]["attempt"] == 2 and restart[0]["num_workers"] == 0, restart
+    log = run.log_path("job").read_text(errors="replace")
+    assert "DataLoader num_workers=2 forced to 0" in log and "done: 60 steps" in log
+    record = json.loads((run.path / "status" / "rank-0.json").read_text())
+    assert record["state"] == "done" and record["metrics"]["forced_num_workers"] == 0, record
+    assert not list((run.path / "status").glob("rank-0-worker-*.json"))  # attempt 2 had no workers

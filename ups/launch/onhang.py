@@ -32,7 +32,7 @@ from ups.runs.view import load_run_view, node_view
 ON_HANG = ("observe", "dump", "kill", "restart")
 ON_WORKER_HANG = ("same", "fallback")
 HANG_MODES = frozenset(("stalled", "unresponsive", "rank_stuck_peers_wait", "one_sided_collective",
-                        "worker_stuck_in_read", "dataloader_resources"))
+                        "worker_stuck_in_read", "worker_stuck", "dataloader_resources"))
 CHECK_EVERY_S = 1.0
 
 
