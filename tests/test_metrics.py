@@ -211,6 +211,7 @@ def test_verdicts_on_divergence_rate_drop_and_memory_leak(tmp_path):
 def test_nan_on_rank_1_at_step_40_is_named_within_5_s_with_every_metric_captured(runs_root, tmp_path):
     res = run_ups("launch", "torchrun", "--detach", "--json", "--nproc-per-node", "2", NAN_DDP, "--steps", "140",
                   "--nan-rank", "1", "--nan-step", "40", "--step-time", "0.05", "--wandb",
+                  "--tensorboard", str(tmp_path / "tb"),
                   env={"UPS_HEARTBEAT_INTERVAL": "0.3"}, timeout=60, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     run = RunDir(json.loads(res.stdout)["run_dir"])
@@ -241,6 +242,8 @@ def test_nan_on_rank_1_at_step_40_is_named_within_5_s_with_every_metric_captured
         assert m["samples_per_s"] > 0  # batches of 8 seen by the DataLoader hook
     assert procs["rank-0"]["metrics"]["loss_nonfinite"]["step"] == 41  # poisoned through the all-reduce
     assert "train/epoch_frac" in procs["rank-0"]["metrics"]["logged"]  # wandb.log, disabled mode
+    assert procs["rank-1"]["metrics"]["logged"]["Loss/train"] == "nan"  # SummaryWriter.add_scalar, every rank
+    assert isinstance(procs["rank-0"]["metrics"]["logged"]["Loss/train"], float | str)
     series = status["series"]["rank-1"]
     losses = [p["loss"] for p in series["points"]]
     assert series["first_nonfinite"]["step"] == 40
