@@ -178,7 +178,7 @@ def torchrun_outcome(view: RunView, end: End) -> Outcome:
         how = f"exit code {info['exit_code']} before it wrote a status record" if info["exit_code"] is not None else "never wrote a status record"
     else:
         how = f"failed: {info['error']}," if info["error"] else f"failed with exit code {info['exit_code']}"
-    summary = f"rank {bad} {how} in phase {info['phase']}"
+    summary = f"rank {bad} {how}" + (f" in phase {info['phase']}" if info["phase"] else "")
     if info["state"] == "running" and not info["signal"]:
         still = [r for r in ranks if r != str(bad) and ended(r) > ended(str(bad))]
         summary += f", last recorded at step {info['step']}" + (f", while rank {', '.join(still)} still ran" if still else "")
