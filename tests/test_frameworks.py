@@ -272,6 +272,9 @@ def test_a_rank_that_raises_or_leaves_is_named_with_its_line(runs_root, tmp_path
     assert res.returncode == 1, run.log_path("job").read_text()[-3000:]
     procs = status(run)
     check_ranks(procs)
+    logged = {LIT: "train_loss", HF: "loss"}.get(program)  # Lightning's self.log, the HF Trainer's own log
+    if logged:
+        assert all(isinstance(procs[f"rank-{r}"]["metrics"]["logged"][logged], float) for r in (0, 1)), procs
     verdict = why(run)
     check_blame(run, verdict, program, NEEDLE[fault])
     if fault == "raise":
