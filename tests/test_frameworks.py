@@ -307,6 +307,26 @@ def test_a_rank_that_hangs_is_named_with_its_frame_and_kill_ends_everything(runs
     nothing_left(run)
 
 
+COMPILED = FRAMEWORKS / "compiled.py"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["raise", "exit"])
+def test_a_torch_compile_program_is_named_with_its_line_and_leaves_nothing(runs_root, tmp_path, fault):
+    """One process, ``torch.compile`` (inductor may start compile workers), 2 DataLoader workers."""
+    res = run_ups("launch", "python", "--json", str(COMPILED), "--fail", fault, env=FAST, timeout=300, cwd=tmp_path)
+    run = launched(res)
+    assert res.returncode == 1, run.log_path("job").read_text()[-3000:]
+    m = run.read_manifest()
+    assert m["state"] == "failed" and (m["failure"]["rank"], m["failure"]["step"], m["failure"]["phase"]) == (0, 5, "train"), m
+    procs = status(run)
+    assert procs["rank-0"]["step"] == 5 and len([p for p in procs.values() if p["role"] == "worker"]) == 2, procs
+    verdict = why(run)
+    assert verdict["who"]["rank"] == 0 and verdict["where"]["site"] == \
+        f"{COMPILED.name}:{line_of(COMPILED, NEEDLE[fault] if fault == 'raise' else 'os._exit(0)')}", verdict
+    nothing_left(run)
+
+
 # ---------------------------------------------------------------- a helper's workers
 def test_a_helpers_dataloader_workers_are_its_own(runs_root, tmp_path):
     """A helper process with a DataLoader of its own: its workers are named under it, and
