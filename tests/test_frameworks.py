@@ -239,6 +239,94 @@ def test_accelerate_launch_os_exit(runs_root, tmp_path):
     nothing_left(run)
 
 
+# ------------------------------------------------------- the rest of the drill matrix
+# Every framework x fault on rank 1 at step 5 that the tests above do not already drill, each
+# one run, judged as the ones above are. (Above: mp.spawn raise/hang, Lightning's own ranks
+# os._exit/hang, Lightning under torchrun raise, HF os._exit, accelerate os._exit.)
+ACCELERATE_2 = ["launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+                "--dynamo_backend", "no"]
+LAUNCHERS = {"python": [], "torchrun": ["--nproc-per-node", "2"], "accelerate": ACCELERATE_2}
+NEEDLE = {"raise": 'raise RuntimeError(f"loss is NaN', "exit": "os._exit(0)", "hang": "time.sleep(3600)"}
+
+
+def drill(tmp_path: Path, launcher: str, program: Path, fault: str, *ups_options: str, timeout: float = 300):
+    """`ups launch LAUNCHER [ups options] [launcher's own options] PROGRAM --fail FAULT`."""
+    return run_ups("launch", launcher, "--json", *ups_options, *LAUNCHERS[launcher], str(program), "--fail", fault,
+                   env=FAST, timeout=timeout, cwd=tmp_path)
+
+
+ENDS = [  # (launcher, program, fault, framework package)
+    pytest.param("python", MP, "exit", "torch", id="mp.spawn-os._exit"),
+    pytest.param("python", LIT, "raise", "lightning", id="lightning-own-ranks-raise"),
+    pytest.param("torchrun", HF, "raise", "transformers", id="hf-trainer-raise"),
+    pytest.param("accelerate", ACCEL, "raise", "accelerate", id="accelerate-launch-raise"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("launcher", "program", "fault", "package"), ENDS)
+def test_a_rank_that_raises_or_leaves_is_named_with_its_line(runs_root, tmp_path, launcher, program, fault, package):
+    pytest.importorskip(package, reason=f"{package} is not installed (pip install -e '.[test]')")
+    res = drill(tmp_path, launcher, program, fault)
+    run = launched(res)
+    assert res.returncode == 1, run.log_path("job").read_text()[-3000:]
+    procs = status(run)
+    check_ranks(procs)
+    logged = {LIT: "train_loss", HF: "loss"}.get(program)  # Lightning's self.log, the HF Trainer's own log
+    if logged:
+        assert all(isinstance(procs[f"rank-{r}"]["metrics"]["logged"][logged], float) for r in (0, 1)), procs
+    verdict = why(run)
+    check_blame(run, verdict, program, NEEDLE[fault])
+    if fault == "raise":
+        assert "loss is NaN on rank 1 at step 5" in verdict["headline"], verdict
+    else:
+        assert "without a normal interpreter exit" in run.read_manifest()["summary"], run.read_manifest()["summary"]
+    nothing_left(run)
+
+
+HANGS = [
+    pytest.param("torchrun", LIT, "lightning", id="lightning-torchrun-hang"),
+    pytest.param("torchrun", HF, "transformers", id="hf-trainer-hang"),
+    pytest.param("accelerate", ACCEL, "accelerate", id="accelerate-launch-hang"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("launcher", "program", "package"), HANGS)
+def test_a_rank_that_hangs_is_named_with_its_frame_and_kill_ends_everything(runs_root, tmp_path, launcher, program,
+                                                                            package):
+    pytest.importorskip(package, reason=f"{package} is not installed (pip install -e '.[test]')")
+    run = launched(drill(tmp_path, launcher, program, "hang", "--detach", "--stalled-after", "3", timeout=60))
+    verdict = wait_for(lambda: (v := why(run))["who"] and v["who"]["rank"] == 1 and v["where"]["site"] and v, 180,
+                       interval=1.0, message="the verdict to name rank 1")
+    assert verdict["where"]["site"] == f"{program.name}:{line_of(program, NEEDLE['hang'])}", verdict
+    check_ranks(status(run))
+    assert run_ups("kill", str(run.path), "--grace", "3", timeout=90).returncode == 0
+    m = wait_for(lambda: (m := run.read_manifest())["state"] in FINAL and m, 60, interval=0.2, message="the run's end")
+    assert m["state"] == "killed", m["summary"]
+    nothing_left(run)
+
+
+COMPILED = FRAMEWORKS / "compiled.py"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["raise", "exit"])
+def test_a_torch_compile_program_is_named_with_its_line_and_leaves_nothing(runs_root, tmp_path, fault):
+    """One process, ``torch.compile`` (inductor may start compile workers), 2 DataLoader workers."""
+    res = run_ups("launch", "python", "--json", str(COMPILED), "--fail", fault, env=FAST, timeout=300, cwd=tmp_path)
+    run = launched(res)
+    assert res.returncode == 1, run.log_path("job").read_text()[-3000:]
+    m = run.read_manifest()
+    assert m["state"] == "failed" and (m["failure"]["rank"], m["failure"]["step"], m["failure"]["phase"]) == (0, 5, "train"), m
+    procs = status(run)
+    assert procs["rank-0"]["step"] == 5 and len([p for p in procs.values() if p["role"] == "worker"]) == 2, procs
+    verdict = why(run)
+    assert verdict["who"]["rank"] == 0 and verdict["where"]["site"] == \
+        f"{COMPILED.name}:{line_of(COMPILED, NEEDLE[fault] if fault == 'raise' else 'os._exit(0)')}", verdict
+    nothing_left(run)
+
+
 # ---------------------------------------------------------------- a helper's workers
 def test_a_helpers_dataloader_workers_are_its_own(runs_root, tmp_path):
     """A helper process with a DataLoader of its own: its workers are named under it, and

@@ -232,3 +232,30 @@ def test_a_record_cannot_turn_a_stack_dump_into_sigterm(procs, runs_root, tmp_pa
     one_line_refusal(res, "SIGTERM as its stack-dump signal")
     assert not marker.exists() and proc.poll() is None
     assert not signalled(run, proc.pid)
+
+
+def test_a_multi_node_run_proves_its_ranks_from_this_hosts_node_manifest_only_when_trusted(procs, tmp_path, monkeypatch):
+    """A multi-node run keeps each node's launcher and job in ``nodes/<host>.json``, not in
+    run.json: `ups stacks --remote` on node 1 was refused for node 1's own rank. The node file is
+    trusted like run.json: the acting user's, writable by no one else."""
+    monkeypatch.setenv("UPS_HOSTNAME", "node1")
+    run = RunDir.create(tmp_path / "runs", "torchrun")
+    run.update_manifest(multinode={"nnodes": 2, "node_rank": 1}, state="running")
+    job = procs.popen([sys.executable, "-c", "import subprocess, sys; subprocess.run([sys.executable, '-c', "
+                       "'import time; time.sleep(60)'])"])
+    rank = wait_for(lambda: next((int(c) for c in (Path(f"/proc/{job.pid}/task/{job.pid}/children")
+                                                   .read_text().split())), None), 20, message="the job's rank")
+    node = run.path / "nodes" / "node1.json"
+    node.parent.mkdir(exist_ok=True)
+    node.write_text(json.dumps({"host": "node1", "job": {"pid": job.pid, "pid_start": process_start_time(job.pid)}}))
+    os.chmod(node, 0o644)
+
+    def prove() -> str:  # from a process of its own, as `ups` over ssh is (this one is the job's parent)
+        code = (f"from ups.runs.ownership import JobScope\nfrom ups.errors import RefusedSignal\ntry:\n"
+                f"    print(JobScope.of_run({str(run.path)!r}).prove({rank}, {process_start_time(rank)!r}, 'rank 1'))\n"
+                "except RefusedSignal as exc:\n    print('refused:', exc)")
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
+
+    assert "a descendant of the job's top process" in prove()
+    os.chmod(node, 0o666)  # anyone could have named that "job": it proves nothing
+    assert "refused:" in prove() and "not provably this run's" in prove()

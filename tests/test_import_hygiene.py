@@ -45,3 +45,30 @@ def test_ruff_bans_module_level_heavy_imports():
         ["ruff", "check", "--select", "TID253", "ups", "console"], cwd=REPO, capture_output=True, text=True
     )
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+EACH_FIRST = """
+import importlib, pkgutil, sys, traceback
+import ups, console
+names = sorted(m.name for pkg in (ups, console) for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."))
+skip = ("ups.__main__", "ups.launch.supervise", "ups.jobs.ddp_probe")  # scripts: they run when imported
+failed = []
+for name in names:
+    if name.startswith(skip) or ".sitecustomize" in name:
+        continue
+    for loaded in [m for m in sys.modules if m.split(".")[0] in ("ups", "console")]:
+        del sys.modules[loaded]
+    try:
+        importlib.import_module(name)
+    except Exception:
+        failed.append(name + ": " + traceback.format_exc().strip().splitlines()[-1])
+print("\\n".join(failed))
+"""
+
+
+def test_every_module_imports_first_on_its_own():
+    """A tool importing one of our modules first (a test, a plugin, `python -c`) must not hit an
+    import cycle that `ups`'s own order hides: `from ups.cli.runs import render_status` did."""
+    res = subprocess.run([sys.executable, "-c", EACH_FIRST], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip() == "", res.stdout

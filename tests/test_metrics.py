@@ -7,6 +7,7 @@ the heartbeat thread does and reads them the way every reader does.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -154,6 +155,33 @@ def _verdict(run: RunDir):
     return diagnose_view(load_run_view(run, process_table=table, local_host="h"))
 
 
+def test_a_nan_verdict_waits_for_the_peer_that_may_have_gone_nan_first(tmp_path):
+    """Rank 1's NaN poisons rank 0 through the all-reduce, and rank 0 may write its record first.
+    While rank 1's record has not read its losses up to rank 0's NaN step, no rank is named."""
+    t0 = time.time() - 100
+    pts = [{"t": t0 + i, "step": i, "loss": 1.0, "rate": 10.0} for i in range(39)]
+    run = _synthetic_run(tmp_path, {"rank-0": pts, "rank-1": pts})
+    now = time.time()
+
+    def write(name: str, **metrics) -> None:
+        path = run.status_dir / f"{name}.json"
+        path.write_text(dataclasses.replace(StatusRecord.from_json(path.read_text()), metrics=metrics).to_json())
+
+    write("rank-0", loss="nan", loss_step=41, loss_nonfinite={"step": 41, "value": "nan", "at": now})
+    write("rank-1", loss=0.9, loss_step=39)
+    assert _verdict(run).mode != "loss_nonfinite"  # rank 1 has not said how its step 40 went
+    write("rank-1", loss="nan", loss_step=42, loss_nonfinite={"step": 40, "value": "nan", "at": now + 0.3})
+    v = _verdict(run)
+    assert v.mode == "loss_nonfinite" and v.who["rank"] == 1 and "at step 40" in v.headline, v.text()
+    write("rank-1", loss=0.9, loss_step=41)  # rank 1 read step 41 and stayed finite: rank 0 was first
+    v = _verdict(run)
+    assert v.mode == "loss_nonfinite" and v.who["rank"] == 0 and "at step 41" in v.headline, v.text()
+    write("rank-1", loss=0.9, loss_step=39)  # a peer that never catches up delays the verdict, not forever
+    write("rank-0", loss="nan", loss_step=41, loss_nonfinite={"step": 41, "value": "nan", "at": now - 11})
+    v = _verdict(run)
+    assert v.mode == "loss_nonfinite" and v.who["rank"] == 0, v.text()
+
+
 def test_verdicts_on_divergence_rate_drop_and_memory_leak(tmp_path):
     t0 = time.time() - 100
     calm = [{"t": t0 + i, "step": i * 10, "loss": 1.0 - 0.001 * i, "rate": 10.0} for i in range(60)]
@@ -181,8 +209,9 @@ def test_verdicts_on_divergence_rate_drop_and_memory_leak(tmp_path):
 
 # --------------------------------------------------------------------------- the real thing
 def test_nan_on_rank_1_at_step_40_is_named_within_5_s_with_every_metric_captured(runs_root, tmp_path):
-    res = run_ups("launch", "torchrun", "--detach", "--json", "--nproc-per-node", "2", NAN_DDP, "--steps", "140",
+    res = run_ups("launch", "torchrun", "--detach", "--json", "--nproc-per-node", "2", NAN_DDP, "--steps", "70",
                   "--nan-rank", "1", "--nan-step", "40", "--step-time", "0.05", "--wandb",
+                  "--tensorboard", str(tmp_path / "tb"),
                   env={"UPS_HEARTBEAT_INTERVAL": "0.3"}, timeout=60, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     run = RunDir(json.loads(res.stdout)["run_dir"])
@@ -213,6 +242,8 @@ def test_nan_on_rank_1_at_step_40_is_named_within_5_s_with_every_metric_captured
         assert m["samples_per_s"] > 0  # batches of 8 seen by the DataLoader hook
     assert procs["rank-0"]["metrics"]["loss_nonfinite"]["step"] == 41  # poisoned through the all-reduce
     assert "train/epoch_frac" in procs["rank-0"]["metrics"]["logged"]  # wandb.log, disabled mode
+    assert procs["rank-1"]["metrics"]["logged"]["Loss/train"] == "nan"  # SummaryWriter.add_scalar, every rank
+    assert isinstance(procs["rank-0"]["metrics"]["logged"]["Loss/train"], float | str)
     series = status["series"]["rank-1"]
     losses = [p["loss"] for p in series["points"]]
     assert series["first_nonfinite"]["step"] == 40

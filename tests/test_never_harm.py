@@ -130,6 +130,23 @@ def test_torchrun_without_instrumentation_succeeds_when_torchrun_does(runs_root,
     assert not list(run.status_dir.glob("rank-*.json"))  # nothing was instrumented
 
 
+def test_ranks_ups_cannot_watch_do_not_fail_a_run_that_succeeded(runs_root, tmp_path):
+    """torchrun --no-python runs ranks that are no Python (a compiled trainer, a shell step):
+    they write no record. torchrun's exit 0 is the truth; "never wrote a status record" is
+    what ups could not see, not a failure."""
+    ranks = tmp_path / "rank.sh"
+    ranks.write_text('#!/bin/sh\necho "rank $RANK of $WORLD_SIZE done"\n')
+    ranks.chmod(0o755)
+    res = run_ups("launch", "torchrun", "--detach", "--json", "--no-python", "--nproc-per-node", "2", str(ranks),
+                  cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    run = RunDir(json.loads(res.stdout)["run_dir"])
+    m = wait_final(run, 90)
+    assert m["state"] == "succeeded", m.get("summary")
+    assert "torchrun exited 0" in m["summary"] and "rank 0, 1 wrote no status record (not watched)" in m["summary"]
+    assert "rank 1 of 2 done" in run.log_path("job").read_text()
+
+
 LIGHTNING = textwrap.dedent(
     """
     import time

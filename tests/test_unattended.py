@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from helpers import run_ups, wait_for
@@ -93,3 +94,21 @@ def test_a_hung_dataloader_worker_falls_back_to_num_workers_0(runs_root, tmp_pat
     record = json.loads((run.path / "status" / "rank-0.json").read_text())
     assert record["state"] == "done" and record["metrics"]["forced_num_workers"] == 0, record
     assert not list((run.path / "status").glob("rank-0-worker-*.json"))  # attempt 2 had no workers
+
+
+def test_an_earlier_attempts_process_ends_are_not_this_attempts(tmp_path):
+    """A restart kills the hung attempt's ranks, and attempt 2's ranks carry the same names:
+    `ups why` on attempt 2 must not read attempt 1's 'rank 0 killed' as its own."""
+    from ups.runs.view import load_run_view
+    from ups.why.evidence import Evidence
+
+    run = RunDir.create(tmp_path / "runs", "python")
+    now = time.time()
+    run.update_manifest(state="running", attempt=2, restarts=1, attempts=[
+        {"attempt": 1, "ended_at": now - 5, "ended": "restarted (killed by SIGTERM)", "records": "attempts/1"}])
+    end = dict(role="rank", rank=0, exact=True, record_state="running", phase="train", step=5, error=None, exit_code=None)
+    run.append_event("process.exit", actor="launcher", name="rank-0", pid=4242, at=now - 6, **end)
+    run.append_event("process.exit", actor="launcher", name="rank-1", pid=4243, at=now - 6, **end)
+    assert Evidence(load_run_view(run)).exits == {}  # attempt 1's, ended before attempt 2 began
+    run.append_event("process.exit", actor="launcher", name="rank-1", pid=4343, at=now - 1, **end)
+    assert [(e.name, e.pid) for e in Evidence(load_run_view(run)).exits.values()] == [("rank-1", 4343)]

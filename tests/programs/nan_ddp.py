@@ -4,7 +4,9 @@
 
 From --nan-step on, --nan-rank's loss is NaN (as with a bad batch or an overflow): the loop
 goes on, as most loops do, and the NaN reaches the other ranks' weights through the gradient
-all-reduce. Rank 0 logs to W&B (disabled mode: nothing leaves the machine) like a real script.
+all-reduce. Rank 0 logs to W&B (disabled mode: nothing leaves the machine) like a real script;
+with --tensorboard DIR every rank also writes its loss with TensorBoard's SummaryWriter, as the
+PyTorch TensorBoard tutorial does.
 """
 
 import argparse
@@ -23,6 +25,7 @@ def main() -> None:
     p.add_argument("--nan-step", type=int, default=40)
     p.add_argument("--step-time", type=float, default=0.05)
     p.add_argument("--wandb", action="store_true")
+    p.add_argument("--tensorboard", metavar="DIR")
     args = p.parse_args()
 
     dist.init_process_group("gloo")
@@ -37,6 +40,11 @@ def main() -> None:
         import wandb
 
         run = wandb.init(project="nan-demo", mode="disabled")
+    writer = None
+    if args.tensorboard:
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(f"{args.tensorboard}/rank{rank}")
 
     step, batches = 0, iter(loader)
     while step < args.steps:
@@ -56,8 +64,12 @@ def main() -> None:
         opt.step()
         if run is not None and step % 10 == 0:
             run.log({"train/epoch_frac": step / args.steps})
+        if writer is not None and step % 10 == 0:
+            writer.add_scalar("Loss/train", loss.item(), step)
         step += 1
         time.sleep(args.step_time)
+    if writer is not None:
+        writer.close()
     dist.destroy_process_group()
 
 

@@ -98,3 +98,11 @@ def splits_option(help: str = "Split(s): train, val, test.", **kwargs: Any) -> A
 
     return typer.Option("--splits", help=f"{help} Repeat it or give a comma list: train,val.",
                         callback=comma_list, autocompletion=_complete(SPLITS), **kwargs)
+
+
+RemoteOption = Annotated[
+    list[str] | None,
+    typer.Option("--remote", metavar="HOST[:RUNS_DIR]", help="Another node of a multi-node run, read over SSH: HOST or HOST:RUNS_DIR (repeatable). "
+                                  "Runs `ssh HOST ups status RUN --json --follow` there (UPS_SSH: the ssh command; "
+                                  "UPS_REMOTE_UPS: the ups command there)."),
+]

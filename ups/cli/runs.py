@@ -16,6 +16,7 @@ import typer
 from ups.cli.app import app
 from ups.cli.common import (
     JsonOption,
+    RemoteOption,
     RunArgument,
     RunsDirOption,
     cli_actor,
@@ -362,12 +363,6 @@ def render_status(view: RunView, nvml: dict[int, int], *, width: int | None = No
     return Group(*parts)
 
 
-RemoteOption = Annotated[
-    list[str] | None,
-    typer.Option("--remote", metavar="HOST[:RUNS_DIR]", help="Another node of a multi-node run, read over SSH: HOST or HOST:RUNS_DIR (repeatable). "
-                                  "Runs `ssh HOST ups status RUN --json --follow` there (UPS_SSH: the ssh command; "
-                                  "UPS_REMOTE_UPS: the ups command there)."),
-]
 
 
 @app.command("status")

@@ -7,8 +7,14 @@ from typing import Annotated
 import typer
 
 from ups.cli.app import app
-from ups.cli.common import JsonOption, RunArgument, RunsDirOption, default_runs_dir, print_json
-from ups.cli.runs import RemoteOption
+from ups.cli.common import (
+    JsonOption,
+    RemoteOption,
+    RunArgument,
+    RunsDirOption,
+    default_runs_dir,
+    print_json,
+)
 
 
 @app.command("why")

@@ -76,12 +76,15 @@ def own_rank(parent: tuple[str, int, int] | None, *, top_role: str) -> EnvRank |
     * the job's top process: a rank only where the job is ranks (``ups launch python|srun``),
       never torchrun's or accelerate's agent even inside a SLURM allocation;
     * a child of an agent or of a helper (DeepSpeed's per-node launcher): any rank its
-      environment names that its parent's did not;
+      environment names that its parent's did not; the plain child of a one-process
+      ``accelerate launch`` (no rank in its environment) is rank 0;
     * a child of a rank (Lightning's rank 0 re-executing the script): a rank other than its
       parent's; the same rank is an inherited variable, i.e. a helper of that rank.
     """
     found = env_rank()
     if found is None:
+        if parent is not None and parent[0] == "agent" and _single_process_launcher(parent[1]):
+            return EnvRank(0, 0, 1, "accelerate launch, one process")
         return None
     if parent is None:
         return found if top_role == "rank" else None
@@ -93,6 +96,18 @@ def own_rank(parent: tuple[str, int, int] | None, *, top_role: str) -> EnvRank |
     if role == "agent":
         return found
     return found if os.environ.get(ENV_RANK_ENV) != found.key else None
+
+
+def _single_process_launcher(pid: int) -> bool:
+    """``accelerate launch`` with one process runs the script as a plain child, no rank in its
+    environment (it starts torchrun's machinery only for more): that child is the job's only
+    rank. Read from the parent's command line, on this rare path only."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            argv = [a.decode(errors="replace") for a in fh.read(65536).split(b"\0") if a]
+    except OSError:
+        return False
+    return is_launcher_program(argv) and any("accelerate" in os.path.basename(a) for a in argv[:4])
 
 
 def mark_for_children(rank: EnvRank | None) -> None:

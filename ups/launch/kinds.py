@@ -140,6 +140,13 @@ def torchrun_outcome(view: RunView, end: End) -> Outcome:
     bad_ranks = [r for r, v in ranks.items() if abnormal(v)]
     if end.returncode == 0 and records and not bad_ranks and (not world or len(records) == world):
         return Outcome("succeeded", f"{len(records)} rank(s) done", extra=extra)
+    unseen = [r for r in bad_ranks if ranks[r]["state"] == "no record" and ranks[r]["exit_code"] is None
+              and ranks[r]["signal"] is None]
+    if end.returncode == 0 and bad_ranks and unseen == bad_ranks:
+        # The launcher's exit 0 is the truth about ranks ups never saw: not watched is not failed.
+        done = f"{len(records)} rank(s) done; " if records else ""
+        return Outcome("succeeded", f"{m.get('kind') or 'the job'} exited 0; {done}rank {', '.join(unseen)} wrote no "
+                                    "status record (not watched)", extra=extra)
 
     offset = time.time() - time.monotonic()  # wall - mono, now: to put wall-only times on the same line
 
@@ -171,7 +178,7 @@ def torchrun_outcome(view: RunView, end: End) -> Outcome:
         how = f"exit code {info['exit_code']} before it wrote a status record" if info["exit_code"] is not None else "never wrote a status record"
     else:
         how = f"failed: {info['error']}," if info["error"] else f"failed with exit code {info['exit_code']}"
-    summary = f"rank {bad} {how} in phase {info['phase']}"
+    summary = f"rank {bad} {how}" + (f" in phase {info['phase']}" if info["phase"] else "")
     if info["state"] == "running" and not info["signal"]:
         still = [r for r in ranks if r != str(bad) and ended(r) > ended(str(bad))]
         summary += f", last recorded at step {info['step']}" + (f", while rank {', '.join(still)} still ran" if still else "")

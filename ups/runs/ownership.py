@@ -21,7 +21,8 @@ to the run:
     recorded start time, or gone altogether (then only the old session's members can carry
     that id). A leader pid alive with another start time means the old session is gone.
 
-The trust root is run.json (the acting user's, writable by no one else); status records are
+The trust root is run.json (the acting user's, writable by no one else), and for a multi-node
+run this host's ``nodes/<host>.json`` under the same checks; status records are
 the job's word and prove nothing alone. Everything else here is read from ``/proc``.
 """
 
@@ -172,6 +173,11 @@ class JobScope:
                 raise RefusedSignal(f"{path}/run.json is unreadable ({exc}): nothing acted on") from None
         if not isinstance(manifest, dict):
             raise RefusedSignal(f"{path}/run.json is not a JSON object: nothing acted on")
+        if manifest.get("multinode"):
+            # A multi-node run's launcher and job are in this host's node manifest, not run.json.
+            own = _node_manifest(path, me)
+            if own is not None:
+                manifest = {**manifest, **{k: own[k] for k in ("launcher", "previous_launchers", "job") if k in own}}
         launchers = [x for x in [manifest.get("launcher"), *reversed(_list(manifest.get("previous_launchers")))]
                      if isinstance(x, dict)]
         job = manifest.get("job") if isinstance(manifest.get("job"), dict) else {}
@@ -264,6 +270,27 @@ def check_record_owner(path: Path, label: str) -> None:
         raise RefusedSignal(f"{path} is not a regular file; {label} not signalled")
     if st.st_uid != os.geteuid():
         raise RefusedSignal(f"{path} was written by {user_name(st.st_uid)}, not by you: {label} not signalled")
+
+
+def _node_manifest(path: Path, me: int) -> dict[str, Any] | None:
+    """This host's ``nodes/<host>.json`` of a multi-node run, trusted as run.json is: a regular
+    file of the acting user's that no one else may write. None when there is none to trust (a
+    signal is then refused by the proof, never sent on a weaker one)."""
+    from ups.status.host import hostname
+    from ups.status.safeio import read_json
+
+    node = path / "nodes" / f"{hostname()}.json"
+    try:
+        st = os.lstat(node)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != me or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return None
+    try:
+        data = read_json(node)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _int(v: Any) -> int | None:

@@ -121,7 +121,15 @@ class Evidence:
 
     @cached_property
     def exits(self) -> dict[str, ProcessExit]:
-        return read_exits(self.run)
+        """The current attempt's process ends: a restarted run's earlier attempts ended their
+        processes too (killed for the restart), under the same names as this attempt's."""
+        exits = read_exits(self.run)
+        restarted = [a.get("ended_at") for a in self.manifest.get("attempts") or []
+                     if isinstance(a, dict) and a.get("records") and isinstance(a.get("ended_at"), int | float)]
+        if not restarted:
+            return exits
+        since = max(restarted)
+        return {name: ex for name, ex in exits.items() if ex.at > since}
 
     def stack_text(self, record: StatusRecord) -> str:
         if record.name not in self._texts:

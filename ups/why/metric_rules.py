@@ -1,7 +1,8 @@
 """Verdicts on what the training did, not on its processes: each names the first rank and step.
 
 * ``loss_nonfinite``: the loss became NaN or infinite (the capture in ups.instrument.metrics
-  checks every loss it reads, so the step is the first one, not the first one sampled);
+  checks every loss it reads, so the step is the first one, not the first one sampled); named
+  only once every live peer's record has read its losses up to that step (see :func:`_unsettled`);
 * ``loss_diverged``: the loss jumped to more than :data:`DIVERGE_K` times its recent range
   above its recent maximum (and at least twice that maximum);
 * ``step_rate_dropped``: the step rate fell below :data:`RATE_DROP` of what it was, on one
@@ -35,6 +36,7 @@ RATE_DROP_FOR_S = 15.0  # low for at least this long (the rate is a 10 s window:
 LEAK_POINTS = 12
 LEAK_MIN_GROWTH = 0.05
 LEAK_RISING = 0.6  # share of intervals of the climb in which memory rose (allocator plateaus allowed)
+NONFINITE_SETTLE_S = 10.0  # the longest a NaN verdict waits for a peer that may have gone NaN first
 MODES = ("loss_nonfinite", "loss_diverged", "step_rate_dropped", "gpu_memory_leak")
 
 
@@ -61,6 +63,27 @@ def _next(ev: Evidence, p: ProcessView) -> str:
     return f"ups plot {ev.view.run_id} --rank {p.record.rank or 0}"
 
 
+def _unsettled(ev: Evidence, step: int, at: float, reported: set[str]) -> bool:
+    """Whether a live peer rank may still report a non-finite loss at a step before ``step``.
+
+    Each rank writes its record on its own heartbeat, so the first rank to *say* NaN is often
+    not the first to *be* NaN: the rank whose NaN poisoned the all-reduce goes first, but its
+    victims can write sooner. A peer has settled once its record's last read loss is at
+    ``step`` or later (losses are read in order and a non-finite one is kept), once it has
+    ended or stopped beating, or after :data:`NONFINITE_SETTLE_S` since the candidate was seen.
+    """
+    if isinstance(at, int | float) and at and ev.now - at > NONFINITE_SETTLE_S:
+        return False
+    for q in _ranks(ev):
+        r = q.record
+        if r.name in reported or r.is_final or q.heartbeat_age > NONFINITE_SETTLE_S:
+            continue
+        seen = r.metrics.get("loss_step")
+        if not isinstance(seen, int) or seen < step:
+            return True
+    return False
+
+
 def loss_nonfinite(ev: Evidence, series: _Series) -> Verdict | None:
     """The first rank, by step then time, whose loss was NaN or infinite."""
     found = []
@@ -75,6 +98,8 @@ def loss_nonfinite(ev: Evidence, series: _Series) -> Verdict | None:
         return None
     found.sort(key=lambda f: (f[0], f[1]))
     step, at, p, info = found[0]
+    if _unsettled(ev, step, at, {q.record.name for _, _, q, _ in found}):
+        return None  # a peer may have gone non-finite earlier and not said so yet: never name the wrong one
     r = p.record
     others = [f"{q.record.label} from step {s}" for s, _, q, _ in found[1:4]]
     value = info.get("value", "nan")

@@ -56,7 +56,7 @@ def main() -> None:
     model = GPT2LMHeadModel(config)
     training = TrainingArguments(
         output_dir=tempfile.mkdtemp(prefix="hf-trainer-"), max_steps=args.steps, per_device_train_batch_size=4,
-        dataloader_num_workers=args.workers, use_cpu=True, report_to=[], save_strategy="no", logging_steps=5,
+        dataloader_num_workers=args.workers, use_cpu=True, report_to=[], save_strategy="no", logging_steps=2,
         disable_tqdm=True,
     )
     trainer = Trainer(model=model, args=training, train_dataset=Tokens(256, 16, config.vocab_size),

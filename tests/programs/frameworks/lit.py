@@ -33,7 +33,9 @@ class LitRegressor(L.LightningModule):
             if a.fail == "hang":
                 time.sleep(3600)
         time.sleep(a.step_time)
-        return torch.nn.functional.mse_loss(self.model(x), y)
+        loss = torch.nn.functional.mse_loss(self.model(x), y)
+        self.log("train_loss", loss)
+        return loss
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.01)
