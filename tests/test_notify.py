@@ -122,3 +122,12 @@ def test_bad_notify_target_is_refused_before_anything_starts(runs_root, tmp_path
     res = run_ups("launch", "python", "--notify", "carrier-pigeon", HANG, cwd=tmp_path)
     assert res.returncode == 2 and "--notify 'carrier-pigeon': expected cmd:COMMAND" in res.stderr
     assert "Traceback" not in res.stderr and not list(Path(runs_root).glob("*"))
+
+
+def test_every_hang_on_hang_acts_on_is_also_told():
+    # A hang --on-hang ends or restarts must reach the operator first: a worker stuck outside a
+    # read was restarted with no message (worker_stuck was missing here).
+    from ups.launch.onhang import HANG_MODES
+    from ups.notify import PROBLEMS
+
+    assert HANG_MODES <= PROBLEMS, sorted(HANG_MODES - PROBLEMS)
