@@ -21,20 +21,26 @@ def wait_for(
     interval: float = 0.05,
     message: str = "condition",
 ) -> T:
-    """Poll ``predicate`` until it returns a truthy value; fail the test at the deadline."""
+    """Poll ``predicate`` until it returns a truthy value; fail the test at the deadline.
+
+    Between two polls it waits ``interval``, or as long as the last poll took if that was
+    longer: a predicate that runs ``ups`` in a subprocess (~0.2 s of CPU) would otherwise keep
+    a core of a 2-core box busy, taken from the job under test."""
     deadline = time.monotonic() + timeout
     last_exc: Exception | None = None
     while True:
+        started = time.monotonic()
         try:
             value = predicate()
             if value:
                 return value
         except Exception as exc:  # noqa: BLE001 - keep polling, report the last one
             last_exc = exc
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now > deadline:
             extra = f" (last error: {last_exc!r})" if last_exc else ""
             raise AssertionError(f"timed out after {timeout:g} s waiting for {message}{extra}")
-        time.sleep(interval)
+        time.sleep(min(max(interval, now - started), max(deadline - now, 0.01)))
 
 
 def run_ups(*args: str, env: dict[str, str] | None = None, timeout: float = 60, cwd: str | Path | None = None) -> subprocess.CompletedProcess:
