@@ -12,7 +12,7 @@ from pathlib import Path
 from ups.errors import UpsError
 from ups.runs.ownership import JobScope
 from ups.runs.rundir import FINAL_RUN_STATES, RunDir
-from ups.runs.signals import KillResult, is_alive, log_event, terminate
+from ups.runs.signals import KillResult, end_unrecorded, is_alive, log_event, terminate
 from ups.runs.view import RunView, load_run_view, node_view
 
 
@@ -35,6 +35,9 @@ def kill_run(run: RunDir, view: RunView, *, actor: str, reason: str, grace: floa
     results += terminate(run, [p.record for p in rest], actor=actor, reason=reason, grace=grace, force=force)
     if force and launcher:
         results += terminate(run, launcher, actor=actor, reason=reason, grace=grace, force=True)
+    # What no record named (a job killed before its first record, workers started a moment
+    # ago, orphans of a dead launcher): the kernel's session and parentage say it is the job's.
+    results += end_unrecorded(run, JobScope.of_run(run.path), [r.pid for r in results], actor=actor, reason=reason, grace=grace, force=force)
     if run.read_own_manifest().get("state") not in FINAL_RUN_STATES:
         try:
             run.set_state("killed", summary=f"killed by {actor}: {reason}")
