@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 import textwrap
 
 import pytest
-from helpers import run_ups, wait_for
+from helpers import run_ups, status_now, wait_for
 
 from ups.launch.spawn import launch_run
 
@@ -37,7 +36,7 @@ def stalled_run(runs_root):
                      thresholds={"stalled_after": 0.5, "startup_grace": 0.0, "heartbeat_interval": 0.2})
 
     def stalled():
-        data = json.loads(run_ups("status", run.run_id, "--json").stdout)
+        data = status_now(run)
         health = {p["name"]: p["health"] for p in data["processes"]}
         return health.get("rank-0") == "stalled" and health.get("rank-0-worker-0") == "failed" and "launcher" in health and data
 

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import run_ups, wait_for
+from helpers import run_ups, status_now, wait_for, why_now
 
 from ups.instrument import identity
 from ups.runs.rundir import RunDir
@@ -135,7 +135,7 @@ def test_mp_spawn_hang_is_stalled_and_kill_leaves_nothing(runs_root, tmp_path):
     run = launched(res)
 
     def stalled():
-        procs = status(run)
+        procs = {p["name"]: p for p in status_now(run)["processes"]}
         rank1 = procs.get("rank-1", {})
         return procs if rank1.get("health") == "stalled" and rank1.get("step") == 5 else None
 
@@ -143,7 +143,7 @@ def test_mp_spawn_hang_is_stalled_and_kill_leaves_nothing(runs_root, tmp_path):
     check_ranks(procs)
     # Both ranks stop progressing; which one is stuck in its own code shows once their stacks
     # are dumped (automatically, a few seconds into the stall).
-    verdict = wait_for(lambda: (v := why(run))["who"] and v["who"]["rank"] == 1 and v["where"]["site"] and v, 120,
+    verdict = wait_for(lambda: (v := why_now(run))["who"] and v["who"]["rank"] == 1 and v["where"]["site"] and v, 120,
                        interval=1.0, message="the verdict to name rank 1")
     assert verdict["mode"] != "stalled" or "rank 1" in verdict["headline"], verdict
     assert verdict["where"]["site"] == f"{MP.name}:{line_of(MP, 'time.sleep(3600)')}", verdict
@@ -179,7 +179,7 @@ def test_lightning_hang_is_named_and_kill_ends_everything(runs_root, tmp_path):
     res = run_ups("launch", "python", "--detach", "--json", "--stalled-after", "3", str(LIT), "--fail", "hang",
                   "--steps", "400", env=FAST, cwd=tmp_path)
     run = launched(res)
-    verdict = wait_for(lambda: (v := why(run))["who"] and v["who"]["rank"] == 1 and v["where"]["site"] and v, 180,
+    verdict = wait_for(lambda: (v := why_now(run))["who"] and v["who"]["rank"] == 1 and v["where"]["site"] and v, 180,
                        interval=1.0, message="the verdict to name rank 1")
     assert verdict["where"]["site"] == f"{LIT.name}:{line_of(LIT, 'time.sleep(3600)')}", verdict
     check_ranks(status(run))
@@ -297,7 +297,7 @@ def test_a_rank_that_hangs_is_named_with_its_frame_and_kill_ends_everything(runs
                                                                             package):
     pytest.importorskip(package, reason=f"{package} is not installed (pip install -e '.[test]')")
     run = launched(drill(tmp_path, launcher, program, "hang", "--detach", "--stalled-after", "3", timeout=60))
-    verdict = wait_for(lambda: (v := why(run))["who"] and v["who"]["rank"] == 1 and v["where"]["site"] and v, 180,
+    verdict = wait_for(lambda: (v := why_now(run))["who"] and v["who"]["rank"] == 1 and v["where"]["site"] and v, 180,
                        interval=1.0, message="the verdict to name rank 1")
     assert verdict["where"]["site"] == f"{program.name}:{line_of(program, NEEDLE['hang'])}", verdict
     check_ranks(status(run))

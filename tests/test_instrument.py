@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import run_ups, wait_for
+from helpers import run_ups, status_now, wait_for
 
 from ups.instrument import SITE_DIR
 from ups.runs.rundir import RunDir
@@ -89,7 +89,7 @@ def test_live_run_shows_phases_collectives_workers_and_stacks(runs_root, tmp_pat
     run = launched(res)
 
     def training():
-        procs = by_name(status(run))
+        procs = by_name(status_now(run))
         ranks = [procs.get(f"rank-{r}") for r in (0, 1)]
         workers = [p for p in procs.values() if p["role"] == "worker"]
         ok = all(r and r["unit"] == "steps" and r["step"] > 3 and r["health"] == "ok" for r in ranks) and len(workers) == 4
@@ -117,7 +117,7 @@ def test_relaunch_with_num_workers_0_gets_past_workers_that_deadlock(runs_root, 
     old = launched(res)
 
     def stuck():  # what the operator sees before relaunching: a worker that sits in fetch (it turns
-        procs = by_name(status(old))  # 'stalled' only after the 30 s start-up grace: no need to wait it out)
+        procs = by_name(status_now(old))  # 'stalled' only after the 30 s start-up grace: no need to wait it out)
         return any(p["role"] == "worker" and p["phase"] == "fetch" and p["step"] == 0 and p["progress_age"] > 2
                    and p["health"] in ("starting", "stalled") for p in procs.values())
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from helpers import run_ups, wait_for, write_raw_pdebench
+from helpers import run_ups, status_now, wait_for, write_raw_pdebench
 
 from ups.data.synth import synthesize
 from ups.faults import Faults
@@ -121,7 +121,7 @@ def test_hang_on_rank1_shows_both_stalled_stacks_and_kill_ends_the_run(cache_dir
     assert res.returncode == 0, res.stderr
 
     def both_stalled():
-        data = json.loads(run_ups("status", run.run_id, "--json").stdout)
+        data = status_now(run)
         health = {p["rank"]: p["health"] for p in data["processes"] if p["role"] == "rank"}
         return health == {0: "stalled", 1: "stalled"} and data
 

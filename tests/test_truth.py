@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import run_ups, wait_for
+from helpers import run_ups, status_now, wait_for
 
 from ups.runs.rundir import MANIFEST_SCHEMA, RunDir
 from ups.status.record import StatusRecord
@@ -34,7 +34,7 @@ def status(run: RunDir) -> dict:
 
 
 def training(run: RunDir, min_step: int = 2) -> bool:
-    procs = {p["name"]: p for p in status(run)["processes"]}
+    procs = {p["name"]: p for p in status_now(run)["processes"]}
     return all(procs.get(f"rank-{r}", {}).get("step", 0) >= min_step for r in (0, 1))
 
 
@@ -61,7 +61,7 @@ def test_launcher_killed_mid_training_is_unsupervised_then_settled_from_the_reco
     assert f"ups adopt {run.run_id}" in listing.stderr and "unsupervised" in listing.stdout
 
     # The ranks finish on their own; the next reader writes the final state from the records.
-    wait_for(lambda: status(run)["run"]["state"] in ("succeeded", "failed", "lost"), 120, interval=0.5,
+    wait_for(lambda: status_now(run)["run"]["state"] in ("succeeded", "failed", "lost"), 120, interval=0.5,
              message="the run settled by a reader")
     m = run.read_manifest()
     assert m["state"] == "succeeded", m
@@ -83,7 +83,7 @@ def test_adopt_gives_the_run_a_new_launcher_that_names_the_root_cause(runs_root,
     agent = next(p["pid"] for p in data["processes"] if p["role"] == "agent")
     os.kill(agent, signal.SIGSTOP)
     try:
-        wait_for(lambda: {p["name"]: p["health"] for p in status(run)["processes"]}.get("rank-0") == "failed"
+        wait_for(lambda: {p["name"]: p["health"] for p in status_now(run)["processes"]}.get("rank-0") == "failed"
                  and not _alive(run, "rank-1"), 60, interval=0.3, message="rank 1 gone, rank 0 failed after it")
         adopter = procs.popen([sys.executable, "-m", "ups", "adopt", str(run.path), "--json"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -113,7 +113,7 @@ def _alive(run: RunDir, name: str) -> bool:
 def test_adopt_refuses_a_supervised_run(runs_root, tmp_path):
     res = run_ups("launch", "python", "--detach", "--json", "-c", "import time; time.sleep(30)", cwd=tmp_path)
     run = launched(res)
-    wait_for(lambda: status(run)["processes"], 20, message="records")
+    wait_for(lambda: status_now(run)["processes"], 20, message="records")
     res = run_ups("adopt", str(run.path))
     assert res.returncode == 1 and "is supervised by pid" in res.stderr and "Traceback" not in res.stderr
 
@@ -182,7 +182,7 @@ def test_a_stepped_wall_clock_neither_raises_a_false_alarm_nor_hides_a_hang(runs
     writer = procs.popen([sys.executable, "-c", WRITER], env=env)
 
     def rank0() -> dict:
-        return next(p for p in status(run)["processes"] if p["name"] == "rank-0")
+        return next(p for p in status_now(run)["processes"] if p["name"] == "rank-0")
 
     def record() -> StatusRecord:
         return StatusRecord.from_json((run.status_dir / "rank-0.json").read_text())

@@ -11,7 +11,7 @@ import json
 import textwrap
 from pathlib import Path
 
-from helpers import run_ups, wait_for
+from helpers import run_ups, wait_for, why_now
 
 from ups.runs.rundir import RunDir
 from ups.why import stacks
@@ -73,7 +73,7 @@ def test_stacks_group_folds_ranks_and_why_names_the_one_the_others_wait_for(runs
     run = launched(res)
 
     def named():  # the process and its frame (the frame once the launcher's automatic dump is in)
-        v = why(run)
+        v = why_now(run)
         return v["mode"] == "rank_stuck_peers_wait" and (v["where"] or {}).get("function") and v
 
     v = wait_for(named, 90, interval=0.5, message="the verdict naming rank 1 and its frame")
