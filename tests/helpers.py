@@ -85,6 +85,25 @@ def why_now(run: Path | object) -> dict:
     return json.loads(json.dumps(diagnose_view(load_settled_view(rd)).to_dict(), default=str))
 
 
+def job_processes(run) -> list[str]:  # noqa: ANN001 - a RunDir
+    """Live processes whose environment names this run (``"PID COMMAND"``): what the job
+    started, recorded or not; zombies excluded."""
+    needle = f"UPS_RUN_DIR={run.path.resolve()}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            env = Path(f"/proc/{entry}/environ").read_bytes()
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120]
+        except OSError:
+            continue
+        if needle in env.split(b"\0") and state != "Z":
+            found.append(f"{entry} {cmd}")
+    return found
+
+
 def read_json(path: Path) -> dict:
     return json.loads(Path(path).read_text())
 

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import run_ups, status_now, wait_for, why_now
+from helpers import job_processes, run_ups, status_now, wait_for, why_now
 
 from ups.instrument import identity
 from ups.runs.rundir import RunDir
@@ -56,24 +56,6 @@ def why(run: RunDir) -> dict:
     res = run_ups("why", str(run.path), "--json")
     assert res.returncode in (0, 1), res.stderr
     return json.loads(res.stdout)["verdict"]
-
-
-def job_processes(run: RunDir) -> list[str]:
-    """Live processes whose environment names this run: what a job left behind."""
-    needle = f"UPS_RUN_DIR={run.path.resolve()}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            env = Path(f"/proc/{entry}/environ").read_bytes()
-            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120]
-        except OSError:
-            continue
-        if needle in env.split(b"\0") and state != "Z":
-            found.append(f"{entry} {cmd}")
-    return found
 
 
 def nothing_left(run: RunDir) -> None:

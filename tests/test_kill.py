@@ -19,7 +19,7 @@ import signal
 import textwrap
 from pathlib import Path
 
-from helpers import run_ups, wait_for
+from helpers import job_processes, run_ups, wait_for
 
 from ups.runs.rundir import FINAL_RUN_STATES, RunDir
 
@@ -34,22 +34,8 @@ PROGRAM = textwrap.dedent(
 )
 
 
-def job_processes(run: RunDir) -> list[int]:
-    """Live processes whose environment names this run (what the job started, recorded or
-    not), zombies excluded."""
-    needle = f"UPS_RUN_DIR={run.path.resolve()}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            env = Path(f"/proc/{entry}/environ").read_bytes()
-            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if needle in env.split(b"\0") and state not in ("Z", "X"):
-            found.append(int(entry))
-    return found
+def job_pids(run: RunDir) -> list[int]:
+    return [int(line.split()[0]) for line in job_processes(run)]
 
 
 def launch(tmp_path: Path, env: dict[str, str] | None = None) -> tuple[RunDir, list[int]]:
@@ -71,8 +57,8 @@ def _log(run: RunDir) -> str:
 
 
 def assert_all_gone(run: RunDir, unrecorded: list[int]) -> None:
-    left = wait_for(lambda: not job_processes(run) or None, 15, interval=0.2,
-                    message=f"every process of the job gone (left: {job_processes(run)})")
+    left = wait_for(lambda: not job_pids(run) or None, 15, interval=0.2,
+                    message="every process of the job gone")
     assert left
     signals = [e for e in run.read_events() if e["event"] == "signal"]
     for pid in unrecorded:  # each one ended by the kill, with the kernel's word for it, not a record's
@@ -86,7 +72,7 @@ def test_force_kill_of_a_job_that_wrote_no_record_ends_all_of_it(runs_root, tmp_
     any launch. `ups kill --force` must not kill the launcher and orphan the job."""
     run, helpers = launch(tmp_path, env={"UPS_INSTRUMENT": "0"})
     assert not list(run.status_dir.glob("rank-*.json"))
-    alive = job_processes(run)
+    alive = job_pids(run)
     assert set(helpers) <= set(alive) and len(alive) >= 3, alive  # the program and its two helpers
 
     res = run_ups("kill", str(run.path), "--force")
@@ -103,7 +89,7 @@ def test_kill_after_the_launcher_died_ends_the_helpers_no_record_names(runs_root
     launcher = run.read_manifest()["launcher"]["pid"]
     os.kill(launcher, signal.SIGKILL)
     wait_for(lambda: not Path(f"/proc/{launcher}").exists() or None, 10, interval=0.1, message="the launcher gone")
-    assert set(helpers) <= set(job_processes(run))  # orphaned, still running
+    assert set(helpers) <= set(job_pids(run))  # orphaned, still running
 
     res = run_ups("kill", str(run.path))
     assert res.returncode == 0, res.stderr
