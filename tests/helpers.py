@@ -62,8 +62,6 @@ def status_now(run: Path | object) -> dict:
     (the settled view, then the same payload and JSON encoding). For polling loops: a
     subprocess a poll costs ~0.3 s of CPU, and a suite of real jobs on two cores is CPU-bound.
     What a test finally asserts on still comes from the real command where it matters."""
-    import json
-
     from ups.cli.runs import _gpu_by_pid, status_payload
     from ups.launch.reconcile import load_settled_view
     from ups.runs.rundir import RunDir
@@ -75,8 +73,6 @@ def status_now(run: Path | object) -> dict:
 def why_now(run: Path | object) -> dict:
     """The verdict `ups why RUN --json` prints (its "verdict"), built in this process by the
     code the command runs; for polling loops, as :func:`status_now`."""
-    import json
-
     from ups.launch.reconcile import load_settled_view
     from ups.runs.rundir import RunDir
     from ups.why import diagnose_view

@@ -28,7 +28,7 @@ from collections.abc import Collection
 from dataclasses import asdict, dataclass
 
 from ups.runs.rundir import RunDir
-from ups.status.procs import process_start_time, same_start, signal_if_same
+from ups.status.procs import process_start_time, same_start
 
 PR_SET_CHILD_SUBREAPER = 36
 SETTLE_S = 1.0  # the job's own clean-up (workers joined, the resource tracker's pipe closed)
@@ -119,6 +119,23 @@ def reap() -> None:
             return
 
 
+def _signal(proc: Leftover, signum: int) -> bool:
+    """Signal ``proc`` only if it is still the process we found (pidfd: no PID reuse race)."""
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        return False
+    try:
+        if not same_start(process_start_time(proc.pid), proc.start):
+            return False
+        signal.pidfd_signal(fd, signum) if hasattr(signal, "pidfd_signal") else signal.pidfd_send_signal(fd, signum)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
 def _alive(procs: list[Leftover]) -> list[Leftover]:
     reap()
     out = []
@@ -152,15 +169,15 @@ def sweep(run: RunDir, *, actor: str, observe_only: bool, stopping: bool = False
         return left
     grace = STOPPING_GRACE_S if stopping else TERM_GRACE_S
     for p in left:
-        signal_if_same(p.pid, p.start, signal.SIGTERM)
+        _signal(p, signal.SIGTERM)
     after_term = _wait_gone(left, grace)
     for p in after_term:
-        signal_if_same(p.pid, p.start, signal.SIGKILL)
+        _signal(p, signal.SIGKILL)
     survivors = _wait_gone(after_term, KILL_WAIT_S)
     # A process started by a leftover while we waited is the job's too: one more look.
     late = [p for p in find(keep=keep) if p.pid not in {q.pid for q in left}]
     for p in late:
-        signal_if_same(p.pid, p.start, signal.SIGKILL)
+        _signal(p, signal.SIGKILL)
     survivors += _wait_gone(late, KILL_WAIT_S)
     run.append_event("leftovers", actor=actor, processes=evidence, action=f"SIGTERM, then SIGKILL after {grace:g} s", terminated=[p.pid for p in left if p not in after_term],
                      killed=[p.pid for p in after_term + late if p not in survivors],

@@ -226,8 +226,11 @@ class JobScope:
         return out
 
     # -- the proof -----------------------------------------------------------------------
-    def prove(self, pid: int, pid_start: float | None, label: str) -> str:
-        """Why ``pid`` is the job's (a short phrase); RefusedSignal when it is not proven."""
+    def prove(self, pid: int, pid_start: float | None, label: str, *, via_actor: bool = True) -> str:
+        """Why ``pid`` is the job's (a short phrase); RefusedSignal when it is not proven.
+
+        ``via_actor=False``: a descendant of the acting process proves nothing (a sweep for
+        what no record names must not take a console's other runs for this one's)."""
         if pid <= 1:
             raise RefusedSignal(f"{label} names pid {pid}: ups never signals pid 1 or lower")
         info = proc_info(pid)
@@ -240,6 +243,8 @@ class JobScope:
             raise RefusedSignal(f"pid {pid} ({label}) runs as {user_name(info.euid)}, not as the run's owner "
                                 f"{user_name(self.owner)}: refusing to signal it")
         anchors = self.anchors()
+        if not via_actor:
+            anchors.pop(self.actor_pid, None)
         for entry in self.launchers:
             if _int(entry.get("pid")) == pid and pid in anchors:
                 return "the run's launcher"

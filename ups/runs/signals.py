@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ups.errors import RefusedSignal
-from ups.runs.ownership import MAX_DEPTH, JobScope, catches, check_record_owner, cmdline, proc_info
+from ups.runs.ownership import JobScope, catches, check_record_owner, cmdline, proc_info
 from ups.runs.rundir import RunDir
 from ups.status.host import hostname
-from ups.status.procs import is_zombie, process_start_time, same_start, signal_if_same
+from ups.status.procs import process_start_time, same_start
 from ups.status.record import StatusRecord
 
 DEFAULT_GRACE_S = 5.0
@@ -173,86 +173,46 @@ def terminate(
     return list(results.values())
 
 
-def unrecorded_members(run: RunDir, scope: JobScope, named: Iterable[int] = ()) -> list[tuple[int, float | None, str]]:
-    """Live processes the kernel ties to the job that no record named: ``(pid, start, proof)``.
+def unrecorded_members(scope: JobScope, named: Iterable[int] = ()) -> list[tuple[int, float, str]]:
+    """Live processes the kernel proves the job's that no record named: ``(pid, start, proof)``.
 
     What a kill from the records alone misses: a job killed before it wrote its first record,
     DataLoader workers started a moment before the kill, whatever was orphaned when the
     launcher died (re-parented to init once the subreaper is gone), the launcher's own helpers.
-    Members are the job's session (:meth:`JobScope.sessions`) and descendants of the run's
-    launcher or top process; never this command or its parents, never a descendant of this
-    command only (a console's other runs), never another user's process, never pid 1."""
-    sessions = scope.sessions()
-    anchors = {pid: what for pid, what in scope.anchors().items() if pid != scope.actor_pid}
-    if not sessions and not anchors:
-        return []
+    Each is proven by :meth:`JobScope.prove` (the job's session, or a descendant of its
+    launcher or top process; never by descending from this command alone), never this
+    command or one of its parents."""
     skip = own_lineage() | set(named)
-    table = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) > 1 and int(entry) not in skip:
-            info = proc_info(int(entry))
-            if info is not None and info.uid == scope.owner and info.euid == scope.owner:
-                table[info.pid] = info
     out = []
-    for pid, info in table.items():
-        if info.sid in sessions:
-            out.append((pid, info.start, f"in {sessions[info.sid]}"))
+    for entry in os.listdir("/proc"):
+        pid = int(entry) if entry.isdigit() else 0
+        info = proc_info(pid) if pid > 1 and pid not in skip else None
+        if info is None or info.start is None or info.uid != scope.owner:
             continue
-        cur, seen = info.ppid, 0
-        while cur > 1 and seen < MAX_DEPTH:
-            if cur in anchors:
-                out.append((pid, info.start, f"a descendant of {anchors[cur]} (pid {cur})"))
-                break
-            up = table.get(cur) or proc_info(cur)
-            if up is None:
-                break
-            cur, seen = up.ppid, seen + 1
+        try:
+            out.append((pid, info.start, scope.prove(pid, info.start, f"pid {pid}", via_actor=False)))
+        except RefusedSignal:
+            continue
     return out
 
 
 def end_unrecorded(run: RunDir, scope: JobScope, named: Iterable[int], *, actor: str, reason: str, grace: float,
                    force: bool) -> list[KillResult]:
-    """End every :func:`unrecorded_members` process: SIGTERM (SIGKILL with ``force``), then
-    SIGKILL after ``grace``; each signal pidfd-checked against the start time it was proven
-    with and logged with its proof. The job's output relay goes last, once the processes
-    that write into it are gone, so what they printed reaches the log."""
-    results: dict[int, KillResult] = {}
-    for last in (False, True):
-        members = [m for m in unrecorded_members(run, scope, named) if m[0] not in results
-                   and ("ups.launch.logrelay" in (cmdline(m[0]) or [])) == last]
-        if last and members:  # the relay leaves by itself at the end of its input
-            deadline = time.monotonic() + 2.0
-            while members and time.monotonic() < deadline:
-                time.sleep(0.05)
-                members = [m for m in members if _lives(m[0], m[1])]
-        waiting = []
-        for pid, start, proof in members:
-            if signal_if_same(pid, start, signal.SIGKILL if force else signal.SIGTERM):
-                log_event(run, "signal", actor=actor, reason=f"{reason} (no record names it)", target=f"pid {pid}",
-                          pid=pid, signal="SIGKILL" if force else "SIGTERM", proof=proof, command=" ".join(cmdline(pid) or [])[:200])
-                waiting.append((pid, start))
-        deadline = time.monotonic() + (2.0 if force else grace)
-        while True:
-            for pid, start in [w for w in waiting if not _lives(*w)]:
-                results[pid] = KillResult(f"pid {pid}", pid, "killed" if force else "terminated")
-                waiting.remove((pid, start))
-            if not waiting or time.monotonic() >= deadline:
-                break
+    """End every :func:`unrecorded_members` process as :func:`terminate` ends a record's (each
+    signal re-proven, logged with its proof, "no record names it"). The job's output relay goes
+    last, once the processes that write into it are gone, so what they printed reaches the log."""
+    results: list[KillResult] = []
+    for relay in (False, True):
+        members = [m for m in unrecorded_members(scope, [*named, *(r.pid for r in results)])
+                   if ("ups.launch.logrelay" in (cmdline(m[0]) or [])) == relay]
+        deadline = time.monotonic() + (2.0 if relay else 0.0)  # the relay leaves at the end of its input
+        while members and time.monotonic() < deadline:
             time.sleep(0.05)
-        for pid, start in waiting:
-            if signal_if_same(pid, start, signal.SIGKILL):
-                log_event(run, "signal", actor=actor, reason=f"{reason} (no exit after {grace:g} s)", target=f"pid {pid}",
-                          pid=pid, signal="SIGKILL", proof="signalled above")
-            end = time.monotonic() + 5.0
-            while time.monotonic() < end and _lives(pid, start):
-                time.sleep(0.05)
-            results[pid] = KillResult(f"pid {pid}", pid, "survived SIGKILL (D state?)" if _lives(pid, start) else "killed")
-    return list(results.values())
-
-
-def _lives(pid: int, start: float | None) -> bool:
-    """Still the process proven, and not a zombie (one that ended and waits for its parent)."""
-    return same_start(process_start_time(pid), start) and not is_zombie(pid)
+            members = [m for m in members if same_start(process_start_time(m[0]), m[1])]
+        stand_ins = [StatusRecord(run_id=run.run_id, role="helper", name=f"pid {pid}", pid=pid, pid_start=start,
+                                  host=hostname()) for pid, start, _ in members]
+        results += terminate(run, stand_ins, actor=actor, reason=f"{reason} (no record names it)", grace=grace, force=force)
+    return results
 
 
 def _alive_or_refused(rec: StatusRecord, results: dict[str, KillResult], outcome: str) -> bool:

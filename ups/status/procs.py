@@ -122,24 +122,3 @@ def this_process_start() -> float:
     start = process_start_time(os.getpid())
     assert start is not None
     return start
-
-
-def signal_if_same(pid: int, start: float | None, signum: int) -> bool:
-    """Send ``signum`` to ``pid`` only while it is the process that started at ``start``: the
-    pid is pinned with a pidfd before the start time is compared, so a pid reused in between
-    is never signalled. True when sent."""
-    import signal
-
-    try:
-        fd = os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        return False
-    try:
-        if start is None or not same_start(process_start_time(pid), start):
-            return False
-        signal.pidfd_send_signal(fd, signum)
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
