@@ -105,8 +105,16 @@ def launch(args: list[str]) -> ActionResult:
 
 
 def remote_action(spec, what: str, run_id: str, record: StatusRecord, *, force: bool = False) -> ActionResult:  # noqa: ANN001
-    """Kill or dump the stacks of a process of another node: that node's ``ups``, over ssh."""
+    """Kill or dump the stacks of a process of another node: that node's ``ups``, over ssh.
+    What goes into the remote command from a node's stream is checked first: a run id, a
+    rank and a worker number, never an option or a word of shell."""
     from ups.runs.remote import remote_ups
+    from ups.runs.rundir import check_run_id
+
+    try:
+        check_run_id(run_id)
+    except UpsError as exc:
+        return ActionResult(False, str(exc))
 
     if record.role in ("launcher", "agent"):
         target: list[str] = []  # that node's part of the run: its launcher stops its agent and ranks

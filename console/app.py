@@ -21,7 +21,7 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.worker import get_current_worker
 
-from console.screens.other import ConfirmKill, RunsScreen
+from console.screens.other import ConfirmKill, ConfirmRelaunch, RunsScreen
 from console.screens.run import RunScreen
 from console.snapshots import Poller, Snapshot
 
@@ -166,6 +166,28 @@ class UpsConsole(App):
 
         self.push_screen(ConfirmKill(title, lines), done)
 
+    def confirm_relaunch(self, run_id: str) -> None:
+        """Show the command a relaunch with num_workers=0 would run; run it on 'y'. A run that
+        is not provably this user's is refused here, before any question."""
+        if self.readonly:
+            return
+        from ups.errors import UpsError
+        from ups.launch.relaunch import plan_relaunch
+        from ups.runs.rundir import RunDir
+
+        try:
+            plan = plan_relaunch(RunDir(self.runs_dir / run_id), num_workers=0)
+        except UpsError as exc:
+            self.notify(str(exc), severity="error", timeout=8, markup=False)
+            return
+
+        def done(choice: str | None) -> None:
+            if choice:
+                self.perform("relaunch", run_id, None)
+
+        self.push_screen(ConfirmRelaunch(f"Relaunch {run_id} as a new run with num_workers=0?",
+                                         [f"command: {plan.shown()}", "the run is stopped first if it is still alive"]), done)
+
     def perform(self, what: str, run_id: str, record: Any, force: bool = False) -> None:
         if self.readonly:
             self.notify("read-only console", severity="warning")
@@ -181,7 +203,7 @@ class UpsConsole(App):
         spec = self.poller.remote_for(run_id, record.host) if record is not None else None
         if spec is not None:  # a process of another node: that node's ups does it, over ssh
             result = actions.remote_action(spec, what, run_id, record, force=force)
-            self.call_from_thread(self.notify, result.message, severity="information" if result.ok else "error", timeout=6)
+            self.call_from_thread(self.notify, result.message, severity="information" if result.ok else "error", timeout=6, markup=False)
             return
         if what == "kill":
             result = actions.kill_run(run, force=force) if record is None else actions.kill_process(run, record, force=force)
@@ -198,7 +220,7 @@ class UpsConsole(App):
         else:  # pragma: no cover
             return
         message = result.message if what != "stacks" or not result.ok else f"stacks of {record.label} dumped"
-        self.call_from_thread(self.notify, message, severity="information" if result.ok else "error", timeout=6)
+        self.call_from_thread(self.notify, message, severity="information" if result.ok else "error", timeout=6, markup=False)
 
 
 def run_console(runs_dir: str | Path, run_id: str | None = None, readonly: bool = False, refresh: float = 1.0,

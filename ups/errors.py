@@ -26,5 +26,9 @@ class CorruptRun(UpsError):
     """A run directory exists but its manifest cannot be read."""
 
 
-class RefusedSignal(UpsError):
+class Refused(UpsError):
+    """An action on a run was refused: the run or the process is not provably this user's."""
+
+
+class RefusedSignal(Refused):
     """A signal was refused because the target is not provably the run's process."""

@@ -79,6 +79,16 @@ class Message:
     verdict: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # What a notification says goes to another screen (a phone, a mail reader, a shell
+        # command): one line for the summary (also a mail's Subject), no control characters.
+        from ups.status.printable import printable
+        from ups.status.safeio import safe_value
+
+        self.line = printable(self.line)
+        if self.verdict is not None:
+            self.verdict = safe_value(self.verdict)
+
     def to_dict(self) -> dict[str, Any]:
         return {"event": self.event, "run_id": self.run_id, "run_dir": self.run_dir, "summary": self.line,
                 "state": self.state, "mode": self.mode, "verdict": self.verdict, **self.extra,

@@ -85,14 +85,16 @@ class ConfirmKill(ModalScreen[str | None]):
         self.title_text = title
         self.lines = lines
 
+    CHOICES = (("TERM (t)", "TERM", "warning"), ("KILL (x)", "KILL", "error"))
+
     def compose(self) -> ComposeResult:
         with Vertical(id="confirm"):
-            yield Label(self.title_text, id="confirm-title")
+            yield Label(Text(self.title_text), id="confirm-title")  # run ids, labels, commands: text, never markup
             for line in self.lines:
-                yield Label(line)
+                yield Label(Text(line))
             with Horizontal(id="confirm-buttons"):
-                yield Button("TERM (t)", id="TERM", variant="warning")
-                yield Button("KILL (x)", id="KILL", variant="error")
+                for label, choice, variant in self.CHOICES:
+                    yield Button(label, id=choice, variant=variant)
                 yield Button("Cancel (esc)", id="cancel")
 
     def action_choose(self, choice: str | None) -> None:
@@ -101,6 +103,13 @@ class ConfirmKill(ModalScreen[str | None]):
     @on(Button.Pressed)
     def pressed(self, event: Button.Pressed) -> None:
         self.dismiss(None if event.button.id == "cancel" else event.button.id)
+
+
+class ConfirmRelaunch(ConfirmKill):
+    """Shows the command a relaunch would run (and where) before anything starts."""
+
+    BINDINGS = [Binding("y", "choose('relaunch')", "Relaunch"), Binding("escape", "choose(None)", "Cancel")]
+    CHOICES = (("Relaunch (y)", "relaunch", "warning"),)
 
 
 class LaunchScreen(Screen):
@@ -132,7 +141,7 @@ class LaunchScreen(Screen):
         v = {w.id: w.value.strip() for w in self.query(Input)}
         kind = v["kind"]
         if kind not in ("precompute", "train", "pipeline"):
-            self.query_one("#launch-status", Static).update(f"[red]kind must be precompute, train or pipeline, not {kind!r}[/red]")
+            self.query_one("#launch-status", Static).update(Text(f"kind must be precompute, train or pipeline, not {kind!r}", style="red"))
             return None
         args = [sys.executable, "-m", "ups", "launch", kind, "--cache-dir", v["cache"], "--detach", "--json",
                 "--runs-dir", str(self.app.runs_dir)]
@@ -169,7 +178,7 @@ class LaunchScreen(Screen):
             self.app.pop_screen()
             self.app.open_run(result.message)
         else:
-            self.query_one("#launch-status", Static).update(f"[red]{result.message}[/red]")
+            self.query_one("#launch-status", Static).update(Text(result.message, style="red"))
 
 
 class DoctorScreen(Screen):
@@ -203,6 +212,6 @@ class DoctorScreen(Screen):
         t.clear()
         styles = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
         for r in report.results:
-            t.add_row(r.id, Text(r.status, styles[r.status]), r.detail + (f" → {r.hint}" if r.hint and r.status != "ok" else ""))
+            t.add_row(r.id, Text(r.status, styles[r.status]), Text(r.detail + (f" → {r.hint}" if r.hint and r.status != "ok" else "")))
         s = report.summary()
         self.query_one("#doctor-title", Static).update(f"ups doctor: {s['ok']} ok, {s['warn']} warn, {s['fail']} fail, {s['skip']} skip")

@@ -199,4 +199,4 @@ class RunScreen(Screen):
         self.app.perform("adopt", self.run_id, None)
 
     def action_relaunch(self) -> None:
-        self.app.perform("relaunch", self.run_id, None)
+        self.app.confirm_relaunch(self.run_id)

@@ -10,7 +10,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from rich.text import Text
 from textual.widgets import DataTable
+
+
+def _cells(cells: Sequence[Any]) -> tuple[Any, ...]:
+    return tuple(Text(c) if isinstance(c, str) else c for c in cells)
 
 
 class LiveTable(DataTable):
@@ -32,17 +37,18 @@ class LiveTable(DataTable):
 
     def sync(self, rows: Sequence[tuple[str, Any]]) -> None:
         """Show ``rows``: (key, cells) pairs, where cells is a tuple or a zero-argument
-        callable making it. Callables are only called for rows that are drawn this tick."""
+        callable making it. Callables are only called for rows that are drawn this tick.
+        A cell that is a plain string is shown as text: DataTable would read it as markup,
+        and a run's name or a record's phase may hold ``[link=...]``."""
         keys = [k for k, _ in rows]
         if keys != self._order:
-            self._rebuild([(k, c() if callable(c) else c) for k, c in rows])
+            self._rebuild([(k, _cells(c() if callable(c) else c)) for k, c in rows])
             return
         first = max(0, int(self.scroll_offset.y) - 2)
         last = first + max(1, self.size.height) + 4
         for i in range(first, min(last + 1, len(rows))):
             key, cells = rows[i]
-            if callable(cells):
-                cells = cells()
+            cells = _cells(cells() if callable(cells) else cells)
             shown = self._shown.get(key)
             if shown == cells:
                 continue

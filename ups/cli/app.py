@@ -12,6 +12,7 @@ import sys
 import typer
 from typer.core import TyperGroup
 
+from ups.cli.common import say_error
 from ups.errors import UpsError
 
 
@@ -22,7 +23,7 @@ class UpsGroup(TyperGroup):
         try:
             return super().invoke(ctx)
         except UpsError as exc:
-            typer.echo(f"ups: {exc}", err=True)
+            say_error(exc)
             raise typer.Exit(exc.exit_code) from None
 
 
@@ -98,7 +99,7 @@ def main() -> None:
     try:
         app()
     except UpsError as exc:  # raised outside a command's own handling
-        typer.echo(f"ups: {exc}", err=True)
+        say_error(exc)
         sys.exit(exc.exit_code)
 
 

@@ -48,8 +48,25 @@ def print_json(obj: Any) -> None:
 
 def fail(message: str, code: int = 2) -> typer.Exit:
     """Print ``ups: <message>`` on stderr and return an Exit to raise."""
-    typer.echo(f"ups: {message}", err=True)
+    say_error(message)
     return typer.Exit(code)
+
+
+def say_error(message: object) -> None:
+    """``ups: <message>`` on stderr, one line: an error may quote a path or a value from a
+    runs folder, so its control characters are shown, never sent."""
+    from ups.status.printable import printable
+
+    typer.echo(f"ups: {printable(str(message))}", err=True)
+
+
+def text_console(stderr: bool = False, **kwargs: Any):  # noqa: ANN201 - rich is imported lazily
+    """A Rich console for the CLI's tables and verdicts: strings are text, never markup or
+    emoji codes (a run's name or a record's phase may hold ``[link=...]``), and no
+    highlighting. Styles come only from ``Text`` objects that ups builds."""
+    from rich.console import Console
+
+    return Console(stderr=stderr, markup=False, emoji=False, highlight=False, **kwargs)
 
 
 def cli_actor() -> str:

@@ -58,12 +58,19 @@ def relaunch_cmd(
     instrumentation overrides num_workers and drops persistent_workers / prefetch_factor):
     the way out when workers hang or die and the program is not yours to change. A
     precompute resumes from its cache. Both runs record the relaunch in their events.
+
+    Only a run of yours is relaunched: its folder and run.json must be yours and writable by
+    no one else (a run another user put in a shared runs folder is refused, with whose it
+    is). The command that will run is printed first.
     """
     from ups.cli.launch import start_and_follow
-    from ups.launch.relaunch import relaunch
+    from ups.launch.relaunch import plan_relaunch, relaunch
     from ups.runs.rundir import resolve_run
 
-    new = relaunch(resolve_run(runs_dir, run), str(runs_dir), num_workers=num_workers, actor=cli_actor(), grace=grace)
+    rd = resolve_run(runs_dir, run)
+    plan = plan_relaunch(rd, num_workers=num_workers)
+    typer.echo(f"relaunching {rd.run_id} as a new run: {plan.shown()}", err=True)
+    new = relaunch(rd, str(runs_dir), num_workers=num_workers, actor=cli_actor(), grace=grace, plan=plan)
     start_and_follow(new, detach=detach, json_out=json)
 
 

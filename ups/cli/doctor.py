@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from ups.cli.app import app
-from ups.cli.common import JsonOption, RunsDirOption, default_runs_dir, print_json
+from ups.cli.common import JsonOption, RunsDirOption, default_runs_dir, print_json, text_console
 from ups.format import HEALTH_STYLES
 
 STATUS_STYLES = {"ok": HEALTH_STYLES["ok"], "warn": "yellow", "fail": "bold red", "skip": "dim"}
@@ -49,7 +49,6 @@ def doctor_cmd(
     if json:
         print_json(report.to_dict())
     else:
-        from rich.console import Console
         from rich.table import Table
         from rich.text import Text
 
@@ -61,7 +60,7 @@ def doctor_cmd(
             if r.hint and r.status in ("warn", "fail"):
                 detail.append(f"\n→ {r.hint}", style="cyan")
             table.add_row(r.id, Text(r.status, STATUS_STYLES[r.status]), detail, f"{r.duration_s:.1f}s")
-        console = Console(highlight=False)
+        console = text_console()
         console.print(table)
         s = report.summary()
         console.print(f"{s['ok']} ok, {s['warn']} warn, {s['fail']} fail, {s['skip']} skip in {report.duration_s:.1f} s")

@@ -11,6 +11,7 @@ import time
 
 import typer
 
+from ups.cli.common import text_console
 from ups.format import HEALTH_STYLES, fmt_duration, fmt_progress, fmt_rate
 from ups.launch.reconcile import load_settled_view as load_run_view
 from ups.runs.rundir import FINAL_RUN_STATES, RunDir
@@ -98,10 +99,9 @@ def follow_run(run: RunDir, *, interval: float = 0.5, live: bool | None = None) 
     typer.echo(f"run {run.run_id} ({run.path}); Ctrl-C stops following, the job keeps running", err=True)
     try:
         if live:
-            from rich.console import Console
             from rich.live import Live
 
-            with Live(_render(load_run_view(run), []), refresh_per_second=4, transient=False, console=Console(stderr=True)) as lv:
+            with Live(_render(load_run_view(run), []), refresh_per_second=4, transient=False, console=text_console(stderr=True)) as lv:
                 while True:
                     view = load_run_view(run)
                     lv.update(_render(view, run.read_events(limit=50)))

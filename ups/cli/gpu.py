@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from ups.cli.app import app
-from ups.cli.common import JsonOption, RunsDirOption, default_runs_dir, print_json
+from ups.cli.common import JsonOption, RunsDirOption, default_runs_dir, print_json, text_console
 from ups.format import fmt_bytes
 
 EXIT_NO_GPU = 1
@@ -80,9 +80,8 @@ def gpu_cmd(
                 pass
         return
     else:
-        from rich.console import Console
 
-        Console(highlight=False).print(render_gpu(view))
+        text_console().print(render_gpu(view))
         if not view.gpu.available:
             typer.echo("hint: install the NVIDIA driver, or check CUDA_VISIBLE_DEVICES / the container's --gpus flag", err=True)
     if not view.gpu.available:

@@ -22,6 +22,7 @@ from ups.cli.common import (
     cli_actor,
     default_runs_dir,
     print_json,
+    text_console,
 )
 from ups.errors import UpsError
 from ups.format import (
@@ -53,9 +54,7 @@ WorkerOption = Annotated[
 
 
 def _console(stderr: bool = False):  # rich is imported lazily: ~30 ms we only pay when drawing
-    from rich.console import Console
-
-    return Console(stderr=stderr, highlight=False)
+    return text_console(stderr)
 
 
 # ---------------------------------------------------------------------------------- runs
@@ -530,14 +529,15 @@ def _status_remote(rd: RunDir | None, run_id: str, specs, *, json: bool, watch: 
 def _relay_remote(remote: list[str], args: list[str]) -> None:
     """Run the same command on each --remote node over SSH; its output here, the worst exit."""
     from ups.runs.remote import RemoteSpec, remote_ups
+    from ups.status.printable import printable
 
     worst = 0
     for spec in (RemoteSpec.parse(r) for r in remote):
         res = remote_ups(spec, *args)
         if len(remote) > 1:
             typer.echo(f"=== {spec.host} ===")
-        sys.stdout.write(res.stdout)
-        sys.stderr.write(res.stderr)
+        sys.stdout.write(printable(res.stdout, lines=True))  # another node's stream is outside input too
+        sys.stderr.write(printable(res.stderr, lines=True))
         if res.returncode == 255:  # ssh's own failure
             typer.echo(f"ups: node {spec.host} unreachable over ssh", err=True)
         worst = max(worst, 1 if res.returncode == 255 else res.returncode)
@@ -711,45 +711,62 @@ def logs_cmd(
     rank: RankOption = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines until the run ends or Ctrl-C.")] = False,
     lines: Annotated[int, typer.Option("--lines", "-n", help="Lines from the end to start with.")] = 50,
+    raw: Annotated[bool, typer.Option("--raw", help="The log's bytes as the program wrote them, escape sequences and all "
+                                      "(by default only its colours are kept and every other control is removed).")] = False,
     runs_dir: RunsDirOption = default_runs_dir(),
 ) -> None:
-    """Print the job's log (or one rank's with --rank)."""
+    """Print the job's log (or one rank's with --rank).
+
+    The program's colours are kept; any other terminal control in the log (cursor moves,
+    screen clears, window titles, OSC 52 clipboard writes) is removed, so a log cannot act on
+    your terminal. --raw prints the bytes as written."""
     from ups.runs.actions import find_logs
     from ups.runs.rundir import FINAL_RUN_STATES, resolve_run
-    from ups.status.safeio import OPEN_READ, BadFile, open_regular, read_tail
+    from ups.status.printable import printable, sgr_only
+    from ups.status.safeio import OPEN_READ, BadFile, open_regular
+
+    def show(data: bytes) -> None:
+        if raw:
+            sys.stdout.buffer.write(data)
+        else:
+            sys.stdout.write(sgr_only(data.decode(errors="replace")))
+        sys.stdout.flush()
 
     rd = resolve_run(runs_dir, run)
     paths = find_logs(rd, rank)
     budget = max(1, lines) * 4096  # the last N lines, read from no more than ~4 KB a line
-    for path in paths[1:]:  # a rank's stderr after its stdout
-        typer.echo(f"==> {path.name} <==")
-        try:
-            for line in read_tail(path, budget).splitlines()[-lines:]:
-                typer.echo(line)
+    for path in [*paths[1:], paths[0]]:  # a rank's stderr after its stdout, then the log itself
+        main_log = path == paths[0]
+        if main_log and not path.exists():
+            raise UpsError(f"no log yet at {path}")
+        if len(paths) > 1:
+            typer.echo(f"==> {printable(path.name)} <==")
+        try:  # a regular file only: a FIFO named like a log must not hang `ups logs`
+            fd = open_regular(path, OPEN_READ)
         except (OSError, BadFile) as exc:
-            typer.echo(f"unreadable: {path.name}: {exc}")
-    path = paths[0]
-    if not path.exists():
-        raise UpsError(f"no log yet at {path}")
-    if len(paths) > 1:
-        typer.echo(f"==> {path.name} <==")
-    try:  # a regular file only: a FIFO named like a log must not hang `ups logs`
-        fd = open_regular(path, OPEN_READ)
-    except BadFile as exc:
-        raise UpsError(f"{path}: {exc}") from None
-    with os.fdopen(fd, "rb") as fh:
+            if main_log:
+                raise UpsError(f"{path}: {exc}") from None
+            typer.echo(f"unreadable: {printable(path.name)}: {exc}")
+            continue
+        fh = os.fdopen(fd, "rb")
         fh.seek(max(0, os.fstat(fd).st_size - budget))
-        tail = fh.read().decode(errors="replace").splitlines()[-lines:]
-        for line in tail:
-            typer.echo(line)
+        tail = fh.read().splitlines(keepends=True)[-lines:]
+        show(b"".join(tail) + (b"" if not tail or tail[-1].endswith((b"\n", b"\r")) else b"\n"))
+        if not main_log:
+            fh.close()
+    with fh:
         if not follow:
             return
+        pending = b""
         try:
             while True:
                 chunk = fh.read()
-                if chunk:
-                    sys.stdout.write(chunk.decode(errors="replace"))
-                    sys.stdout.flush()
+                if chunk:  # whole lines only: an escape sequence is never cut in two
+                    pending += chunk
+                    cut = max(pending.rfind(b"\n"), pending.rfind(b"\r")) + 1
+                    if cut:
+                        show(pending[:cut])
+                        pending = pending[cut:]
                     continue
                 try:
                     if rd.read_manifest().get("state") in FINAL_RUN_STATES:
@@ -759,3 +776,5 @@ def logs_cmd(
                 time.sleep(0.3)
         except KeyboardInterrupt:
             pass
+        if pending:
+            show(pending + b"\n")

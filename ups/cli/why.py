@@ -14,6 +14,7 @@ from ups.cli.common import (
     RunsDirOption,
     default_runs_dir,
     print_json,
+    text_console,
 )
 
 
@@ -61,10 +62,9 @@ def why_cmd(
         print_json({"run_id": run_id, "run_dir": str(rd.path), "state": view.state, "verdict": verdict.to_dict(),
                     "attempts": attempts})
     else:
-        from rich.console import Console
         from rich.text import Text
 
-        console = Console(highlight=False, soft_wrap=True)  # no newlines inside a command to copy
+        console = text_console(soft_wrap=True)  # no newlines inside a command to copy
         console.print(Text.assemble((f"{run_id} ({view.state}): ", "bold"),
                                     (verdict.headline, "green" if verdict.ok else "bold red")))
         rest = verdict.text()[len(verdict.headline.rstrip(".")) + 1 :].strip()

@@ -6,6 +6,11 @@ event append or manifest change is kept in memory, in order, and written with th
 that succeeds (the supervisor also retries once a second, and at the run's end waits for space
 to record the truth). The first failure is remembered as evidence: a run whose records are
 incomplete because the disk was full says so instead of blaming the job.
+
+A run folder can also vanish under a running job (``rm -rf runs`` while it runs) or be
+replaced by another folder of the same name. The job is the user's and goes on; the
+launcher then writes nothing more (not into a folder that is not its run) and keeps nothing
+to write later: :meth:`LauncherRun.gone` says so, and the supervisor ends with the job.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import time
 from typing import Any
 
 from ups.runs.rundir import RunDir
+from ups.status.reporter import folder_identity
 
 MAX_PENDING_EVENTS = 10_000  # beyond this, events are counted, not kept
 
@@ -30,6 +36,15 @@ class LauncherRun(RunDir):
         self._changes: dict[str, Any] = {}
         self.lost_events = 0
         self.write_failure: dict[str, Any] | None = None  # the first: {"at", "error", "errno"}
+        self._identity = folder_identity(self.path)
+
+    def gone(self) -> str | None:
+        """Why the run folder is no longer this run's ("deleted", "replaced by another
+        folder"), or None while it is."""
+        now = folder_identity(self.path)
+        if now == self._identity:
+            return None
+        return "deleted" if now is None else "replaced by another folder"
 
     @property
     def pending(self) -> bool:
@@ -57,6 +72,8 @@ class LauncherRun(RunDir):
 
     def append_event(self, event: str, *, actor: str, **fields: Any) -> dict[str, Any]:
         entry = {"ts": time.time(), **fields}
+        if self.gone():
+            return {"event": event, "actor": actor, **entry}
         with self._pending_lock:
             if len(self._events) >= MAX_PENDING_EVENTS:
                 self.lost_events += 1
@@ -66,6 +83,8 @@ class LauncherRun(RunDir):
         return {"event": event, "actor": actor, **entry}
 
     def update_manifest(self, **changes: Any) -> dict[str, Any]:
+        if self.gone():
+            return changes
         with self._pending_lock:
             merged = {**self._changes, **changes}
             try:
@@ -78,7 +97,12 @@ class LauncherRun(RunDir):
             return manifest
 
     def flush_pending(self) -> bool:
-        """Write what is kept; True when nothing is left."""
+        """Write what is kept; True when nothing is left (or nowhere is left to write it)."""
+        if self.gone():
+            with self._pending_lock:
+                self._events.clear()
+                self._changes = {}
+            return True
         with self._pending_lock:
             if self._changes:
                 self.update_manifest()

@@ -95,9 +95,12 @@ def load_settled_view(run, **kwargs) -> RunView:  # noqa: ANN001
 
 def adopt(run, *, actor: str, wait_s: float = 10.0) -> int:  # noqa: ANN001
     """Give an unsupervised run a new supervisor; its pid. A run that still has its launcher,
-    or has ended, is refused; one whose processes are all gone is settled instead."""
+    or has ended, is refused; one whose processes are all gone is settled instead. A run that
+    is not provably this user's is refused before anything (Refused: whose it is, and why)."""
     from ups.launch.spawn import spawn_supervisor
+    from ups.runs.ownership import OwnRun
 
+    OwnRun(run.path, nothing="nothing adopted").close()
     view = load_run_view(run)
     launcher = (view.manifest or {}).get("launcher") or {}
     if view.supervision == "final":

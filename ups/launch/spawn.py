@@ -92,9 +92,14 @@ def _entries(root: str | os.PathLike[str]) -> set[str]:
 
 def spawn_supervisor(run: RunDir, *, adopt: bool = False) -> subprocess.Popen[bytes]:
     """``python -m ups.launch.supervise RUN`` in a session of its own, its pid in run.json at
-    once (a reader can tell a launcher that died before it wrote anything)."""
+    once (a reader can tell a launcher that died before it wrote anything).
+
+    A launcher runs what its run folder says, so the folder must be proven this user's first
+    (Refused otherwise, before anything is written there)."""
+    from ups.runs.ownership import OwnRun
     from ups.status.procs import process_start_time
 
+    OwnRun(run.path, nothing="no launcher started").close()
     launcher_log = open(run.log_path("launcher"), "ab", opener=append_opener)  # noqa: SIM115 - handed to the child
     try:
         proc = subprocess.Popen(

@@ -22,6 +22,7 @@ import threading
 import time
 from typing import Any
 
+from ups.errors import Refused
 from ups.launch import kinds as _kinds  # noqa: F401 - registers the per-kind finalizers
 from ups.launch import leftovers
 from ups.launch.autostacks import StackCollector
@@ -55,7 +56,13 @@ def _own_process_group() -> dict[str, Any]:
 
 class Supervisor:
     def __init__(self, run: RunDir) -> None:
+        from ups.runs.ownership import OwnRun
+
         self.run = run
+        # What the job runs (its command, env, cwd, notification commands) is read through the
+        # proof that the run is this user's: a launcher never runs what someone else wrote.
+        with OwnRun(run.path, nothing="nothing started") as own:
+            self.exec = own.launch_fields()
         self.manifest = run.read_manifest()
         self.child: subprocess.Popen[bytes] | None = None
         self.pgid: int | None = None  # the job's process group: every signal goes to all of it
@@ -68,10 +75,11 @@ class Supervisor:
         self.extra_env: dict[str, str] = {}  # for the next attempt (UPS_FORCE_NUM_WORKERS on a worker fallback)
         from ups.notify import Notifier
 
-        self.notifier = Notifier.for_run(run, self.manifest)  # --notify, or the user's config; None: nobody to tell
+        self.notifier = Notifier.for_run(run, self.exec)  # --notify, or the user's config; None: nobody to tell
         self.relay: subprocess.Popen[bytes] | None = None
         self.relay_thread: threading.Thread | None = None
         self.relay_report: dict[str, Any] | None = None
+        self.folder_gone: str | None = None  # the run folder was deleted or replaced (see _check_folder)
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         name = signal_name(signum) or str(signum)
@@ -90,13 +98,13 @@ class Supervisor:
 
     def job_env(self) -> dict[str, str]:
         env = dict(os.environ)
-        env.update({k: str(v) for k, v in (self.manifest.get("env") or {}).items()})
+        env.update(self.exec.get("env") or {})
         env[ENV_RUN_DIR] = str(self.run.path.resolve())
         env[ENV_RUN_ID] = self.run.run_id
         env["UPS_AUTOMATIC"] = self.manifest.get("automatic") or "act"  # jobs' own watchdogs obey it too
         # A restart after a hang continues the metrics series as attempt N+1 (a run made by
         # `ups relaunch` starts from the attempt after its predecessor's: its env says which).
-        first = int((self.manifest.get("env") or {}).get("UPS_ATTEMPT") or 1)
+        first = int((self.exec.get("env") or {}).get("UPS_ATTEMPT") or 1)
         env["UPS_ATTEMPT"] = str(first + self.attempt - 1)
         env.update(self.extra_env)
         env.setdefault("PYTHONUNBUFFERED", "1")
@@ -114,7 +122,9 @@ class Supervisor:
         return env
 
     def start(self) -> None:
-        command = [str(c) for c in self.manifest["command"]]
+        command = list(self.exec.get("command") or [])
+        if not command:
+            raise OSError(f"{self.run.path}/run.json names no command")
         # The job's stdout and stderr go to a pipe that the relay drains into logs/job.log
         # (see ups.launch.logrelay): a full disk drops output, never the program.
         read_end, write_end = os.pipe()
@@ -133,7 +143,7 @@ class Supervisor:
                 stdout=write_end,
                 stderr=subprocess.STDOUT,
                 env=self.job_env(),
-                cwd=self.manifest.get("cwd") or None,
+                cwd=self.exec.get("cwd") or None,
                 **_own_process_group(),
             )
         finally:
@@ -206,9 +216,22 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 pass
             deadline = self._escalate(reporter, deadline)
+            if self._check_folder():
+                continue  # nothing to read or write: the job goes on, and we end with it
             self._retry_pending()
             if self.terminate_requested is None:
                 self._watch_hang(reporter)
+
+    def _check_folder(self) -> bool:
+        """True once the run folder is gone (deleted, or replaced by another folder): the job
+        is the user's and goes on; this launcher writes nothing more, acts on nothing, and
+        ends with the job. Said once on stderr and to syslog (its own log went with the folder)."""
+        if self.folder_gone is None and isinstance(self.run, LauncherRun):
+            self.folder_gone = self.run.gone()
+            if self.folder_gone:
+                say_gone(f"ups launcher (pid {os.getpid()}): run folder {self.run.path} was {self.folder_gone}; "
+                         f"the job ({self.describe()}) goes on, and this launcher ends when it does")
+        return self.folder_gone is not None
 
     # -- --on-hang -------------------------------------------------------------------------
     def _watch_hang(self, reporter: Reporter | Any) -> None:
@@ -328,6 +351,15 @@ class Supervisor:
         return max(0.0, min(TERM_GRACE_S, asked))
 
     def finish(self, returncode: int | None) -> int:
+        if self._check_folder():
+            # Nothing to record the end in: end what the job left behind, say so, and go.
+            self.stacks.stop()
+            self.exits.stop()
+            survivors = self.sweep()
+            say_gone(f"ups launcher (pid {os.getpid()}): the job ended ({describe_returncode(returncode)}); "
+                     f"its run folder {self.run.path} was {self.folder_gone}, so nothing was recorded"
+                     + (f"; {leftovers.describe(survivors)}" if survivors else ""))
+            return 0 if returncode == 0 else 1
         # Give the job's processes a moment to write their final records (no wait when they
         # already have: the run's end is on the critical path of every followed launch).
         deadline = time.monotonic() + 0.2
@@ -476,6 +508,8 @@ class Adopter(Supervisor):
     def _job_alive(self) -> bool:
         if self.job_pid and (self.job_start is None or same_start(process_start_time(self.job_pid), self.job_start)):
             return process_start_time(self.job_pid) is not None
+        if self.folder_gone:
+            return False  # no records left to tell: nothing left to supervise
         view = node_view(load_run_view(self.run))
         return any(not p.record.is_final and p.verdict.health is not Health.DEAD
                    for p in view.processes if p.record.role != "launcher")
@@ -485,6 +519,7 @@ class Adopter(Supervisor):
         while self._job_alive():
             time.sleep(0.25)
             deadline = self._escalate(reporter, deadline)
+            self._check_folder()
         time.sleep(0.2)  # the last records
         from ups.launch.reconcile import derived_returncode
 
@@ -500,7 +535,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     _tolerant_streams()
     run = LauncherRun(args[0])
-    sup = Adopter(run) if adopt else Supervisor(run)
+    try:
+        sup = Adopter(run) if adopt else Supervisor(run)
+    except Refused as exc:  # not provably this user's run: nothing is started, nothing written
+        print(f"ups: {exc}", file=sys.stderr, flush=True)
+        return 2
     if not adopt:
         leftovers.become_subreaper()  # orphans of the job stay ours, to be ended with the run
     run.update_manifest(
@@ -522,8 +561,22 @@ def main(argv: list[str] | None = None) -> int:
         reporter.item(sup.describe())
         rc = sup.wait(reporter)
         code = sup.finish(rc)
-    notify_end(run, sup.notifier)
+    if sup.folder_gone is None:
+        notify_end(run, sup.notifier)
     return code
+
+
+def say_gone(message: str) -> None:
+    """A launcher's word when its run folder is gone: stderr (its log, if anything still
+    reads it) and syslog, where an operator looks for a process that has no folder left."""
+    print(message, file=sys.stderr, flush=True)
+    try:
+        import syslog
+
+        syslog.openlog("ups", syslog.LOG_PID, syslog.LOG_USER)
+        syslog.syslog(syslog.LOG_WARNING, message)
+    except (ImportError, OSError):
+        pass
 
 
 def notify_end(run: RunDir, notifier: Any) -> None:  # noqa: ANN401

@@ -97,6 +97,36 @@ MANIFEST_SPEC: dict[str, Check] = {
 }
 
 
+# What a launcher turns into a process: kept exactly as written (not made safe for display),
+# and read only from a run proven the acting user's (ups.runs.ownership.OwnRun).
+EXEC_FIELDS = ("command", "command_template", "env", "cwd", "notify")
+
+
+def exec_fields(data: dict[str, Any]) -> dict[str, Any]:
+    """The command, its template, environment, working folder and notification targets of a
+    manifest, type-checked but byte for byte; BadFile("'key' <why>") otherwise."""
+
+    def strings(v: Any, what: str) -> list[str]:
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            raise BadFile(f"{what} is not a list of strings")
+        return list(v)
+
+    out: dict[str, Any] = {}
+    for key in ("command", "command_template", "notify"):
+        if data.get(key) is not None:
+            out[key] = strings(data[key], repr(key))
+    env = data.get("env")
+    if env is not None:
+        if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+            raise BadFile("'env' is not an object of strings")
+        out["env"] = dict(env)
+    if data.get("cwd") is not None:
+        if not isinstance(data["cwd"], str):
+            raise BadFile("'cwd' is not a string")
+        out["cwd"] = data["cwd"]
+    return out
+
+
 def check_manifest(data: Any) -> dict[str, Any]:
     """A decoded manifest, every key a reader uses checked; BadFile("'key' <why>") otherwise."""
     if not isinstance(data, dict):

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ups.errors import RefusedSignal
+from ups.errors import Refused, RefusedSignal
 from ups.status.procs import process_start_time, same_start
 
 SUPERVISOR_MODULE = "ups.launch.supervise"
@@ -119,6 +119,143 @@ def _same_folder(a: str, b: Path) -> bool:
         return False
 
 
+class OwnRun:
+    """A run folder proven to be the acting user's, opened once: the one proof behind every
+    action that signals a process of a run or turns what a run holds into a process (a
+    relaunch, a restart, a fallback, a pipeline's stages, an adopting launcher).
+
+    The folder and its ``run.json`` belong to the acting user and no one else may write
+    them, and ``events.jsonl`` (where every action is logged) is a regular file of theirs.
+    The folder is opened once and every file is read through that descriptor, so what was
+    proven is what is read: swapping a folder or a file for another one (a shared 1777 runs
+    folder lets anyone create, though not replace, entries) after the check changes nothing.
+    Anything else raises :class:`~ups.errors.Refused` with one line saying whose it is and why.
+
+    ``manifest`` is run.json as written (decoded JSON, not made safe for display): what is run
+    is exactly what this user wrote."""
+
+    def __init__(self, run_path: str | os.PathLike[str], *, nothing: str = "nothing acted on",
+                 error: type[Refused] = Refused) -> None:
+        from ups.status.safeio import BadFile, decode_json
+
+        self.path = Path(run_path)
+        self.owner = os.geteuid()
+        self._error, self._nothing = error, nothing
+        try:
+            self._dir = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise error(f"{self.path} is not a run folder (no such folder): {nothing}") from None
+        except NotADirectoryError:
+            raise error(f"{self.path} is not a run folder (not a folder): {nothing}") from None
+        except OSError as exc:
+            raise error(f"{self.path}: cannot open the run folder ({exc.strerror or exc}): {nothing}") from None
+        try:
+            self._check("run folder", os.fstat(self._dir))
+            try:
+                st = os.stat("run.json", dir_fd=self._dir, follow_symlinks=False)
+            except FileNotFoundError:
+                raise error(f"{self.path} is not a run folder (no run.json): {nothing}") from None
+            if not stat.S_ISREG(st.st_mode):
+                raise error(f"{self.path} is not a run folder (run.json is not a regular file): {nothing}")
+            self._check("run.json", st)
+            try:
+                events = os.stat("events.jsonl", dir_fd=self._dir, follow_symlinks=False)
+            except FileNotFoundError:
+                events = None
+            if events is not None and (not stat.S_ISREG(events.st_mode) or events.st_uid != self.owner):
+                raise error(f"{self.path}/events.jsonl is not a regular file of yours (a link or another user's): "
+                            f"ups acts only where it can log what it does; {nothing}")
+            try:
+                manifest = decode_json(self.read("run.json"))
+            except (OSError, BadFile) as exc:
+                raise error(f"{self.path}/run.json is unreadable ({exc}): {nothing}") from None
+            if not isinstance(manifest, dict):
+                raise error(f"{self.path}/run.json is not a JSON object: {nothing}")
+            self.manifest: dict[str, Any] = manifest
+        except BaseException:
+            self.close()
+            raise
+
+    def _check(self, what: str, st: os.stat_result) -> None:
+        if st.st_uid != self.owner:
+            raise self._error(f"{self.path}: the {what} belongs to {user_name(st.st_uid)}, not to you "
+                              f"({user_name(self.owner)}): ups reads another user's runs but never acts on them; "
+                              f"{self._nothing}")
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise self._error(f"{self.path}: the {what} is writable by other users (mode {stat.S_IMODE(st.st_mode):o}): "
+                              f"what it holds cannot be trusted; {self._nothing}")
+
+    def read(self, name: str, cap: int = 1 << 20) -> bytes:
+        """A file of the run (``config.json``, ``metrics/rank-0.json``): a regular file of the
+        acting user's that no one else may write, at most ``cap`` bytes; Refused otherwise
+        (FileNotFoundError passes)."""
+        from ups.status.safeio import OPEN_READ, BadFile, read_fd
+
+        try:
+            fd = os.open(name, OPEN_READ, dir_fd=self._dir)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise self._error(f"{self.path}/{name}: {exc.strerror or exc} (not a regular file of yours): {self._nothing}") from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise self._error(f"{self.path}/{name} is not a regular file: {self._nothing}")
+            self._check(name, st)
+            try:
+                return read_fd(fd, cap)
+            except BadFile as exc:
+                raise self._error(f"{self.path}/{name}: {exc}: {self._nothing}") from None
+        finally:
+            os.close(fd)
+
+    def launch_fields(self) -> dict[str, Any]:
+        """What this run turns into a process (command, its template, env, cwd, notification
+        targets: :func:`ups.runs.manifest_spec.exec_fields`), exactly as written: from run.json,
+        or from this host's node manifest for a multi-node run (checked as run.json is)."""
+        from ups.runs.manifest_spec import exec_fields
+        from ups.status.host import hostname
+        from ups.status.safeio import BadFile, decode_json
+
+        source, name = self.manifest, "run.json"
+        if self.manifest.get("multinode"):
+            name = f"nodes/{hostname()}.json"
+            try:
+                source = decode_json(self.read(name))
+            except FileNotFoundError:
+                raise self._error(f"{self.path}: this host has no {name}: {self._nothing}") from None
+            except BadFile as exc:
+                raise self._error(f"{self.path}/{name} is unreadable ({exc}): {self._nothing}") from None
+            if not isinstance(source, dict):
+                raise self._error(f"{self.path}/{name} is not a JSON object: {self._nothing}")
+        try:
+            return exec_fields(source)
+        except BadFile as exc:
+            raise self._error(f"{self.path}/{name}: {exc}: {self._nothing}") from None
+
+    def names(self, folder: str = ".") -> list[str]:
+        """The names in a sub-folder of the run (``metrics``), [] when there is none."""
+        try:
+            fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._dir)
+        except OSError:
+            return []
+        try:
+            return sorted(os.listdir(fd))
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        if getattr(self, "_dir", None) is not None:
+            os.close(self._dir)
+            self._dir = None  # type: ignore[assignment]
+
+    def __enter__(self) -> OwnRun:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 @dataclass(frozen=True)
 class JobScope:
     """What this host's ``/proc`` proves about a run's processes, from its run.json.
@@ -138,39 +275,8 @@ class JobScope:
         Reads run.json only when ``manifest`` is not given (the caller's validated copy)."""
         path = Path(run_path)
         me = os.geteuid()
-        try:
-            folder = os.stat(path)
-            st = os.lstat(path / "run.json")
-        except FileNotFoundError:
-            raise RefusedSignal(f"{path} is not a run folder (no run.json): nothing acted on") from None
-        except OSError as exc:
-            raise RefusedSignal(f"{path}: cannot read the run's ownership ({exc.strerror or exc}): nothing acted on") from None
-        if not stat.S_ISDIR(folder.st_mode) or not stat.S_ISREG(st.st_mode):
-            raise RefusedSignal(f"{path} is not a run folder (run.json is not a regular file): nothing acted on")
-        for what, owner in (("run folder", folder.st_uid), ("run.json", st.st_uid)):
-            if owner != me:
-                raise RefusedSignal(f"{path}: the {what} belongs to {user_name(owner)}, not to you ({user_name(me)}): "
-                                    "ups reads another user's runs but never acts on them")
-        try:
-            events = os.lstat(path / "events.jsonl")
-        except FileNotFoundError:
-            events = None
-        except OSError as exc:
-            raise RefusedSignal(f"{path}/events.jsonl: {exc.strerror or exc}: nothing acted on") from None
-        if events is not None and (not stat.S_ISREG(events.st_mode) or events.st_uid != me):
-            raise RefusedSignal(f"{path}/events.jsonl is not a regular file of yours (a link or another user's): "
-                                "ups acts only where it can log what it does; nothing acted on")
-        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            raise RefusedSignal(f"{path}/run.json is writable by other users (mode {stat.S_IMODE(st.st_mode):o}): "
-                                "its pids cannot be trusted; nothing acted on")
-        if manifest is None:
-            # The trust boundary's reader (its BadFile is a ValueError).
-            from ups.status.safeio import read_json
-
-            try:
-                manifest = read_json(path / "run.json")
-            except (OSError, ValueError) as exc:
-                raise RefusedSignal(f"{path}/run.json is unreadable ({exc}): nothing acted on") from None
+        with OwnRun(path, error=RefusedSignal) as own:
+            manifest = own.manifest if manifest is None else manifest
         if not isinstance(manifest, dict):
             raise RefusedSignal(f"{path}/run.json is not a JSON object: nothing acted on")
         if manifest.get("multinode"):

@@ -34,6 +34,7 @@ from typing import Any
 from ups.errors import CorruptRun, RunNotFound, UpsError
 from ups.runs.manifest_spec import MANIFEST_SCHEMA, RUN_STATES, check_manifest
 from ups.status.host import hostname
+from ups.status.printable import printable
 from ups.status.reporter import write_atomic
 from ups.status.safeio import (
     OPEN_APPEND,
@@ -67,8 +68,9 @@ def make_dir(path: Path, *, exist_ok: bool = False) -> None:
 def check_run_id(run_id: str) -> str:
     """A run id given by the user (``--run-id``, a rendezvous id) is a folder name: letters,
     digits, ``.``, ``_`` and ``-`` only."""
-    if not run_id or run_id.startswith(".") or not set(run_id) <= RUN_ID_CHARS or len(run_id) > 120:
-        raise UpsError(f"run id {run_id!r} must be 1-120 letters, digits, '.', '_' or '-' (not starting with '.')")
+    if not run_id or run_id.startswith((".", "-")) or not set(run_id) <= RUN_ID_CHARS or len(run_id) > 120:
+        raise UpsError(f"run id {printable(run_id)!r} must be 1-120 letters, digits, '.', '_' or '-' "
+                       "(not starting with '.' or '-')")
     return run_id
 
 
@@ -116,7 +118,9 @@ class RunDir:
     # -- paths ---------------------------------------------------------------------------
     @property
     def run_id(self) -> str:
-        return self.path.name
+        """The folder's name, safe to show (a folder planted by someone else may have any
+        name; ups's own ids are letters, digits, '.', '_' and '-')."""
+        return printable(self.path.name)
 
     @property
     def manifest_path(self) -> Path:
@@ -517,9 +521,9 @@ def summarize(path: Path) -> RunSummary:
             created = path.stat().st_mtime
         except OSError:
             created = None
-        return RunSummary(path.name, path, None, None, created, None, None, str(exc))
+        return RunSummary(printable(path.name), path, None, None, created, None, None, printable(str(exc)))
     return RunSummary(
-        run_id=str(m.get("id", path.name)),
+        run_id=str(m.get("id", printable(path.name))),
         path=path,
         kind=m.get("kind"),
         state=m.get("state"),

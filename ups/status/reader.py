@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from ups.status.printable import printable
 from ups.status.record import RecordError, StatusRecord
 from ups.status.safeio import BadFile, read_bytes
 
@@ -23,10 +24,15 @@ MAX_RECORD_BYTES = 1 << 20  # a record is ~1 KB; anything huge is not ours
 
 @dataclass(frozen=True)
 class ReadProblem:
-    """A status file that could not be turned into a record, and why."""
+    """A status file that could not be turned into a record, and why (both safe to show:
+    a file's name is outside input too)."""
 
     file: str
     problem: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "file", printable(self.file))
+        object.__setattr__(self, "problem", printable(self.problem))
 
 
 @dataclass(frozen=True)

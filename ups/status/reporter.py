@@ -187,6 +187,7 @@ class Reporter:
         name: str | None = None,
     ) -> None:
         self.run_dir = os.fspath(run_dir)
+        self._run_dir_id = folder_identity(self.run_dir)  # a run folder replaced by another is not ours to write
         self.role = role
         pid = os.getpid()
         self.name = name or process_name(role, rank, worker, loader=loader, pid=pid, node=node)
@@ -732,6 +733,10 @@ class Reporter:
 
     def _write(self) -> bool:
         self._written_mono = time.monotonic()
+        if self._run_dir_id is not None and folder_identity(self.run_dir) not in (self._run_dir_id, None):
+            self._warn(f"run folder {self.run_dir} was replaced by another folder: this process's record is no "
+                       "longer written; the job continues")
+            return False
         try:
             data = json.dumps(self.record_dict(), separators=(",", ":"), default=str).encode()
             try:
@@ -916,3 +921,12 @@ def describe_exception(exc: BaseException) -> tuple[str, str | None]:
     code = pick.tb_frame.f_code
     site = f"{os.path.basename(code.co_filename)}:{pick.tb_lineno}"
     return f"{text} (at {site} in {code.co_name})", site
+
+
+def folder_identity(path: str | os.PathLike[str]) -> tuple[int, int] | None:
+    """A folder's (device, inode): the same path naming another folder is another folder."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino

@@ -11,8 +11,9 @@ name. So every file ``ups`` reads from a run is
 * decoded as UTF-8, parsed as JSON with finite numbers only (``NaN``, ``Infinity``, ``1e999``
   and 5,000-digit integers are refused), then checked field by field against a small spec
   (:func:`check_object`): integers are integers (not bools) within a range, times are finite
-  and plausible, strings are strings of bounded length, free-form values are made safe to
-  display (:func:`safe_value`).
+  and plausible, strings are strings of bounded length with every control character made
+  visible (:func:`ups.status.printable.printable`: no ESC, C1 or carriage return reaches a
+  terminal), free-form values are made safe to display (:func:`safe_value`).
 
 Whatever fails raises :class:`BadFile` with a short reason; callers turn it into their own
 "unreadable: <file>: <reason>" line and go on with everything else.
@@ -27,6 +28,8 @@ import os
 import stat
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from ups.status.printable import printable, sgr_only
 
 READ_CHUNK = 1 << 16
 MAX_JSON_BYTES = 1 << 20  # records and manifests are ~1-10 KB: anything past 1 MiB is not ours
@@ -79,22 +82,30 @@ def read_bytes(path: str | os.PathLike[str], cap: int = MAX_JSON_BYTES) -> bytes
     """The whole file, at most ``cap`` bytes (BadFile past that). FileNotFoundError passes."""
     fd = open_regular(path)
     try:
+        return read_fd(fd, cap)
+    finally:
+        os.close(fd)
+
+
+def read_fd(fd: int, cap: int = MAX_JSON_BYTES) -> bytes:
+    """Everything from an open regular file, at most ``cap`` bytes (BadFile past that)."""
+    try:
         # Records are ~1 KB: read in 64 KiB chunks (os.read(fd, 1 MiB) allocates 1 MiB each time).
         data = os.read(fd, min(READ_CHUNK, cap + 1))
         while len(data) <= cap and (more := os.read(fd, READ_CHUNK)):
             data += more
     except OSError as exc:
         raise BadFile(f"unreadable ({exc.strerror or exc})") from None
-    finally:
-        os.close(fd)
     if len(data) > cap:
         raise BadFile(f"file too large (over {_size(cap)})")
     return data
 
 
-def read_tail(path: str | os.PathLike[str], max_bytes: int, start: int | None = None) -> str:
+def read_tail(path: str | os.PathLike[str], max_bytes: int, start: int | None = None, *, colours: bool = False) -> str:
     """The last ``max_bytes`` of a log or stack file (from ``start`` when given), as text with
-    undecodable bytes replaced: for display only. FileNotFoundError passes."""
+    undecodable bytes replaced and every control character made visible (``colours``: the
+    program's SGR colours kept, every other control removed): for display only.
+    FileNotFoundError passes."""
     fd = open_regular(path)
     try:
         size = os.fstat(fd).st_size
@@ -108,7 +119,8 @@ def read_tail(path: str | os.PathLike[str], max_bytes: int, start: int | None = 
         raise BadFile(f"unreadable ({exc.strerror or exc})") from None
     finally:
         os.close(fd)
-    return b"".join(chunks).decode("utf-8", errors="replace")
+    text = b"".join(chunks).decode("utf-8", errors="replace")
+    return sgr_only(text) if colours else printable(text, lines=True)
 
 
 def try_tail(path: str | os.PathLike[str], max_bytes: int, start: int | None = None) -> str | None:
@@ -191,17 +203,18 @@ def number(lo: float = 0.0, hi: float = TIME_MAX) -> Check:
 
 
 def text(max_len: int = TEXT_MAX, *, cut: bool = True, choices: tuple[str, ...] | None = None) -> Check:
-    """A string; longer than ``max_len``: cut (free text) or refused (identities)."""
+    """A string, safe to show; longer than ``max_len``: cut (free text, which may hold
+    newlines) or refused (identities: one line, a newline shown as ``\\x0a``)."""
     def check(v: Any) -> str:
         if not isinstance(v, str):
             raise BadFile(f"is {_what(v)}, not a string")
         if choices is not None and v not in choices:
-            raise BadFile(f"{v[:40]!r} is not one of {', '.join(choices)}")
+            raise BadFile(f"{printable(v[:40])!r} is not one of {', '.join(choices)}")
         if len(v) > max_len:
             if not cut:
                 raise BadFile(f"is longer than {max_len} characters")
-            return v[:max_len] + "…"
-        return v
+            v = v[:max_len] + "…"
+        return printable(v, lines=cut)
     return check
 
 
@@ -245,7 +258,7 @@ def dict_of(check: Check, max_items: int = 100_000) -> Check:
             try:
                 out[key] = check(item)
             except BadFile as exc:
-                raise BadFile(f"[{key[:40]!r}] {exc}") from None
+                raise BadFile(f"[{printable(key[:40])!r}] {exc}") from None
         return out
     return check_dict
 
@@ -275,19 +288,20 @@ def check_object(data: Any, spec: Mapping[str, Check], *, required: tuple[str, .
         try:
             out[key] = check(value) if check is not None else (unknown or safe_value)(value)
         except BadFile as exc:
-            raise BadFile(f"{key[:40]!r} {exc}") from None
+            raise BadFile(f"{printable(key[:40])!r} {exc}") from None
     return out
 
 
 def safe_value(v: Any, depth: int = 0) -> Any:
-    """Any decoded JSON value made safe to show: strings cut to TEXT_MAX, containers cut to
-    1,000 items and 8 levels (JSON numbers are already finite here; integers stay exact)."""
+    """Any decoded JSON value made safe to show: strings cut to TEXT_MAX with their control
+    characters made visible, containers cut to 1,000 items and 8 levels (JSON numbers are
+    already finite here; integers stay exact)."""
     if isinstance(v, str):
-        return v if len(v) <= TEXT_MAX else v[:TEXT_MAX] + "…"
+        return printable(v if len(v) <= TEXT_MAX else v[:TEXT_MAX] + "…", lines=True)
     if isinstance(v, dict):
         if depth >= 8:
             return "{…}"
-        return {k[:200]: safe_value(x, depth + 1) for k, x in list(v.items())[:1000]}
+        return {printable(k[:200]): safe_value(x, depth + 1) for k, x in list(v.items())[:1000]}
     if isinstance(v, list):
         if depth >= 8:
             return "[…]"
@@ -307,7 +321,7 @@ def display_number(v: Any) -> Any:
     if isinstance(v, float):
         return v if math.isfinite(v) else None
     if isinstance(v, str):
-        return v[:200]
+        return printable(v[:200])
     return json.dumps(safe_value(v, 6), default=str)[:200]
 
 
