@@ -82,6 +82,33 @@ def procs():
     janitor.cleanup()
 
 
+FINISHED_PROGRAM = """\
+import sys, time
+print("step 1", flush=True)
+time.sleep(float(sys.argv[1]) if len(sys.argv) > 1 else 0.2)
+print("done", flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    """One real `ups launch python` run that succeeded: its launcher's and rank 0's records,
+    run.json and events as ups writes them. Tests work on copies of it."""
+    from helpers import run_ups
+
+    from ups.runs.rundir import list_runs
+
+    root = tmp_path_factory.mktemp("finished") / "runs"
+    root.mkdir()
+    prog = root.parent / "prog.py"
+    prog.write_text(FINISHED_PROGRAM)
+    res = run_ups("launch", "python", str(prog), env={"UPS_RUNS_DIR": str(root)}, timeout=120)
+    assert res.returncode == 0, res.stderr
+    (run,) = list_runs(root)
+    assert run.state == "succeeded" and (run.path / "status" / "rank-0.json").exists()
+    return run.path
+
+
 HANG = """\
 worker_timeout: 600      # the job's own watchdog stays out of it: the operator acts here
 unresponsive_after: 1.5

@@ -85,6 +85,18 @@ def job_processes(run) -> list[str]:  # noqa: ANN001 - a RunDir
     """Live processes whose environment names this run (``"PID COMMAND"``): what the job
     started, recorded or not; zombies excluded."""
     needle = f"UPS_RUN_DIR={run.path.resolve()}".encode()
+    return live_processes(lambda env, cmd: needle in env.split(b"\0"))
+
+
+def launcher_processes(run_path: Path) -> list[str]:
+    """Live launchers of a run (their command line names the run folder): ``"PID COMMAND"``."""
+    needle = str(Path(run_path).resolve()).encode()
+    return live_processes(lambda env, cmd: b"ups.launch.supervise" in cmd and needle in cmd)
+
+
+def live_processes(match: Callable[[bytes, bytes], bool]) -> list[str]:
+    """``"PID COMMAND"`` of every live process (zombies excluded) for which ``match(environ,
+    cmdline)`` holds (both raw, NUL-separated)."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -92,11 +104,11 @@ def job_processes(run) -> list[str]:  # noqa: ANN001 - a RunDir
         try:
             env = Path(f"/proc/{entry}/environ").read_bytes()
             state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120]
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
         except OSError:
             continue
-        if needle in env.split(b"\0") and state != "Z":
-            found.append(f"{entry} {cmd}")
+        if state != "Z" and match(env, cmd):
+            found.append(entry + " " + cmd.replace(b"\0", b" ").decode(errors="replace")[:160])
     return found
 
 

@@ -27,13 +27,8 @@ from pathlib import Path
 import pytest
 from helpers import run_ups
 
-from ups.runs.rundir import RunDir, list_runs
+from ups.runs.rundir import RunDir
 
-PROGRAM = """\
-import sys, time
-print("step 1", flush=True)
-print("done", flush=True)
-"""
 HOSTILE = [
     "\x1b]0;pwned title\x07", "\x1b[2J\x1b[H", "\x1b]52;c;ZXZpbA==\x07", "\x9b2J", "\x9d0;t\x9c", "over\rwrite",
     "back\x08\x08space", "\x1b[31mred\x1b[0m", "\x1bP+q\x1b\\", "\u202egnp.exe", "a\u2028b", "bell\x07", "nul\x00",
@@ -49,20 +44,6 @@ def unsafe_in(text: str, *, allow_sgr: bool = False) -> list[str]:
     if allow_sgr:
         text = SGR.sub("", text)
     return [repr(m.group()) for m in UNSAFE.finditer(text)]
-
-
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory) -> Path:
-    """One real `ups launch python` run that succeeded (tests work on copies)."""
-    root = tmp_path_factory.mktemp("display") / "runs"
-    root.mkdir()
-    prog = root.parent / "prog.py"
-    prog.write_text(PROGRAM)
-    res = run_ups("launch", "python", str(prog), env={"UPS_RUNS_DIR": str(root)}, timeout=120)
-    assert res.returncode == 0, res.stderr
-    (run,) = list_runs(root)
-    assert run.state == "succeeded" and (run.path / "status" / "rank-0.json").exists()
-    return run.path
 
 
 _COMMAND = None

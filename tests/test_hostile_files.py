@@ -32,21 +32,6 @@ print("done", flush=True)
 BOUND_S = 10.0
 
 
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory) -> Path:
-    """One real `ups launch python` run that succeeded: its launcher's and rank 0's records,
-    run.json and events as ups writes them. Tests work on copies (see ``copy_run``)."""
-    root = tmp_path_factory.mktemp("hostile") / "runs"
-    root.mkdir()
-    prog = root.parent / "prog.py"
-    prog.write_text(PROGRAM)
-    res = run_ups("launch", "python", str(prog), env={"UPS_RUNS_DIR": str(root)}, timeout=120)
-    assert res.returncode == 0, res.stderr
-    (run,) = list_runs(root)
-    assert run.state == "succeeded" and (run.path / "status" / "rank-0.json").exists()
-    return run.path
-
-
 def copy_run(src: Path, root: Path, name: str | None = None) -> RunDir:
     dst = root / (name or src.name)
     shutil.copytree(src, dst, symlinks=True)

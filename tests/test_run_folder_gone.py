@@ -7,13 +7,11 @@ and ends with the job, saying so. Nothing of the run is left once the job ends.
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
-from pathlib import Path
 
 import pytest
-from helpers import job_processes, run_ups, wait_for
+from helpers import job_processes, launcher_processes, run_ups, wait_for
 
 from ups.runs.rundir import RunDir, list_runs
 
@@ -23,23 +21,6 @@ for i in range(STEPS):
     print(f"step {i}", flush=True)
     time.sleep(0.5)
 """
-
-
-def launcher_processes(run_path: Path) -> list[str]:
-    """Live launchers of this run (their command line names the run folder)."""
-    needle = str(run_path.resolve()).encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
-            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if b"ups.launch.supervise" in cmd and needle in cmd and state != "Z":
-            found.append(entry + " " + cmd.replace(b"\0", b" ").decode()[:160])
-    return found
 
 
 @pytest.mark.parametrize("how", ["deleted", "replaced"])
