@@ -27,7 +27,7 @@ GENERATOR = textwrap.dedent(
     from pathlib import Path
     from ups.status.procs import this_process_start
     from ups.status.record import StatusRecord, process_name
-    from ups.status.reporter import write_atomic
+    from ups.status.files import write_atomic
     run, ranks, workers = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     pid, start, host = os.getpid(), this_process_start(), socket.gethostname()
     names = [("rank", r, None) for r in range(ranks)] + [("worker", r, w) for r in range(ranks) for w in range(workers)]

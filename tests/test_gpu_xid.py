@@ -54,9 +54,10 @@ def nvml_is(monkeypatch):
     """Make ``module`` the initialised NVML of ups.gpu.nvml (the one entry point)."""
     def install(module: types.ModuleType) -> None:
         reset_process_watcher()
-        monkeypatch.setattr(nvml, "_state", {"initialised": True, "tried": True, "reason": None, "module": module})
+        nvml.use(module)
     yield install
     reset_process_watcher()
+    nvml.shutdown()  # the next use initialises the real one again
 
 
 def test_two_xid_events_reach_the_snapshot_and_the_verdict(nvml_is, runs_root, monkeypatch, tmp_path):
@@ -99,7 +100,7 @@ def test_unsupported_and_no_nvml_give_nothing_and_never_raise(nvml_is, monkeypat
     assert w.poll(0) == [] and w.watch(0.05) == [] and w.by_gpu() == {}
     assert w.reason == "GPU 1: Xid events not supported" and ("free", "set-1") in fake.calls
 
-    monkeypatch.setattr(nvml, "_state", {"initialised": False, "tried": True, "reason": "no driver", "module": None})
+    nvml.use(None, "no driver")
     w = XidWatcher()
     assert w.poll(100) == [] and w.watch(0.05) == [] and w.reason == "no driver"
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ups.errors import UpsError
-from ups.status.reporter import write_atomic
+from ups.status.files import write_atomic
 
 METADATA_NAME = ".cache_metadata.json"
 SAMPLE_RE = re.compile(r"^sample_(\d{5,})\.pt$")

@@ -24,7 +24,7 @@ import numpy as np
 
 from ups.data.shards import ShardIndex, ShardInfo, manifest_path
 from ups.data.tasks import check_split, get_task
-from ups.status.reporter import write_atomic
+from ups.status.files import write_atomic
 
 
 @dataclass(frozen=True)

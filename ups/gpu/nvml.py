@@ -34,6 +34,28 @@ NA: Any = _NotAvailable()
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {"initialised": False, "tried": False, "reason": None, "module": None}
+_on_shutdown: list[Callable[[], None]] = []  # what holds NVML objects of this session (the Xid event set)
+
+
+def module() -> Any | None:
+    """The initialised pynvml module (initialising it on first use), or None when NVML is
+    unavailable (:func:`unavailable_reason` says why): for callers that hold NVML objects of
+    their own, such as an event set."""
+    return _init()
+
+
+def use(nvml_module: Any | None, reason: str | None = None) -> None:
+    """Make ``nvml_module`` this process's initialised NVML, or with None, NVML unavailable for
+    ``reason``: the boundary where a fake NVML provider stands in on a machine with no GPU."""
+    with _lock:
+        _state.update(initialised=nvml_module is not None, tried=True, reason=reason, module=nvml_module)
+
+
+def on_shutdown(hook: Callable[[], None]) -> None:
+    """Call ``hook`` before NVML shuts down: whatever it holds belongs to this NVML session."""
+    with _lock:
+        if hook not in _on_shutdown:
+            _on_shutdown.append(hook)
 
 
 def _init() -> Any | None:
@@ -95,9 +117,11 @@ def query(func: str | Callable[..., Any], *args: Any, default: Any = NA) -> Any:
 
 
 def shutdown() -> None:
-    from ups.gpu.xid import reset_process_watcher
-
-    reset_process_watcher()  # its event set belongs to this NVML session
+    for hook in list(_on_shutdown):
+        try:
+            hook()
+        except Exception:  # noqa: BLE001 - at shutdown, nothing to do about it
+            pass
     with _lock:
         if _state["initialised"]:
             try:

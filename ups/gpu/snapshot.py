@@ -97,7 +97,7 @@ class NvmlProvider:
         # Xid events since this process's watcher opened (one-shot CLIs: only those while they run)
         from ups.gpu.xid import process_watcher
 
-        watcher = process_watcher(nvml._init())
+        watcher = process_watcher(nvml.module())
         watcher.poll(0)
         xids = watcher.by_gpu()
         cuda = _value(nvml.query("nvmlSystemGetCudaDriverVersion_v2")) or _value(nvml.query("nvmlSystemGetCudaDriverVersion"))

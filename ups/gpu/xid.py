@@ -40,7 +40,7 @@ class XidWatcher:
         if nvml_module is None:
             from ups.gpu import nvml
 
-            nvml_module = nvml._init()
+            nvml_module = nvml.module()
             self.reason: str | None = nvml.unavailable_reason()
         else:
             self.reason = None
@@ -142,6 +142,9 @@ _process_lock = threading.Lock()
 
 def process_watcher(nvml_module: Any) -> XidWatcher:
     """This process's watcher on ``nvml_module`` (opened on first use, kept for later snapshots)."""
+    from ups.gpu import nvml
+
+    nvml.on_shutdown(reset_process_watcher)  # its event set belongs to that NVML session
     with _process_lock:
         w = _process["watcher"]
         if w is None or w._nvml is not nvml_module:

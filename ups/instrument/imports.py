@@ -32,7 +32,7 @@ def _run(hook: Callable[[ModuleType], None], module: ModuleType) -> None:
     try:
         hook(module)
     except Exception as exc:  # noqa: BLE001 - a failed patch must not break the import
-        from ups.instrument.boot import warn
+        from ups.instrument.process import warn
 
         warn(f"could not instrument {module.__name__} ({type(exc).__name__}: {exc})")
 

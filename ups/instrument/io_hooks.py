@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import os
 
-from ups.instrument import boot
-from ups.instrument.torch_hooks import _patch
+from ups.instrument import patching, process
 
 _last: dict[int, str] = {}
 # How long a note may wait for the heartbeat thread's write in progress (a few hundred us on a
@@ -22,7 +21,7 @@ FLUSH_WAIT_S = 0.25  # id(reporter) -> the file last written into its record
 
 
 def note_file(name, *, flush: bool = True) -> None:  # noqa: ANN001
-    rep = boot.state.rep
+    rep = process.state.rep
     if rep is None or not isinstance(name, (str, bytes, os.PathLike)):
         return  # no record, or a file-like object (nothing to name)
     path = os.fsdecode(name)
@@ -53,7 +52,7 @@ def patch_open() -> None:
         return
 
     def open(file, *args, **kwargs):  # noqa: A001, ANN001, ANN202
-        rep = boot.state.rep
+        rep = process.state.rep
         if rep is not None and rep.current_phase == "fetch":
             try:
                 note_file(file, flush=False)
@@ -77,4 +76,4 @@ def patch_h5py(h5py) -> None:  # noqa: ANN001
 
         return __init__
 
-    _patch(h5py.File, "__init__", make)
+    patching.patch(h5py.File, "__init__", make)

@@ -9,7 +9,7 @@ library that is not installed, or not imported by the program, costs nothing.
 
 from __future__ import annotations
 
-from ups.instrument import boot
+from ups.instrument import patching, process
 
 # module imported by the program -> (class name, method, how its arguments name the values)
 TARGETS = {
@@ -23,7 +23,7 @@ TARGETS = {
 
 
 def _rank_process() -> bool:
-    rep = boot.state.rep
+    rep = process.state.rep
     return rep is not None and rep.role == "rank"
 
 
@@ -57,11 +57,10 @@ def _hook(module_name: str):
     cls_name, method, shape = TARGETS[module_name]
 
     def patch(module) -> None:  # noqa: ANN001
-        from ups.instrument.torch_hooks import _patch  # only once such a library is imported
 
         cls = getattr(module, cls_name, None)
         if cls is not None:
-            _patch(cls, method, _make(shape))
+            patching.patch(cls, method, _make(shape))
 
     return patch
 

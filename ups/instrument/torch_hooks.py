@@ -41,8 +41,8 @@ import os
 import sys
 import threading
 
-from ups.instrument import boot, metrics
-from ups.status.reporter import is_library_file
+from ups.instrument import metrics, patching, process
+from ups.status.exceptions import is_library_file
 
 ENV_FORCE_NUM_WORKERS = "UPS_FORCE_NUM_WORKERS"
 _AUTO_PHASES = frozenset(("start", "train", "eval"))
@@ -118,7 +118,7 @@ def _set_base(rep, name: str) -> None:
 
 def _rank_reporter():
     """The reporter of a rank's main thread, else None (workers, helpers, other threads)."""
-    rep = boot.state.rep
+    rep = process.state.rep
     if rep is None or rep.role != "rank" or _get_ident() != _t.main:
         return None
     return rep
@@ -157,34 +157,10 @@ def _note_cuda_device() -> None:
         _t.cuda_dev = torch.cuda.current_device()
 
 
-def _wrapped(original, wrapper):
-    wrapper.__wrapped__ = original
-    wrapper.__ups_wrapped__ = original
-    for attr in ("__name__", "__qualname__", "__doc__"):
-        try:
-            setattr(wrapper, attr, getattr(original, attr))
-        except (AttributeError, TypeError):
-            pass
-    return wrapper
-
-
-_PATCHED: list[tuple[object, str, object, object]] = []  # owner, name, original, wrapper
-
-
-def _patch(owner, name: str, make) -> None:
-    """Replace ``owner.name`` by ``make(original)``, once."""
-    original = getattr(owner, name, None)
-    if original is None or getattr(original, "__ups_wrapped__", None) is not None:
-        return
-    wrapper = _wrapped(original, make(original))
-    setattr(owner, name, wrapper)
-    _PATCHED.append((owner, name, original, wrapper))
-
-
 def set_enabled(enabled: bool) -> None:
     """Put torch's own functions back (False) or ours again (True): for measuring the cost of
     the instrumentation in one process (scripts/bench_instrument.py), not for programs."""
-    for owner, name, original, wrapper in _PATCHED:
+    for owner, name, original, wrapper in patching.PATCHED:
         setattr(owner, name, wrapper if enabled else original)
     torch = sys.modules.get("torch")
     if torch is not None:
@@ -226,7 +202,7 @@ def patch_torch(torch) -> None:  # noqa: ANN001
         try:
             step(torch)
         except Exception as exc:  # noqa: BLE001 - one failed patch must not stop the others
-            boot.warn(f"could not instrument {step.__name__[7:]} ({type(exc).__name__}: {exc})")
+            process.warn(f"could not instrument {step.__name__[7:]} ({type(exc).__name__}: {exc})")
     from ups.instrument import imports
 
     imports.when_imported("torch.distributed.fsdp", _patch_fsdp)
@@ -241,13 +217,13 @@ def _patch_error_handler(module) -> None:  # noqa: ANN001
     def make(original):
         def initialize(self):  # noqa: ANN001
             original(self)
-            rep = boot.state.rep
+            rep = process.state.rep
             if rep is not None:
                 rep.rearm_fatal_handler()
 
         return initialize
 
-    _patch(module.ErrorHandler, "initialize", make)
+    patching.patch(module.ErrorHandler, "initialize", make)
 
 
 # -------------------------------------------------------------------- distributed
@@ -266,7 +242,7 @@ def _patch_distributed(torch) -> None:  # noqa: ANN001
             if _get_ident() == _t.main and dist.is_initialized():
                 # Whatever started this process (torchrun, Lightning re-executing the script,
                 # mp.spawn, srun), the group it joined says which rank it is.
-                boot.become_rank(dist.get_rank(), dist.get_world_size())
+                process.become_rank(dist.get_rank(), dist.get_world_size())
             return result
 
         return wrapper
@@ -275,39 +251,39 @@ def _patch_distributed(torch) -> None:  # noqa: ANN001
         original = getattr(c10d, name, None)
         if original is None:
             continue
-        _patch(c10d, name, make)
+        patching.patch(c10d, name, make)
         if getattr(dist, name, None) is original:  # torch.distributed re-exports c10d's functions
             wrapper = getattr(c10d, name)
             setattr(dist, name, wrapper)
-            _PATCHED.append((dist, name, original, wrapper))
-    _patch(torch.nn.parallel.DistributedDataParallel, "__init__", _phase_call("ddp.wrap", flush=True))
+            patching.PATCHED.append((dist, name, original, wrapper))
+    patching.patch(torch.nn.parallel.DistributedDataParallel, "__init__", _phase_call("ddp.wrap", flush=True))
 
 
 def _patch_spawn(torch) -> None:  # noqa: ANN001
     """``torch.multiprocessing.spawn`` (``mp.spawn``, ``start_processes``): the calling process
     starts the ranks and is not one of them (its record becomes a helper's before the first
-    rank starts); the ranks learn how many they are (see ``boot._start_spawned_rank``)."""
+    rank starts); the ranks learn how many they are (see ``process._start_spawned_rank``)."""
     import importlib
 
     module = importlib.import_module("torch.multiprocessing.spawn")  # the attribute is the function
 
     def make(original):
         def start_processes(fn, args=(), nprocs=1, *rest, **kwargs):  # noqa: ANN001
-            boot.become_spawner(f"mp.spawn parent of {nprocs} processes")
-            previous = os.environ.get(boot.ENV_SPAWN_NPROCS)
-            os.environ[boot.ENV_SPAWN_NPROCS] = str(nprocs)
+            process.become_spawner(f"mp.spawn parent of {nprocs} processes")
+            previous = os.environ.get(process.ENV_SPAWN_NPROCS)
+            os.environ[process.ENV_SPAWN_NPROCS] = str(nprocs)
             try:
                 return original(fn, args, nprocs, *rest, **kwargs)
             finally:
                 if previous is None:
-                    os.environ.pop(boot.ENV_SPAWN_NPROCS, None)
+                    os.environ.pop(process.ENV_SPAWN_NPROCS, None)
                 else:
-                    os.environ[boot.ENV_SPAWN_NPROCS] = previous
+                    os.environ[process.ENV_SPAWN_NPROCS] = previous
 
         return start_processes
 
     original = getattr(module, "start_processes", None)
-    _patch(module, "start_processes", make)
+    patching.patch(module, "start_processes", make)
     # mp.spawn calls start_processes through its module's globals: the patched one is used.
     if getattr(torch.multiprocessing, "start_processes", None) is original:
         torch.multiprocessing.start_processes = module.start_processes
@@ -319,7 +295,7 @@ def _collective(op: str):
     def make(original):
         def wrapper(*args, **kwargs):
             # On every collective of the program: _rank_reporter, _enter and _leave inlined.
-            rep = boot.state.rep
+            rep = process.state.rep
             t = _t
             if rep is None or t.depth or rep.role != "rank" or _get_ident() != t.main:
                 return original(*args, **kwargs)  # nested (broadcast_object_list -> broadcast): the outer counts
@@ -342,18 +318,18 @@ def _collective(op: str):
 def _patch_fsdp(module) -> None:  # noqa: ANN001
     cls = getattr(module, "FullyShardedDataParallel", None)
     if cls is not None:
-        _patch(cls, "__init__", _phase_call("ddp.wrap", flush=True))
+        patching.patch(cls, "__init__", _phase_call("ddp.wrap", flush=True))
     if hasattr(module, "fully_shard") and callable(module.fully_shard):
-        _patch(module, "fully_shard", _phase_call("ddp.wrap", flush=True))
+        patching.patch(module, "fully_shard", _phase_call("ddp.wrap", flush=True))
 
 
 # --------------------------------------------------------------------------- data
 def _patch_data(torch) -> None:  # noqa: ANN001
     dl = torch.utils.data.dataloader
-    _patch(dl._BaseDataLoaderIter, "__next__", _make_next)
-    _patch(dl._MultiProcessingDataLoaderIter, "__init__", _make_mp_iter_init)
-    _patch(dl.DataLoader, "__init__", _make_loader_init)
-    _patch(torch.utils.data.DistributedSampler, "set_epoch", _make_set_epoch)
+    patching.patch(dl._BaseDataLoaderIter, "__next__", _make_next)
+    patching.patch(dl._MultiProcessingDataLoaderIter, "__init__", _make_mp_iter_init)
+    patching.patch(dl.DataLoader, "__init__", _make_loader_init)
+    patching.patch(torch.utils.data.DistributedSampler, "set_epoch", _make_set_epoch)
 
 
 def _patch_fetchers() -> None:
@@ -363,9 +339,9 @@ def _patch_fetchers() -> None:
 
     from ups.instrument import io_hooks
 
-    _patch(fetch._MapDatasetFetcher, "fetch", _make_fetch)
-    _patch(fetch._IterableDatasetFetcher, "fetch", _make_fetch)
-    _patch(fetch._MapDatasetFetcher, "__init__", _make_map_fetcher_init)
+    patching.patch(fetch._MapDatasetFetcher, "fetch", _make_fetch)
+    patching.patch(fetch._IterableDatasetFetcher, "fetch", _make_fetch)
+    patching.patch(fetch._MapDatasetFetcher, "__init__", _make_map_fetcher_init)
     io_hooks.patch_open()
 
 
@@ -385,7 +361,7 @@ class _SampleNoting:
         return len(self._ups_dataset)
 
     def __getitem__(self, idx):  # noqa: ANN001, ANN204
-        rep = boot.state.rep
+        rep = process.state.rep
         if rep is None:
             return self._ups_dataset[idx]
         from ups.instrument import io_hooks
@@ -403,7 +379,7 @@ class _SampleNoting:
 def _make_map_fetcher_init(original):
     def __init__(self, dataset, *args, **kwargs):  # noqa: ANN001, N807
         original(self, dataset, *args, **kwargs)
-        if boot.state.rep is not None and not isinstance(self.dataset, _SampleNoting):
+        if process.state.rep is not None and not isinstance(self.dataset, _SampleNoting):
             self.dataset = _SampleNoting(self.dataset)
 
     return __init__
@@ -440,7 +416,7 @@ def _make_next(original):
     def __next__(self):  # noqa: ANN001, N807
         # On every batch of the program: the minimum here (a phase, a count, a monotonic time);
         # the item's text and the batch's size are left to the heartbeat thread or sampled.
-        rep = boot.state.rep
+        rep = process.state.rep
         t = _t
         if rep is None or rep.role != "rank" or _get_ident() != t.main:
             return original(self)
@@ -495,7 +471,7 @@ def _make_loader_init(original):
 
     def __init__(self, *args, **kwargs):  # noqa: ANN001, N807
         forced = os.environ.get(ENV_FORCE_NUM_WORKERS)
-        if forced is not None and boot.state.rep is not None:
+        if forced is not None and process.state.rep is not None:
             try:
                 bound = signature.bind(self, *args, **kwargs)
             except TypeError:
@@ -514,7 +490,7 @@ def _make_loader_init(original):
                         _t.forced_warned = True
                         print(f"ups: DataLoader num_workers={asked} forced to {forced} (relaunched with "
                               f"--num-workers {forced})", file=sys.stderr, flush=True)
-                    boot.state.rep.metrics(forced_num_workers=int(forced))
+                    process.state.rep.metrics(forced_num_workers=int(forced))
                 original(*bound.args, **bound.kwargs)
                 _loader_id(self)
                 return
@@ -535,23 +511,23 @@ class WorkerInit:
         self.owner = owner  # the record name of a process that is not a rank (its workers are its own)
 
     def __call__(self, worker_id: int) -> None:
-        if boot.state.rep is None:
+        if process.state.rep is None:
             try:
                 name = None
                 if self.owner:
                     name = f"{self.owner}-worker-{worker_id}" if not self.loader else \
                         f"{self.owner}-loader-{self.loader}-worker-{worker_id}"
-                boot.start_reporter("worker", worker=worker_id, loader=self.loader, rank=self.rank, name=name)
+                process.start_reporter("worker", worker=worker_id, loader=self.loader, rank=self.rank, name=name)
                 _patch_fetchers()
             except Exception as exc:  # noqa: BLE001
-                boot.warn(f"no status record for DataLoader worker {worker_id} ({type(exc).__name__}: {exc})")
+                process.warn(f"no status record for DataLoader worker {worker_id} ({type(exc).__name__}: {exc})")
         if self.fn is not None:
             self.fn(worker_id)
 
 
 def _make_mp_iter_init(original):
     def __init__(self, loader, *args, **kwargs):  # noqa: ANN001, N807
-        rep = boot.state.rep
+        rep = process.state.rep
         if rep is None:
             return original(self, loader, *args, **kwargs)
         lid = _loader_id(loader)
@@ -583,7 +559,7 @@ def _describe_index(index) -> str:  # noqa: ANN001
 
 def _make_fetch(original):
     def fetch(self, possibly_batched_index):  # noqa: ANN001
-        rep = boot.state.rep
+        rep = process.state.rep
         if rep is None:
             return original(self, possibly_batched_index)
         rep.item(_describe_index(possibly_batched_index))
@@ -622,7 +598,7 @@ def _patch_optim(torch) -> None:  # noqa: ANN001
 
 
 def _on_optimizer_step(optimizer, args, kwargs) -> None:  # noqa: ANN001
-    rep = boot.state.rep  # on every optimizer step: _rank_reporter inlined
+    rep = process.state.rep  # on every optimizer step: _rank_reporter inlined
     t = _t
     if rep is None or rep.role != "rank" or _get_ident() != t.main:
         return
@@ -677,7 +653,7 @@ def _make_save(original):
 def _patch_serialization(torch) -> None:  # noqa: ANN001
     ser = torch.serialization
     original_save, original_load = ser.save, ser.load
-    _patch(ser, "save", _make_save)
+    patching.patch(ser, "save", _make_save)
     if torch.save is original_save:
         torch.save = ser.save
 
@@ -689,7 +665,7 @@ def _patch_serialization(torch) -> None:  # noqa: ANN001
 
         return load
 
-    _patch(ser, "load", make_load)
+    patching.patch(ser, "load", make_load)
     if torch.load is original_load:
         torch.load = ser.load
 
@@ -707,7 +683,7 @@ def _patch_module_modes(torch) -> None:  # noqa: ANN001
 
         return train
 
-    _patch(torch.nn.Module, "train", make)
+    patching.patch(torch.nn.Module, "train", make)
 
 
 # ------------------------------------------------------------------------ metrics
@@ -725,7 +701,7 @@ def _patch_metrics(torch) -> None:  # noqa: ANN001
     def make_backward(original):
         def backward(tensors, *args, **kwargs):  # noqa: ANN001
             # On every backward: _rank_reporter and _steps_done inlined.
-            rep = boot.state.rep
+            rep = process.state.rep
             t = _t
             if rep is not None and rep.role == "rank" and _get_ident() == t.main:
                 loss = tensors if isinstance(tensors, Tensor) else (
@@ -739,7 +715,7 @@ def _patch_metrics(torch) -> None:  # noqa: ANN001
 
         return backward
 
-    _patch(torch.autograd, "backward", make_backward)
+    patching.patch(torch.autograd, "backward", make_backward)
 
     def make_clip(original):
         def clip_grad_norm_(*args, **kwargs):  # noqa: ANN001
@@ -756,11 +732,11 @@ def _patch_metrics(torch) -> None:  # noqa: ANN001
 
     utils = torch.nn.utils
     original_clip = getattr(utils, "clip_grad_norm_", None)
-    _patch(utils.clip_grad, "clip_grad_norm_", make_clip)
+    patching.patch(utils.clip_grad, "clip_grad_norm_", make_clip)
     if original_clip is not None and original_clip is not utils.clip_grad.clip_grad_norm_:
         wrapper = utils.clip_grad.clip_grad_norm_
         utils.clip_grad_norm_ = wrapper  # torch.nn.utils re-exports it
-        _PATCHED.append((utils, "clip_grad_norm_", original_clip, wrapper))
+        patching.PATCHED.append((utils, "clip_grad_norm_", original_clip, wrapper))
 
     scaler = getattr(getattr(torch, "amp", None), "GradScaler", None)
     if scaler is not None:
@@ -773,4 +749,4 @@ def _patch_metrics(torch) -> None:  # noqa: ANN001
 
             return scale
 
-        _patch(scaler, "scale", make_scale)
+        patching.patch(scaler, "scale", make_scale)

@@ -364,7 +364,7 @@ class PrecomputeJob:
         self._mark_worker_record(rec, f"died in {rec.phase} on {rec.item}")
 
     def _mark_worker_record(self, rec: Any, error: str) -> None:
-        from ups.status.reporter import write_atomic
+        from ups.status.files import write_atomic
 
         path = self.run.status_dir / f"{rec.name}.json"
         write_atomic(path, rec.with_changes(state="failed", error=error, heartbeat_at=time.time()).to_json().encode())
@@ -657,7 +657,7 @@ class PrecomputeJob:
         if q:
             meta = cache_mod.read_metadata(folder) or {}
             meta["quarantined"] = sorted(q)
-            from ups.status.reporter import write_atomic
+            from ups.status.files import write_atomic
 
             write_atomic(folder / cache_mod.METADATA_NAME, (json.dumps(meta, indent=1) + "\n").encode())
 

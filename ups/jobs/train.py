@@ -37,7 +37,8 @@ from ups.faults import TRAIN_FAULTS, Faults
 from ups.jobs.config import TrainConfig, parse_job_args
 from ups.models.operator import LatentOperator
 from ups.runs.rundir import RunDir
-from ups.status.reporter import ENV_RUN_DIR, NullReporter, Reporter, write_atomic
+from ups.status.files import write_atomic
+from ups.status.reporter import ENV_RUN_DIR, NullReporter, Reporter
 
 KNOWN_FAULTS = TRAIN_FAULTS
 EXIT_BAD_INPUT = 2

@@ -21,11 +21,10 @@ import time
 from dataclasses import asdict, dataclass
 
 from ups.runs.rundir import RunDir
-from ups.status.host import hostname
+from ups.status.host import boot_id, hostname
 from ups.status.procs import process_start_time, same_start
 from ups.status.reader import read_record_file, read_status_dir
 from ups.status.record import RecordError, StatusRecord
-from ups.status.reporter import boot_id
 from ups.status.safeio import BadFile, check_object
 
 SCAN_S = 0.25  # how often new records are looked for (a few files for a small run)

@@ -21,7 +21,7 @@ from ups.launch.finalize import (
     register_finalizer,
 )
 from ups.runs.view import RunView
-from ups.status.reporter import boot_id
+from ups.status.host import boot_id
 
 PRECOMPUTE_PARTIAL = 3
 STOPPED_CODES = (130, 143)  # exited after SIGINT / SIGTERM

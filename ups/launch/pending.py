@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from ups.runs.rundir import RunDir
-from ups.status.reporter import folder_identity
+from ups.status.files import folder_identity
 
 MAX_PENDING_EVENTS = 10_000  # beyond this, events are counted, not kept
 

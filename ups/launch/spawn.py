@@ -10,8 +10,8 @@ from typing import Any
 
 from ups.errors import UpsError
 from ups.runs.rundir import RunDir
+from ups.status.files import append_opener
 from ups.status.health import Thresholds
-from ups.status.reporter import append_opener
 
 
 def launch_run(

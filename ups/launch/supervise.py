@@ -34,10 +34,11 @@ from ups.runs import space
 from ups.runs.rundir import RunDir
 from ups.runs.signals import signal_name
 from ups.runs.view import load_run_view, node_view
+from ups.status.files import append_opener
 from ups.status.health import Health
 from ups.status.host import ENV_HOSTNAME, hostname
 from ups.status.procs import process_start_time, same_start, this_process_start
-from ups.status.reporter import ENV_RUN_DIR, ENV_RUN_ID, Reporter, append_opener
+from ups.status.reporter import ENV_RUN_DIR, ENV_RUN_ID, Reporter
 from ups.status.schema import process_name
 
 ACTOR = "launcher"

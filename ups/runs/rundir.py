@@ -33,9 +33,9 @@ from typing import Any
 
 from ups.errors import CorruptRun, RunNotFound, UpsError
 from ups.runs.manifest_spec import MANIFEST_SCHEMA, RUN_STATES, check_manifest
+from ups.status.files import write_atomic
 from ups.status.host import hostname
 from ups.status.printable import printable
-from ups.status.reporter import write_atomic
 from ups.status.safeio import (
     OPEN_APPEND,
     BadFile,

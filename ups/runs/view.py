@@ -25,11 +25,10 @@ from ups.status.health import (
     unreachable_nodes,
     worst,
 )
-from ups.status.host import hostname
+from ups.status.host import boot_id, hostname
 from ups.status.procs import ProcessTable, StaticProcessTable, same_start
 from ups.status.reader import ReadProblem, StatusSource, read_status_dir
 from ups.status.record import StatusRecord
-from ups.status.reporter import boot_id
 
 
 @dataclass(frozen=True)

@@ -28,17 +28,17 @@ Design points (see DESIGN.md, "the run directory"):
 from __future__ import annotations
 
 import _signal  # signal's constants and getsignal, without the enums signal.py builds at import
-import errno
 import faulthandler
 import json
 import os
-import stat
 import sys
 import threading
 import time
 from collections import deque
 
-from ups.status.host import hostname
+from ups.status.exceptions import describe_exception
+from ups.status.files import append_opener, folder_identity, write_atomic
+from ups.status.host import boot_id, hostname
 from ups.status.procs import process_start_time
 from ups.status.schema import SCHEMA_VERSION, process_name
 
@@ -94,65 +94,7 @@ def _catches_self(signum: int) -> bool | None:
     return None
 
 
-def boot_id() -> str | None:
-    """This boot of this host (Linux): records with the same boot id share CLOCK_MONOTONIC."""
-    global _BOOT_ID
-    if _BOOT_ID is None:
-        try:
-            with open("/proc/sys/kernel/random/boot_id") as fh:
-                _BOOT_ID = fh.read().strip() or ""
-        except OSError:
-            _BOOT_ID = ""
-    return _BOOT_ID or None
 
-
-_BOOT_ID: str | None = None
-
-
-def append_opener(path: str, flags: int) -> int:
-    """``open(..., opener=append_opener)``: a log or stack file of a run, created 0o644 whatever
-    the umask, never through a symlink, and never a FIFO or device found under its name (the
-    open does not block on one; it is refused)."""
-    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(errno.EINVAL, f"{path} is not a regular file")
-    os.set_blocking(fd, True)
-    return fd
-
-
-def write_atomic(path: str | os.PathLike[str], data: bytes, *, write: Callable[[int, Any], int] = os.write) -> None:
-    """Write ``data`` to ``path`` via a temp file in the same folder and ``os.replace``.
-
-    On failure the temp file is removed and the OSError propagates; ``path`` keeps its old
-    content. ``write`` is the low-level write call (fault injection replaces it).
-    """
-    path = os.fspath(path)
-    head, tail = os.path.split(path)
-    tmp = os.path.join(head, f".{tail}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        # A fresh temp file, never one found there: a symlink or FIFO planted under the temp
-        # name must not redirect or block the write (a stale temp of ours is removed first).
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        try:
-            fd = os.open(tmp, flags, 0o644)
-        except FileExistsError:
-            os.unlink(tmp)
-            fd = os.open(tmp, flags, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                written = write(fd, view)
-                view = view[written:]
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 class Reporter:
@@ -879,54 +821,3 @@ class NullReporter:
         return None
 
 
-# Frames of these packages are never "the program's own code" when naming where an error was.
-_LIBRARY_MARKERS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep,
-                    os.sep + "lib" + os.sep + "python3", os.sep + "ups" + os.sep + "instrument" + os.sep)
-
-
-def is_library_file(filename: str) -> bool:
-    return filename.startswith("<") or any(m in filename for m in _LIBRARY_MARKERS)
-
-
-MAX_ERROR_CHARS = 300
-
-
-def short_message(exc: BaseException) -> str:
-    """``Type: first line of the message`` (separator lines skipped), at most 300 characters:
-    torchrun's ChildFailedError carries its whole failure report as the message."""
-    lines = [ln.strip() for ln in str(exc).splitlines()]
-    lines = [ln for ln in lines if ln and ln.strip("=-*_ ")]
-    text = type(exc).__name__ + (f": {lines[0]}" if lines else "")
-    if len(lines) > 1 or len(text) > MAX_ERROR_CHARS:
-        text = text[: MAX_ERROR_CHARS - 2].rstrip() + " …"
-    return text
-
-
-def describe_exception(exc: BaseException) -> tuple[str, str | None]:
-    """``Type: message (at file:line in func)`` and ``file:line``, short enough for a table cell.
-
-    The frame named is the innermost one of the program's own code (not torch's, not the
-    standard library's), else the innermost of all."""
-    text = short_message(exc)
-    tb = exc.__traceback__
-    last = own = None
-    while tb is not None:
-        last = tb
-        if not is_library_file(tb.tb_frame.f_code.co_filename):
-            own = tb
-        tb = tb.tb_next
-    pick = own or last
-    if pick is None:
-        return text, None
-    code = pick.tb_frame.f_code
-    site = f"{os.path.basename(code.co_filename)}:{pick.tb_lineno}"
-    return f"{text} (at {site} in {code.co_name})", site
-
-
-def folder_identity(path: str | os.PathLike[str]) -> tuple[int, int] | None:
-    """A folder's (device, inode): the same path naming another folder is another folder."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino

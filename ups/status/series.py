@@ -25,6 +25,8 @@ import math
 import os
 import time
 
+from ups.status.files import write_atomic
+
 SERIES_SCHEMA = 1
 SERIES_DIR = "metrics"
 RECENT = 240
@@ -130,8 +132,6 @@ class SeriesWriter:
         Never raises: a full disk costs the history, never the job."""
         if not self._dirty or (not force and time.monotonic() - self._written_mono < WRITE_EVERY_S):
             return False
-        from ups.status.reporter import write_atomic  # here, not at the top: reporter imports us
-
         self._written_mono = time.monotonic()
         data = json.dumps(self.to_dict(), separators=(",", ":")).encode()
         try:

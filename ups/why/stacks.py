@@ -14,7 +14,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from ups.status.reporter import is_library_file
+from ups.status.exceptions import is_library_file
 
 _FAULT_FRAME = re.compile(r'^\s+File "(?P<file>.+)", line (?P<line>\d+) in (?P<func>.+)$')
 _TB_FRAME = re.compile(r'^\s+File "(?P<file>.+)", line (?P<line>\d+), in (?P<func>.+)$')
