@@ -45,10 +45,10 @@ def kill_process(run: RunDir, record: StatusRecord, *, force: bool, grace: float
 
 def kill_run(run: RunDir, *, force: bool) -> ActionResult:
     from ups.runs.actions import kill_run as core_kill_run
-    from ups.runs.view import load_run_view
+    from ups.runs.read import open_run
 
     try:
-        results = core_kill_run(run, load_run_view(run), actor=ACTOR, reason="operator: kill run from the console", grace=5.0, force=force)
+        results = core_kill_run(run, open_run(run), actor=ACTOR, reason="operator: kill run from the console", grace=5.0, force=force)
     except UpsError as exc:
         return ActionResult(False, str(exc))
     return ActionResult(True, f"run {run.run_id}: " + ", ".join(f"{r.name} {r.outcome}" for r in results))

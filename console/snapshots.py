@@ -15,9 +15,10 @@ from typing import Any
 
 from ups.gpu import AttributedGpu, attribute, records_for_attribution
 from ups.gpu.snapshot import GpuProvider
-from ups.runs.rundir import FINAL_RUN_STATES, RunDir, list_runs
+from ups.runs.read import open_run
+from ups.runs.rundir import FINAL_RUN_STATES, list_runs
 from ups.runs.signals import last_stack_dump
-from ups.runs.view import RunView, load_run_view
+from ups.runs.view import RunView
 from ups.status.procs import StaticProcessTable
 from ups.status.safeio import BadFile, read_tail
 
@@ -162,28 +163,14 @@ class Poller:
         self._verdicts: dict[tuple[str, str | None], Any] = {}
         self._series_cache: dict[str, tuple[int, RankSeries | None]] = {}
 
-    def _view(self, run: RunDir, include: Callable[[str], bool] | None = None) -> RunView:
-        from ups.status.reader import read_status_dir
-
-        now = self.clock()
-        snap = read_status_dir(run.status_dir, include)
-
-        class _Src:
-            def read(self_inner):  # noqa: N805 - tiny adapter
-                return snap
-
-        from ups.launch.reconcile import settle
-
+    def _view(self, s: Any, include: Callable[[str], bool] | None = None) -> RunView:
+        """The run of a listing entry, read as every reader reads it (ups.runs.read.open_run);
+        the other nodes' streams merged in for a multi-node run when the console has remotes."""
         # The real clock is judged on CLOCK_MONOTONIC like every reader; a fixed test clock is wall time.
         mono = time.monotonic() if self.clock is time.time else None
-        view = load_run_view(run, now=now, table_factory=self.process_table, source=_Src(), local_host=self.local_host,
-                             mono=mono)
-        view = settle(view, actor="console") if view.supervision == "gone" else view
-        if self.remotes and (view.manifest or {}).get("multinode"):
-            from ups.runs.remote import merge_remote
-
-            view = merge_remote(view, self.sources(view.run_id), run_id=view.run_id)
-        return view
+        remotes = self.sources(s.run_id) if self.remotes and (s.manifest or {}).get("multinode") else ()
+        return open_run(s.run, now=self.clock(), mono=mono, include=include, table_factory=self.process_table,
+                        local_host=self.local_host, remotes=remotes, run_id=s.run_id)
 
     def sources(self, run_id: str) -> list[Any]:
         """The other nodes' streams of one run, started on first use; each is read by a
@@ -241,13 +228,13 @@ class Poller:
         cached = self._row_cache.get(s.run_id)
         if s.run_id == selected_run:
             rank = _rank_of(selected_process)
-            view = self._view(s.run, None if full else (lambda n, r=rank: "worker" not in n or n.startswith(f"rank-{r}-worker-")))
+            view = self._view(s, None if full else (lambda n, r=rank: "worker" not in n or n.startswith(f"rank-{r}-worker-")))
             detail = self._detail(view, selected_process)
             row = run_row(view) if full or cached is None else _merge_row(cached, run_row(view))
         elif cached is not None and cached.state == s.state and s.state in FINAL_RUN_STATES:
             row = cached  # a finished run does not change
         else:
-            view = self._view(s.run, None if full else (lambda n: "worker" not in n))
+            view = self._view(s, None if full else (lambda n: "worker" not in n))
             row = run_row(view) if full or cached is None else _merge_row(cached, run_row(view))
         return row, detail
 

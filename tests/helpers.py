@@ -63,22 +63,22 @@ def status_now(run: Path | object) -> dict:
     subprocess a poll costs ~0.3 s of CPU, and a suite of real jobs on two cores is CPU-bound.
     What a test finally asserts on still comes from the real command where it matters."""
     from ups.cli.runs import _gpu_by_pid, status_payload
-    from ups.launch.reconcile import load_settled_view
+    from ups.runs.read import open_run
     from ups.runs.rundir import RunDir
 
     rd = run if isinstance(run, RunDir) else RunDir(Path(run))
-    return json.loads(json.dumps(status_payload(load_settled_view(rd), _gpu_by_pid()), default=str))
+    return json.loads(json.dumps(status_payload(open_run(rd), _gpu_by_pid()), default=str))
 
 
 def why_now(run: Path | object) -> dict:
     """The verdict `ups why RUN --json` prints (its "verdict"), built in this process by the
     code the command runs; for polling loops, as :func:`status_now`."""
-    from ups.launch.reconcile import load_settled_view
+    from ups.runs.read import open_run
     from ups.runs.rundir import RunDir
     from ups.why import diagnose_view
 
     rd = run if isinstance(run, RunDir) else RunDir(Path(run))
-    return json.loads(json.dumps(diagnose_view(load_settled_view(rd)).to_dict(), default=str))
+    return json.loads(json.dumps(diagnose_view(open_run(rd)).to_dict(), default=str))
 
 
 def job_processes(run) -> list[str]:  # noqa: ANN001 - a RunDir

@@ -172,6 +172,7 @@ def test_a_run_whose_launcher_has_not_written_its_record_yet_is_not_settled(tmp_
         (run.path / sub).mkdir(parents=True)
     run.write_manifest({"schema": MANIFEST_SCHEMA, "id": "r1", "kind": "python", "state": "running", "created_at": 0, "argv": [],
                         "config": {}, "launcher": {"pid": launcher.pid, "pid_start": start}})
-    view = Poller(tmp_path / "runs", gpu_provider=None)._view(run)
-    assert view.supervision == "supervised" and run.read_manifest()["state"] == "running"
+    snap = Poller(tmp_path / "runs", gpu_provider=None).snapshot("r1", None)
+    assert snap.detail.view.supervision == "supervised" and snap.runs[0].state == "running"
+    assert run.read_manifest()["state"] == "running"
     assert not (run.path / "events.jsonl").exists() or not run.read_events()

@@ -374,11 +374,13 @@ def test_readers_answer_the_same_on_a_read_only_and_on_a_full_runs_folder(finish
 
     ro_answer = _answers(ro, expected_run.run_id)
     full_answer = _answers(full, expected_run.run_id)
-    answer = _answers(writable, expected_run.run_id)  # last: this one settles and writes it down
+    answer = _answers(writable, expected_run.run_id)
     assert answer["state"] == "succeeded" and "launcher lost" in answer["summary"]
     assert ro_answer == answer and full_answer == answer
     assert {p: p.stat().st_mtime for p in src.rglob("*")} == before  # nothing written, nothing tried through
-    assert json.loads(expected_run.manifest_path.read_text())["state"] == "succeeded"  # written back where it can be
+    assert json.loads(expected_run.manifest_path.read_text())["state"] == "running"  # reading never writes
+    ups("runs", "--settle", root=writable)  # writing it down is asked for
+    assert json.loads(expected_run.manifest_path.read_text())["state"] == "succeeded"
 
 
 # -- 8: folder modes whatever the umask; a remote host name is quoted -----------------------------
@@ -496,14 +498,14 @@ def _core_readers(root: Path, run: RunDir) -> None:
 
     from console.snapshots import Poller
     from ups.cli.runs import render_status, run_row, status_payload
-    from ups.launch.reconcile import load_settled_view
+    from ups.runs.read import open_run
     from ups.why import diagnose_view
 
     started = time.monotonic()
     now = time.time()
-    views = [load_settled_view(s.run, now=now) for s in list_runs(root)]
+    views = [open_run(s.run, now=now) for s in list_runs(root)]
     json.dumps([run_row(v, now) for v in views], default=str)
-    view = load_settled_view(run)
+    view = open_run(run)
     json.dumps(status_payload(view, {}), default=str)
     Console(file=open(os.devnull, "w"), width=120).print(render_status(view, {}, width=120))  # noqa: SIM115
     diagnose_view(view).text()

@@ -60,9 +60,14 @@ def test_launcher_killed_mid_training_is_unsupervised_then_settled_from_the_reco
     listing = run_ups("runs")
     assert f"ups adopt {run.run_id}" in listing.stderr and "unsupervised" in listing.stdout
 
-    # The ranks finish on their own; the next reader writes the final state from the records.
-    wait_for(lambda: status_now(run)["run"]["state"] in ("succeeded", "failed", "lost"), 120, interval=0.5,
-             message="the run settled by a reader")
+    # The ranks finish on their own; every reader shows the final state from the records, and
+    # `ups runs --settle` writes it down (reading never writes).
+    data = wait_for(lambda: (d := status_now(run))["run"]["state"] in ("succeeded", "failed", "lost") and d, 120,
+                    interval=0.5, message="the run settled by a reader")
+    assert data["run"]["state"] == "succeeded", data["run"]
+    assert run.read_manifest()["state"] == "running" and not [e for e in run.read_events() if e["event"] == "reconcile"]
+    res = run_ups("runs", "--settle")
+    assert res.returncode == 0 and f"settled {run.run_id}: succeeded" in res.stderr, res.stderr
     m = run.read_manifest()
     assert m["state"] == "succeeded", m
     assert m["summary"].startswith(f"launcher lost (pid {pid} gone); 2 rank(s) done") and m["launcher_lost"] is True
@@ -149,9 +154,11 @@ def test_after_a_reboot_every_reader_settles_the_run_from_its_records(runs_root,
     row = next(r for r in data["runs"] if r["id"] == run.run_id)
     assert row["state"] == state
     assert row["summary"].startswith("launcher lost (pid 4190001 gone); ") and says in row["summary"]
+    assert run.read_manifest()["state"] == "running" and not run.events_path.exists()  # reading never writes
+    run_ups("runs", "--settle")
     assert run.read_manifest()["state"] == state  # written once, for every later reader
     assert len([e for e in run.read_events() if e["event"] == "reconcile"]) == 1
-    run_ups("runs", "--json")
+    run_ups("runs", "--settle", "--json")
     assert len([e for e in run.read_events() if e["event"] == "reconcile"]) == 1
 
 

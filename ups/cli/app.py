@@ -73,22 +73,27 @@ def _root(
 
 
 def _register() -> None:
-    # Command groups register themselves on `app`; importing them is cheap (Typer only).
-    from ups.cli import console_cmd as _console  # noqa: F401
-    from ups.cli import control as _control  # noqa: F401
-    from ups.cli import demo as _demo  # noqa: F401
-    from ups.cli import doctor as _doctor  # noqa: F401
-    from ups.cli import gpu as _gpu  # noqa: F401
-    from ups.cli import plot as _plot  # noqa: F401
-    from ups.cli import runs as _runs  # noqa: F401
-    from ups.cli import why as _why  # noqa: F401
-    from ups.cli.cache import cache_app
-    from ups.cli.data import data_app
-    from ups.cli.launch import launch_app
+    """Every command group, in the order `ups --help` lists them. The root knows the groups;
+    no command module imports it (importing them is cheap: Typer only)."""
+    from ups.cli import (
+        cache,
+        console_cmd,
+        control,
+        data,
+        demo,
+        doctor,
+        gpu,
+        launch,
+        plot,
+        runs,
+        why,
+    )
 
-    app.add_typer(launch_app, name="launch")
-    app.add_typer(data_app, name="data")
-    app.add_typer(cache_app, name="cache")
+    for group in (console_cmd, control, demo, doctor, gpu, plot, runs, why):
+        app.add_typer(group.commands)  # top-level commands: `ups runs`, `ups why` ...
+    app.add_typer(launch.launch_app, name="launch")
+    app.add_typer(data.data_app, name="data")
+    app.add_typer(cache.cache_app, name="cache")
 
 
 _register()

@@ -6,11 +6,12 @@ from typing import Annotated
 
 import typer
 
-from ups.cli.app import app
 from ups.cli.common import RunsDirOption, default_runs_dir
 
+commands = typer.Typer()  # registered by ups.cli.app, the root
 
-@app.command("console")
+
+@commands.command("console")
 def console_cmd(
     run: Annotated[str | None, typer.Argument(help="Open this run directly (id or prefix).")] = None,
     refresh: Annotated[float, typer.Option("--refresh", help="Seconds between reads of the status folder.")] = 1.0,

@@ -7,11 +7,12 @@ from typing import Annotated
 
 import typer
 
-from ups.cli.app import app
 from ups.cli.common import JsonOption, RunsDirOption, cli_actor, default_runs_dir, print_json
 
+commands = typer.Typer()  # registered by ups.cli.app, the root
 
-@app.command("fallback")
+
+@commands.command("fallback")
 def fallback_cmd(
     run: Annotated[str, typer.Argument(help="Run id, unique prefix, or path.")],
     wait: Annotated[float, typer.Option(help="Seconds to wait for the job to acknowledge.")] = 10.0,
@@ -43,7 +44,7 @@ def fallback_cmd(
         raise typer.Exit(1)
 
 
-@app.command("relaunch")
+@commands.command("relaunch")
 def relaunch_cmd(
     run: Annotated[str, typer.Argument(help="Run id, unique prefix, or path.")],
     num_workers: Annotated[int | None, typer.Option("--num-workers", help="Force every DataLoader of the new run to this many workers (0: load in the main process).")] = None,
@@ -74,7 +75,7 @@ def relaunch_cmd(
     start_and_follow(new, detach=detach, json_out=json)
 
 
-@app.command("adopt")
+@commands.command("adopt")
 def adopt_cmd(
     run: Annotated[str, typer.Argument(help="Run id, unique prefix, or path.")],
     detach: Annotated[bool, typer.Option("--detach", help="Adopt and return at once.")] = False,

@@ -12,8 +12,9 @@ from typing import Annotated
 
 import typer
 
-from ups.cli.app import app
 from ups.cli.common import JsonOption, RunsDirOption, default_runs_dir
+
+commands = typer.Typer()  # registered by ups.cli.app, the root
 
 DEMO_TASKS = ("advection1d", "burgers1d")
 DEMO_SAMPLES = 96
@@ -34,7 +35,7 @@ def ensure_demo_data(root: Path) -> None:
         synthesize(root, task, "train", DEMO_SAMPLES, seed=0, shards=3, timesteps=16, resolution=64)
 
 
-@app.command("demo")
+@commands.command("demo")
 def demo_cmd(
     data_root: Annotated[Path, typer.Option("--data-root", help="Where the demo data lives.")] = Path("data/demo"),
     cache_dir: Annotated[Path, typer.Option("--cache-dir", help="Where the demo cache goes.")] = Path("cache/demo"),

@@ -7,14 +7,15 @@ from typing import Annotated
 
 import typer
 
-from ups.cli.app import app
 from ups.cli.common import JsonOption, RunsDirOption, default_runs_dir, print_json, text_console
 from ups.format import HEALTH_STYLES
+
+commands = typer.Typer()  # registered by ups.cli.app, the root
 
 STATUS_STYLES = {"ok": HEALTH_STYLES["ok"], "warn": "yellow", "fail": "bold red", "skip": "dim"}
 
 
-@app.command("doctor")
+@commands.command("doctor")
 def doctor_cmd(
     config: Annotated[Path | None, typer.Option("--config", help="Job config (YAML) whose data, cache and workers to check.")] = None,
     root: Annotated[Path | None, typer.Option("--root", help="Data folder with the HDF5 shards.")] = None,

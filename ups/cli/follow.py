@@ -13,7 +13,7 @@ import typer
 
 from ups.cli.common import text_console
 from ups.format import HEALTH_STYLES, fmt_duration, fmt_progress, fmt_rate
-from ups.launch.reconcile import load_settled_view as load_run_view
+from ups.runs.read import open_run
 from ups.runs.rundir import FINAL_RUN_STATES, RunDir
 from ups.runs.view import RunView
 
@@ -101,9 +101,9 @@ def follow_run(run: RunDir, *, interval: float = 0.5, live: bool | None = None) 
         if live:
             from rich.live import Live
 
-            with Live(_render(load_run_view(run), []), refresh_per_second=4, transient=False, console=text_console(stderr=True)) as lv:
+            with Live(_render(open_run(run), []), refresh_per_second=4, transient=False, console=text_console(stderr=True)) as lv:
                 while True:
-                    view = load_run_view(run)
+                    view = open_run(run)
                     lv.update(_render(view, run.read_events(limit=50)))
                     if view.is_final:
                         break
@@ -111,7 +111,7 @@ def follow_run(run: RunDir, *, interval: float = 0.5, live: bool | None = None) 
         else:
             last = 0.0
             while True:
-                view = load_run_view(run)
+                view = open_run(run)
                 if view.is_final:
                     break
                 if time.monotonic() - last >= 2.0:

@@ -7,9 +7,10 @@ from typing import Annotated
 
 import typer
 
-from ups.cli.app import app
 from ups.cli.common import JsonOption, RunsDirOption, default_runs_dir, print_json, text_console
 from ups.format import fmt_bytes
+
+commands = typer.Typer()  # registered by ups.cli.app, the root
 
 EXIT_NO_GPU = 1
 
@@ -52,7 +53,7 @@ def render_gpu(view):
     return Group(*parts)
 
 
-@app.command("gpu")
+@commands.command("gpu")
 def gpu_cmd(
     runs_dir: RunsDirOption = default_runs_dir(),
     json: JsonOption = False,

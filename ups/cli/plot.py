@@ -6,12 +6,13 @@ from typing import Annotated
 
 import typer
 
-from ups.cli.app import app
 from ups.cli.common import RunArgument, RunsDirOption, default_runs_dir
 from ups.errors import UpsError
 
+commands = typer.Typer()  # registered by ups.cli.app, the root
 
-@app.command("plot")
+
+@commands.command("plot")
 def plot_cmd(
     run: RunArgument = None,
     metric: Annotated[str, typer.Option("--metric", help="loss, lr, grad_norm, rate (steps/s), sps (samples/s), "

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ups.cli.app import app
 from ups.cli.common import (
     JsonOption,
     RemoteOption,
@@ -22,6 +21,7 @@ from ups.cli.common import (
     cli_actor,
     default_runs_dir,
     print_json,
+    say_error,
     text_console,
 )
 from ups.errors import UpsError
@@ -36,6 +36,8 @@ from ups.format import (
     fmt_progress,
     fmt_rate,
 )
+
+commands = typer.Typer()  # registered by ups.cli.app, the root
 
 if TYPE_CHECKING:  # the run/status modules load only when a command runs (fast --help)
     from rich.text import Text
@@ -84,27 +86,36 @@ def run_row(view: RunView, now: float) -> dict:
     }
 
 
-@app.command("runs")
+@commands.command("runs")
 def runs_cmd(
     ctx: typer.Context,
     runs_dir: RunsDirOption = default_runs_dir(),
     json: JsonOption = False,
     wide: WideOption = False,
+    settle: Annotated[bool, typer.Option("--settle", help="Write down the end of every run of yours that nobody is left "
+                                         "to finish (its launcher and every process gone: a reboot, a kill -9): the "
+                                         "state every reader already shows, with a 'reconcile' event and its verdict.")] = False,
 ) -> None:
     """List runs, newest first: kind, state, age, progress, throughput, worst health.
 
     One line per run: what does not fit the terminal is cut short (--wide shows it all).
     A run folder whose run.json is missing or corrupt is listed with its problem. A runs
     folder named with --runs-dir or UPS_RUNS_DIR must exist; the default ./runs may not yet.
+
+    Reading never writes: a run whose launcher died after its job ended is shown with the
+    end its records tell ("launcher lost ..."); --settle writes that end into its run.json.
     """
-    from ups.launch.reconcile import load_settled_view
+    from ups.runs.read import open_run
     from ups.runs.rundir import list_runs
 
     # By name: typer vendors its own click, whose ParameterSource is not click's.
     source = ctx.get_parameter_source("runs_dir")
     implicit = getattr(source, "name", None) == "DEFAULT"
     now = time.time()
-    views = [load_settled_view(s.run, now=now) for s in list_runs(runs_dir, missing_ok=implicit)]
+    summaries = list_runs(runs_dir, missing_ok=implicit)
+    if settle:
+        _settle_runs(summaries)
+    views = [open_run(s.run, now=now) for s in summaries]
     rows = [run_row(v, now) for v in views]
     _hint_unsupervised(views)
     if json:
@@ -134,6 +145,25 @@ def runs_cmd(
             progress += f" {fmt_rate(r['rate'], r['unit'])}"
         table.add_row(r["id"], Text(state, STATE_STYLES.get(state, "")), fmt_age(r["age"]), _one_line(Text(progress)), _one_line(cell))
     _print_fitted(table, wide=wide)
+
+
+def _settle_runs(summaries: list) -> None:
+    """``ups runs --settle``: each run nobody is left to finish, written down (one line each
+    on stderr); another user's run or a folder that cannot be written is said, not fatal."""
+    from ups.errors import Refused
+    from ups.launch.reconcile import write_settled
+
+    for s in summaries:
+        if s.problem:
+            continue
+        try:
+            done = write_settled(s.run, actor=cli_actor())
+        except (Refused, OSError, UpsError) as exc:
+            say_error(f"{s.run_id}: not settled: {exc}")
+            continue
+        if done is not None:
+            m = done.manifest or {}
+            typer.echo(f"settled {s.run_id}: {m.get('state')}: {m.get('summary')}", err=True)
 
 
 def _one_line(text: Text) -> Text:
@@ -364,7 +394,7 @@ def render_status(view: RunView, nvml: dict[int, int], *, width: int | None = No
 
 
 
-@app.command("status")
+@commands.command("status")
 def status_cmd(
     run: RunArgument = None,
     runs_dir: RunsDirOption = default_runs_dir(),
@@ -397,7 +427,7 @@ def status_cmd(
     docs/status-json.md); --json --follow prints one such snapshot per line.
     """
     from ups.errors import RunNotFound
-    from ups.launch.reconcile import load_settled_view
+    from ups.runs.read import open_run
     from ups.runs.rundir import resolve_run
 
     if follow and not json:
@@ -423,20 +453,20 @@ def status_cmd(
         _follow_json(rd, interval)
         return
     if json:
-        print_json(status_payload(load_settled_view(rd), _gpu_by_pid()))
+        print_json(status_payload(open_run(rd), _gpu_by_pid()))
         return
     width = _console().width
     if not watch:
-        view = load_settled_view(rd)
+        view = open_run(rd)
         _hint_unsupervised([view])
         _print_fitted(render_status(view, _gpu_by_pid(), width=width, wide=wide), wide=wide)
         return
     from rich.live import Live
 
-    with Live(render_status(load_settled_view(rd), {}, width=width, wide=wide), auto_refresh=False, screen=False) as live:
+    with Live(render_status(open_run(rd), {}, width=width, wide=wide), auto_refresh=False, screen=False) as live:
         try:
             while True:
-                live.update(render_status(load_settled_view(rd), _gpu_by_pid(), width=width, wide=wide), refresh=True)
+                live.update(render_status(open_run(rd), _gpu_by_pid(), width=width, wide=wide), refresh=True)
                 time.sleep(interval)
         except KeyboardInterrupt:
             pass
@@ -458,11 +488,11 @@ def _follow_json(rd: RunDir, interval: float) -> None:
     import json as jsonlib
     import os
 
-    from ups.launch.reconcile import load_settled_view
+    from ups.runs.read import open_run
 
     try:
         while True:
-            view = load_settled_view(rd)
+            view = open_run(rd)
             sys.stdout.write(jsonlib.dumps(stream_payload(view), default=str, separators=(",", ":")) + "\n")
             sys.stdout.flush()
             if view.is_final:
@@ -481,8 +511,8 @@ def _status_remote(rd: RunDir | None, run_id: str, specs, *, json: bool, watch: 
     node's over SSH, in one view."""
     import json as jsonlib
 
-    from ups.launch.reconcile import load_settled_view
-    from ups.runs.remote import merge_remote, open_sources, stop_sources
+    from ups.runs.read import open_run
+    from ups.runs.remote import open_sources, stop_sources
 
     sources = open_sources(specs, run_id, silent_after=timeout)
     try:
@@ -491,7 +521,7 @@ def _status_remote(rd: RunDir | None, run_id: str, specs, *, json: bool, watch: 
             src.wait_first(max(0.0, deadline - time.monotonic()))
 
         def view() -> RunView:
-            return merge_remote(load_settled_view(rd) if rd is not None else None, sources, run_id=run_id)
+            return open_run(rd, remotes=sources, run_id=run_id)
 
         def payload(v: RunView) -> dict:
             data = status_payload(v)
@@ -564,7 +594,7 @@ def select_records(view: RunView, rank: int | None, worker: int | None) -> list[
     return [p.record for p in view.processes]
 
 
-@app.command("kill")
+@commands.command("kill")
 def kill_cmd(
     run: Annotated[str, typer.Argument(help="Run id, unique prefix, or path.")],
     rank: RankOption = None,
@@ -594,13 +624,13 @@ def kill_cmd(
         return
     from ups.runs.actions import kill_run
     from ups.runs.ownership import JobScope
+    from ups.runs.read import open_run
     from ups.runs.rundir import resolve_run
     from ups.runs.signals import check_identity, terminate
-    from ups.runs.view import load_run_view
 
     rd = resolve_run(runs_dir, run)
     JobScope.of_run(rd.path)  # not a run folder, or another user's: one line, nothing written
-    view = load_run_view(rd)
+    view = open_run(rd)
     actor = cli_actor()
     if rank is None and worker is None:
         results = kill_run(rd, view, actor=actor, reason=reason, grace=grace, force=force)
@@ -621,7 +651,7 @@ def kill_cmd(
 
 
 # -------------------------------------------------------------------------------- stacks
-@app.command("stacks")
+@commands.command("stacks")
 def stacks_cmd(
     run: RunArgument = None,
     rank: RankOption = None,
@@ -650,11 +680,11 @@ def stacks_cmd(
                                *(["--worker", str(worker)] if worker is not None else []), *(["--group"] if group else []),
                                "--timeout", str(timeout), *(["--json"] if json else [])])
         return
+    from ups.runs.read import open_run
     from ups.runs.rundir import resolve_run
-    from ups.runs.view import load_run_view
 
     rd = resolve_run(runs_dir, run)
-    view = load_run_view(rd)
+    view = open_run(rd)
     targets = [r for r in select_records(view, rank, worker) if rank is not None or worker is not None or r.role != "launcher"]
     if not targets:
         raise UpsError(f"run {rd.run_id} has no process records yet")
@@ -705,7 +735,7 @@ def _collect_stacks(rd: RunDir, targets: list[StatusRecord], timeout: float) -> 
 
 
 # ---------------------------------------------------------------------------------- logs
-@app.command("logs")
+@commands.command("logs")
 def logs_cmd(
     run: RunArgument = None,
     rank: RankOption = None,

@@ -6,7 +6,6 @@ from typing import Annotated
 
 import typer
 
-from ups.cli.app import app
 from ups.cli.common import (
     JsonOption,
     RemoteOption,
@@ -17,8 +16,10 @@ from ups.cli.common import (
     text_console,
 )
 
+commands = typer.Typer()  # registered by ups.cli.app, the root
 
-@app.command("why")
+
+@commands.command("why")
 def why_cmd(
     run: RunArgument = None,
     runs_dir: RunsDirOption = default_runs_dir(),
@@ -43,7 +44,7 @@ def why_cmd(
     {"run_id", "state", "verdict": {"mode", "ok", "headline", "who", "where", "since",
     "evidence", "next", "text"}}.
     """
-    from ups.launch.reconcile import load_settled_view
+    from ups.runs.read import open_run
     from ups.runs.rundir import resolve_run
     from ups.why import diagnose_view
 
@@ -54,7 +55,7 @@ def why_cmd(
     else:
         rd = resolve_run(runs_dir, run)
         rd.read_manifest()  # a corrupt run.json is bad input: one line, exit 2
-        view = load_settled_view(rd)
+        view = open_run(rd)
         run_id = rd.run_id
     verdict = diagnose_view(view)
     attempts = [a for a in (view.manifest or {}).get("attempts") or [] if isinstance(a, dict)]  # --on-hang restart
@@ -79,8 +80,8 @@ def why_cmd(
 def _remote_view(runs_dir, run: str | None, remote: list[str], timeout: float):  # noqa: ANN001, ANN202
     """This node's records (if it has the run) and every --remote node's, read over SSH."""
     from ups.errors import RunNotFound, UpsError
-    from ups.launch.reconcile import load_settled_view
-    from ups.runs.remote import RemoteSpec, merge_remote, open_sources, stop_sources
+    from ups.runs.read import open_run
+    from ups.runs.remote import RemoteSpec, open_sources, stop_sources
     from ups.runs.rundir import resolve_run
 
     specs = [RemoteSpec.parse(r) for r in remote]
@@ -99,6 +100,6 @@ def _remote_view(runs_dir, run: str | None, remote: list[str], timeout: float): 
         deadline = time.monotonic() + timeout
         for src in sources:
             src.wait_first(max(0.0, deadline - time.monotonic()))
-        return merge_remote(load_settled_view(rd) if rd is not None else None, sources, run_id=run_id)
+        return open_run(rd, remotes=sources, run_id=run_id)
     finally:
         stop_sources(sources)

@@ -18,43 +18,17 @@ import os
 import select
 import threading
 import time
-from dataclasses import asdict, dataclass
 
+from ups.runs.exits import ProcessExit
 from ups.runs.rundir import RunDir
 from ups.status.host import boot_id, hostname
 from ups.status.procs import process_start_time, same_start
 from ups.status.reader import read_record_file, read_status_dir
 from ups.status.record import RecordError, StatusRecord
-from ups.status.safeio import BadFile, check_object
 
 SCAN_S = 0.25  # how often new records are looked for (a few files for a small run)
 SLOW_SCAN_S = 2.0  # above LARGE records: reading thousands of files 4 times a second is waste
 LARGE = 128
-
-
-@dataclass(frozen=True)
-class ProcessExit:
-    name: str
-    pid: int
-    role: str
-    rank: int | None
-    at: float  # wall time of the end (or of when it was found gone, if ``exact`` is False)
-    exact: bool
-    record_state: str  # the record's state right after the end: running means no normal exit
-    phase: str
-    step: int
-    error: str | None
-    exit_code: int | None  # what the record says (normal exits and recorded failures only)
-    at_mono: float | None = None  # CLOCK_MONOTONIC of ``at`` (the order of ends, immune to clock steps)
-    boot_id: str | None = None
-
-    @property
-    def clean(self) -> bool:
-        """The interpreter exited normally (the final record was written)."""
-        return self.record_state != "running"
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "clean": self.clean}
 
 
 def _pidfd(pid: int) -> int | None:
@@ -192,29 +166,3 @@ class ExitWatcher:
             self.run.append_event("process.exit", actor=self.actor, **end.to_dict())
 
 
-def read_exits(run: RunDir) -> dict[str, ProcessExit]:
-    """The ends a supervisor logged (latest per process name), e.g. for a reader after the run."""
-    out: dict[str, ProcessExit] = {}
-    fields = set(ProcessExit.__dataclass_fields__)
-    for e in run.read_events():
-        if e.get("event") == "process.exit":
-            try:  # an event is outside input like any file of the run: typed before use
-                checked = check_object({k: v for k, v in e.items() if k in fields}, _EXIT_SPEC, required=_EXIT_REQUIRED)
-                out[checked["name"]] = ProcessExit(**checked)
-            except (BadFile, TypeError):
-                continue
-    return out
-
-
-def _exit_spec() -> dict:
-    from ups.status.record import RECORD_SPEC
-    from ups.status.safeio import boolean, number
-
-    r = RECORD_SPEC
-    return {"name": r["name"], "pid": r["pid"], "role": r["role"], "rank": r["rank"], "at": number(0.0),
-            "exact": boolean, "record_state": r["state"], "phase": r["phase"], "step": r["step"], "error": r["error"],
-            "exit_code": r["exit_code"], "at_mono": r["progress_mono"], "boot_id": r["boot_id"]}
-
-
-_EXIT_SPEC = _exit_spec()
-_EXIT_REQUIRED = ("name", "pid", "role", "rank", "at", "exact", "record_state", "phase", "step", "error", "exit_code")

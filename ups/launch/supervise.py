@@ -23,14 +23,14 @@ import time
 from typing import Any
 
 from ups.errors import Refused
-from ups.launch import kinds as _kinds  # noqa: F401 - registers the per-kind finalizers
 from ups.launch import leftovers
 from ups.launch.autostacks import StackCollector
 from ups.launch.exits import ExitWatcher
-from ups.launch.finalize import End, Outcome, describe_returncode, finalize
 from ups.launch.onhang import Decision, HangWatch, archive_attempt
 from ups.launch.pending import LauncherRun
 from ups.runs import space
+from ups.runs.kinds import finalize
+from ups.runs.outcome import End, Outcome, describe_returncode
 from ups.runs.rundir import RunDir
 from ups.runs.signals import signal_name
 from ups.runs.view import load_run_view, node_view
@@ -522,7 +522,7 @@ class Adopter(Supervisor):
             deadline = self._escalate(reporter, deadline)
             self._check_folder()
         time.sleep(0.2)  # the last records
-        from ups.launch.reconcile import derived_returncode
+        from ups.runs.settle import derived_returncode
 
         return derived_returncode(node_view(load_run_view(self.run)))
 

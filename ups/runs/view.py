@@ -112,6 +112,10 @@ class RunView:
     was never finished: a reader settles it from the records, see ups.launch.reconcile)."""
     nodes: tuple[NodeView, ...] = ()
     """A multi-node run's nodes (by node rank, then host); empty for a run of one node."""
+    settled: dict[str, Any] | None = None
+    """What a reader decided in memory for a run nobody is left to finish (state, summary,
+    failure ...: ups.runs.settle), None when it needed no settling. ``ups runs --settle`` and
+    ``ups adopt`` write exactly this down."""
 
     @property
     def is_multinode(self) -> bool:
@@ -200,6 +204,7 @@ def load_run_view(
     include: Callable[[str], bool] | None = None,
     local_host: str | None = None,
     mono: float | None = None,
+    manifest: dict[str, Any] | None = None,
 ) -> RunView:
     """Read the manifest and every record once (or those ``include`` names), classify them.
 
@@ -208,13 +213,14 @@ def load_run_view(
     its own record yet (the first second of a run) is alive, not gone.
 
     Ages of records written on this boot of this host come from CLOCK_MONOTONIC (``mono``,
-    taken now unless ``now`` is given without it: a fixed clock in tests is a wall clock)."""
-    manifest: dict[str, Any] | None
+    taken now unless ``now`` is given without it: a fixed clock in tests is a wall clock).
+    ``manifest``: one already read (a run settled in memory: ups.runs.settle) instead of run.json."""
     problem: str | None = None
-    try:
-        manifest = run.read_manifest()
-    except CorruptRun as exc:
-        manifest, problem = None, str(exc)
+    if manifest is None:
+        try:
+            manifest = run.read_manifest()
+        except CorruptRun as exc:
+            manifest, problem = None, str(exc)
     thresholds = Thresholds.from_dict((manifest or {}).get("thresholds"))
     snap = source.read() if source is not None else read_status_dir(run.status_dir, include)
     if now is None:

@@ -30,6 +30,6 @@ def diagnose_view(view: RunView) -> Verdict:
 
 def diagnose(run: RunDir) -> Verdict:
     """The verdict on a run now (a run nobody is left to finish is settled first)."""
-    from ups.launch.reconcile import load_settled_view
+    from ups.runs.read import open_run
 
-    return diagnose_view(load_settled_view(run))
+    return diagnose_view(open_run(run))

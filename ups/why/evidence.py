@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from ups.launch.exits import ProcessExit, read_exits
+from ups.runs.exits import ProcessExit, read_exits
 from ups.runs.rundir import RunDir
 from ups.runs.view import ProcessView, RunView
 from ups.status.host import hostname

@@ -4,17 +4,20 @@ A job never reports success unless it exited 0 **and** every rank's final record
 an ``os._exit(0)`` in the middle of training leaves a record that still says running, and
 that run is ``failed``, not ``succeeded``.
 
-Job kinds may register their own rule (e.g. precompute maps exit code 3 to ``partial``).
+Each job kind has its rule (e.g. precompute maps exit code 3 to ``partial``): the table is
+:data:`ups.runs.kinds.RULES`, and :func:`ups.runs.kinds.finalize` applies it. The launcher
+decides a run's end with them, and a reader settles a run nobody is left to finish with the
+same rules (:mod:`ups.runs.settle`), in memory.
 """
 
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ups.launch.exits import ProcessExit
+from ups.runs.exits import ProcessExit
 from ups.runs.view import RunView
 from ups.status.record import StatusRecord
 
@@ -35,18 +38,6 @@ class End:
     terminated: bool = False  # the operator (or a signal to the launcher) stopped it
     exits: Mapping[str, ProcessExit] = field(default_factory=dict)
     disk_full: str | None = None  # evidence that the run folder's disk was full during the run
-
-
-Finalizer = Callable[[RunView, End], Outcome]
-_FINALIZERS: dict[str, Finalizer] = {}
-
-
-def register_finalizer(kind: str) -> Callable[[Finalizer], Finalizer]:
-    def deco(fn: Finalizer) -> Finalizer:
-        _FINALIZERS[kind] = fn
-        return fn
-
-    return deco
 
 
 def describe_returncode(rc: int | None) -> str:
@@ -107,12 +98,6 @@ def default_finalizer(view: RunView, end: End) -> Outcome:
         detail = bad.error or f"no final record, last phase {bad.phase}"
         return Outcome("failed", f"{what}; first failure: {bad.label} in {bad.phase}: {detail}", failure_dict(bad))
     return Outcome("failed", what)
-
-
-def finalize(view: RunView, end: End) -> Outcome:
-    kind = view.kind or ""
-    outcome = _FINALIZERS.get(kind, default_finalizer)(view, end)
-    return records_incomplete(view, end, outcome)
 
 
 def records_incomplete(view: RunView, end: End, outcome: Outcome) -> Outcome:

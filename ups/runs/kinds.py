@@ -1,4 +1,4 @@
-"""How each job kind's end maps to a run state (registered with ups.launch.finalize).
+"""How each job kind's end maps to a run state: one rule per kind, in the table :data:`RULES`.
 
 torchrun runs (our ``train`` and any ``ups launch torchrun``) share one rule, and so do
 single-process runs: a run is ``succeeded`` only when the top process exited 0 **and** every
@@ -13,12 +13,12 @@ import signal
 import time
 from typing import Any
 
-from ups.launch.finalize import (
+from ups.runs.outcome import (
     End,
     Outcome,
     default_finalizer,
     describe_returncode,
-    register_finalizer,
+    records_incomplete,
 )
 from ups.runs.view import RunView
 from ups.status.host import boot_id
@@ -28,7 +28,6 @@ STOPPED_CODES = (130, 143)  # exited after SIGINT / SIGTERM
 NO_NORMAL_EXIT = "ended without a normal interpreter exit (os._exit or a signal)"
 
 
-@register_finalizer("precompute")
 def precompute_outcome(view: RunView, end: End) -> Outcome:
     summary = (view.manifest or {}).get("precompute") or {}
     if end.terminated or end.returncode in STOPPED_CODES:
@@ -79,11 +78,6 @@ def _log_tail(view: RunView) -> str:
     return try_tail(view.run.log_path("job"), 200_000) or ""
 
 
-@register_finalizer("train")
-@register_finalizer("torchrun")
-@register_finalizer("accelerate")
-@register_finalizer("deepspeed")
-@register_finalizer("srun")
 def torchrun_outcome(view: RunView, end: End) -> Outcome:
     """Any job of several ranks: torchrun's, and the other launchers' (accelerate, DeepSpeed,
     srun, ``mp.spawn`` or Lightning under ``ups launch python``), whose ranks say how many
@@ -199,7 +193,6 @@ def torchrun_outcome(view: RunView, end: End) -> Outcome:
 
 
 # ------------------------------------------------------------------------- python
-@register_finalizer("python")
 def python_outcome(view: RunView, end: End) -> Outcome:
     """A single-process program: the supervisor's own child is rank 0."""
     rc = end.returncode
@@ -228,7 +221,6 @@ def python_outcome(view: RunView, end: End) -> Outcome:
     return Outcome("failed", f"{rec.error or describe_returncode(rc)} {where}", failure)
 
 
-@register_finalizer("pipeline")
 def pipeline_outcome(view: RunView, end: End) -> Outcome:
     stages = (view.manifest or {}).get("stages") or []
     text = ", ".join(f"{s['stage']} {s.get('state')}" + (f" ({s.get('summary')})" if s.get("state") == "partial" else "")
@@ -239,3 +231,19 @@ def pipeline_outcome(view: RunView, end: End) -> Outcome:
     if end.returncode == 0 and stages and all(s.get("state") in ("succeeded", "partial") for s in stages):
         return Outcome("partial" if any(s.get("state") == "partial" for s in stages) else "succeeded", text)
     return Outcome("failed", text or describe_returncode(end.returncode))
+
+
+# Which rule decides a run's end, by its kind; any other kind: the default rule.
+RULES = {
+    "precompute": precompute_outcome,
+    "train": torchrun_outcome, "torchrun": torchrun_outcome, "accelerate": torchrun_outcome,
+    "deepspeed": torchrun_outcome, "srun": torchrun_outcome,
+    "python": python_outcome,
+    "pipeline": pipeline_outcome,
+}
+
+
+def finalize(view: RunView, end: End) -> Outcome:
+    """The run's end as its kind's rule decides it (a full disk noted, not blamed)."""
+    outcome = RULES.get(view.kind or "", default_finalizer)(view, end)
+    return records_incomplete(view, end, outcome)

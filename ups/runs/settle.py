@@ -1,0 +1,104 @@
+"""Runs nobody is left to finish, settled in memory from their records.
+
+A run whose launcher died (the OOM killer, a kill -9, a reboot) while some of its processes
+still run is ``unsupervised`` (RunView.supervision) until ``ups adopt`` gives it a new
+launcher. A run whose launcher *and* every process are gone, and that nobody finished, gets
+its final state derived from the records and the exits its launcher logged, exactly as the
+launcher would have decided, with the reason "launcher lost": ``succeeded`` only if every
+rank's final record says done with exit 0, ``failed`` when a record says how it failed,
+``lost`` when nothing does (every process vanished without a word: a reboot, everything
+SIGKILLed). Every reader shows that state (:func:`ups.runs.read.open_run`); only ``ups runs
+--settle`` and ``ups adopt`` write it down (:mod:`ups.launch.reconcile`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ups.runs.exits import ProcessExit, read_exits
+from ups.runs.kinds import finalize
+from ups.runs.outcome import End
+from ups.runs.rundir import merge_node_states
+from ups.runs.view import RunView, load_run_view, node_view
+from ups.status.host import hostname
+from ups.status.reader import StatusSnapshot
+from ups.status.record import StatusRecord
+
+TOP_ROLE = {"torchrun": "agent", "train": "agent"}  # other kinds: the job's process is rank 0
+
+
+def top_record(view: RunView) -> StatusRecord | None:
+    """The record of the job's own process (torchrun's agent, or rank 0)."""
+    role = TOP_ROLE.get(view.kind or "", "rank")
+    return next((p.record for p in view.processes if p.record.role == role and (role != "rank" or p.record.rank == 0)), None)
+
+
+def derived_returncode(view: RunView) -> int | None:
+    """The job's exit code as its records tell it, None when they do not."""
+    top = top_record(view)
+    if top is not None and top.is_final:
+        return top.exit_code if top.exit_code is not None else (0 if top.state == "done" else 1)
+    ranks = [p.record for p in view.ranks()]
+    if ranks and all(r.state == "done" and not r.exit_code for r in ranks):
+        return 0
+    return None
+
+
+def vanished_exits(view: RunView, logged: dict[str, ProcessExit]) -> dict[str, ProcessExit]:
+    """Ends the launcher did not live to log: a record that says running with its pid gone."""
+    out = dict(logged)
+    for p in view.processes:
+        r = p.record
+        if r.role != "launcher" and r.name not in out and not r.is_final:
+            out[r.name] = ProcessExit(r.name, r.pid, r.role, r.rank, r.heartbeat_at, False, r.state, r.phase, r.step,
+                                      r.error, r.exit_code)
+    return out
+
+
+def settled(view: RunView) -> RunView:
+    """``view`` with the final state of a run nobody is left to finish (``supervision ==
+    "gone"``), decided in memory exactly as its launcher would have (its kind's rule, over the
+    records and the ends the launcher logged), with the reason "launcher lost": ``lost`` when
+    nothing recorded how it ended. Any other view is returned as it is. Never writes: the
+    state is written only by ``ups runs --settle`` and ``ups adopt`` (ups.launch.reconcile)."""
+    if view.supervision != "gone":
+        return view
+    launcher = (view.manifest or {}).get("launcher") or {}
+    whole, view = view, node_view(view)  # a multi-node run: this node is settled, from its own processes
+    rc = derived_returncode(view)
+    outcome = finalize(view, End(rc, False, vanished_exits(view, read_exits(view.run))))
+    state = outcome.state
+    said = any(p.record.state == "failed" for p in view.processes if p.record.role in ("rank", "agent", "worker"))
+    if state == "failed" and not said and rc is None:
+        state = "lost"  # nothing recorded how it ended
+    summary = f"launcher lost (pid {launcher.get('pid')} gone); {outcome.summary}"
+    changes = dict(summary=summary, failure=outcome.failure, exit_code=rc, launcher_lost=True, **outcome.extra,
+                   state=state, ended_at=(whole.manifest or {}).get("ended_at") or _last_sign_of_life(view))
+    manifest = dict(whole.manifest or {})
+    if manifest.get("multinode"):
+        # This node's manifest ends; the run's state is then every node's, merged as on disk.
+        nodes = dict(manifest.get("nodes") or {})
+        nodes[hostname()] = {**(nodes.get(hostname()) or {}), **changes}
+        manifest["nodes"] = nodes
+        manifest.update(merge_node_states(nodes, (manifest.get("multinode") or {}).get("nnodes")))
+    else:
+        manifest.update(changes)
+    snapshot = StatusSnapshot(tuple(p.record for p in whole.processes), whole.problems, whole.read_at)
+    again = load_run_view(whole.run, now=whole.read_at, source=_Fixed(snapshot), manifest=manifest)
+    return dataclasses.replace(again, settled=changes)
+
+
+class _Fixed:
+    """The records already read, read again (a view rebuilt around a settled manifest)."""
+
+    def __init__(self, snapshot: StatusSnapshot) -> None:
+        self._snapshot = snapshot
+
+    def read(self) -> StatusSnapshot:
+        return self._snapshot
+
+
+def _last_sign_of_life(view: RunView) -> float | None:
+    """When a run nobody finished ended, as well as its records tell: its last heartbeat."""
+    beats = [p.record.heartbeat_at for p in view.processes if p.record.heartbeat_at]
+    return max(beats) if beats else None
