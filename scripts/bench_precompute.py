@@ -40,7 +40,7 @@ from ups.data.shards import SampleReader, ShardIndex  # noqa: E402
 from ups.data.synth import synthesize  # noqa: E402
 from ups.faults import Faults  # noqa: E402
 from ups.jobs import precompute as job_mod  # noqa: E402
-from ups.jobs.config import PrecomputeConfig  # noqa: E402
+from ups.launch.config import PrecomputeConfig  # noqa: E402
 from ups.models.encoder import build_encoder  # noqa: E402
 from ups.status.reporter import NullReporter  # noqa: E402
 

@@ -62,12 +62,12 @@ def status_now(run: Path | object) -> dict:
     (the settled view, then the same payload and JSON encoding). For polling loops: a
     subprocess a poll costs ~0.3 s of CPU, and a suite of real jobs on two cores is CPU-bound.
     What a test finally asserts on still comes from the real command where it matters."""
-    from ups.cli.runs import _gpu_by_pid, status_payload
+    from ups.runs.payload import gpu_by_pid, status_payload
     from ups.runs.read import open_run
     from ups.runs.rundir import RunDir
 
     rd = run if isinstance(run, RunDir) else RunDir(Path(run))
-    return json.loads(json.dumps(status_payload(open_run(rd), _gpu_by_pid()), default=str))
+    return json.loads(json.dumps(status_payload(open_run(rd), gpu_by_pid()), default=str))
 
 
 def why_now(run: Path | object) -> dict:

@@ -13,7 +13,7 @@ from importlib.metadata import version
 
 from helpers import run_ups, wait_for
 
-from ups.cli.follow import _line
+from ups.cli.follow import follow_line
 from ups.data.synth import synthesize
 from ups.launch.spawn import launch_run
 from ups.runs.rundir import RunDir
@@ -86,7 +86,7 @@ def test_finished_work_reads_done_not_the_launchers_starting(runs_root):
         view = load_run_view(run)
         launcher = view.process("launcher")  # still supervising: its own health must not colour the run's
         assert launcher.record.state == "running" and launcher.verdict.health.value in ("ok", "starting")
-        line = _line(view)
+        line = follow_line(view)
         assert re.search(r"3/3 \(100%\).*  done$", line), line  # the follow view's line
         row = [r for r in json.loads(run_ups("runs", "--json").stdout)["runs"] if r["id"] == run.run_id][0]
         assert row["health"] == "done"

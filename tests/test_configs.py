@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from ups.jobs.config import ConfigError, PrecomputeConfig, TrainConfig, load_config
+from ups.launch.config import ConfigError, PrecomputeConfig, TrainConfig, load_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

@@ -497,7 +497,8 @@ def _core_readers(root: Path, run: RunDir) -> None:
     from rich.console import Console
 
     from console.snapshots import Poller
-    from ups.cli.runs import render_status, run_row, status_payload
+    from ups.cli.tables import render_status
+    from ups.runs.payload import run_row, status_payload
     from ups.runs.read import open_run
     from ups.why import diagnose_view
 

@@ -76,7 +76,7 @@ async def console_rows(runs_dir: Path, run_id: str) -> list[str]:
     app = UpsConsole(runs_dir, run_id=run_id, poll=False, gpu_provider=None)
     async with app.run_test(size=(140, 40)) as pilot:
         await pilot.pause(0.2)
-        keys = list(app.screen.query_one("#ranks")._order)
+        keys = app.screen.query_one("#ranks").row_keys
     assert keys.index("node:node1") < keys.index("rank-1") and keys.index("rank-0") < keys.index("node:node1"), keys
     return keys
 
@@ -335,7 +335,7 @@ def test_launch_train_on_two_nodes_succeeds_as_one_run(tmp_path):
     from ups.data.synth import synthesize
     from ups.faults import Faults
     from ups.jobs import precompute as pre
-    from ups.jobs.config import PrecomputeConfig
+    from ups.launch.config import PrecomputeConfig
     from ups.status.reporter import NullReporter
 
     synthesize(tmp_path / "data", "burgers1d", "train", 8, seed=2, timesteps=4, resolution=16)

@@ -155,8 +155,8 @@ def test_shard_that_hangs_after_the_launch_check_is_quarantined_with_its_stack(d
     # handle. The run is started as `ups launch` starts it, minus the check.
     from dataclasses import asdict
 
-    from ups.cli.launch import precompute_command
-    from ups.jobs.config import PrecomputeConfig, load_config
+    from ups.launch.config import PrecomputeConfig, load_config
+    from ups.launch.plan import precompute_command
     from ups.launch.spawn import launch_run
 
     root = tmp_path / "data"

@@ -15,7 +15,7 @@ from ups.data.synth import synthesize
 from ups.faults import Faults
 from ups.jobs import precompute as pre
 from ups.jobs import train as train_mod
-from ups.jobs.config import PrecomputeConfig, TrainConfig
+from ups.launch.config import PrecomputeConfig, TrainConfig
 from ups.models.encoder import SteadyMapEncoder, build_encoder
 from ups.runs.rundir import RunDir, list_runs
 from ups.status.reader import read_status_dir

@@ -95,7 +95,7 @@ def _cache(tmp_path: Path) -> Path:
     from ups.data.synth import synthesize
     from ups.faults import Faults
     from ups.jobs import precompute as pre
-    from ups.jobs.config import PrecomputeConfig
+    from ups.launch.config import PrecomputeConfig
     from ups.status.reporter import NullReporter
 
     synthesize(tmp_path / "data", "burgers1d", "train", 16, seed=2, timesteps=8, resolution=32)

@@ -70,6 +70,11 @@ class LiveTable(DataTable):
             self.move_cursor(row=self._order.index(selected), animate=False)
 
     @property
+    def row_keys(self) -> list[str]:
+        """The keys of the rows, in the order shown."""
+        return list(self._order)
+
+    @property
     def selected_key(self) -> str | None:
         if not self._order or self.cursor_row is None or not 0 <= self.cursor_row < len(self._order):
             return None

@@ -85,11 +85,12 @@ def _register() -> None:
         gpu,
         launch,
         plot,
+        processes,
         runs,
         why,
     )
 
-    for group in (console_cmd, control, demo, doctor, gpu, plot, runs, why):
+    for group in (console_cmd, control, demo, doctor, gpu, plot, runs, processes, why):
         app.add_typer(group.commands)  # top-level commands: `ups runs`, `ups why` ...
     app.add_typer(launch.launch_app, name="launch")
     app.add_typer(data.data_app, name="data")

@@ -123,3 +123,11 @@ RemoteOption = Annotated[
                                   "Runs `ssh HOST ups status RUN --json --follow` there (UPS_SSH: the ssh command; "
                                   "UPS_REMOTE_UPS: the ups command there)."),
 ]
+
+WideOption = Annotated[
+    bool, typer.Option("--wide", help="Every column whole, one line per row however long (for a pipe or a wide terminal).")
+]
+RankOption = Annotated[int | None, typer.Option("--rank", "-r", help="Rank to target (default: see command).")]
+WorkerOption = Annotated[
+    int | None, typer.Option("--worker", "-w", help="DataLoader worker id of that rank (rank 0 if no --rank).")
+]

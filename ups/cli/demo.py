@@ -53,8 +53,8 @@ def demo_cmd(
     from dataclasses import asdict
 
     from ups.cli.follow import follow_run
-    from ups.cli.launch import check_precompute_data, prepare_train
-    from ups.jobs.config import CONFIG_DIR, PrecomputeConfig, load_config
+    from ups.launch.config import CONFIG_DIR, PrecomputeConfig, load_config
+    from ups.launch.plan import check_precompute_data, prepare_train
     from ups.launch.spawn import launch_run
 
     ensure_demo_data(data_root)

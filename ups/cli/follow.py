@@ -20,7 +20,7 @@ from ups.runs.view import RunView
 EXIT_BY_STATE = {"succeeded": 0, "partial": 3, "failed": 1, "killed": 1, "lost": 1}
 
 
-def _line(view: RunView) -> str:
+def follow_line(view: RunView) -> str:
     step, total = view.progress
     worst = view.worst
     health = "" if worst is None else f"  {worst.health.value}" + (f" ({worst.reason})" if worst.health.is_problem else "")
@@ -115,7 +115,7 @@ def follow_run(run: RunDir, *, interval: float = 0.5, live: bool | None = None) 
                 if view.is_final:
                     break
                 if time.monotonic() - last >= 2.0:
-                    typer.echo(_line(view), err=True)  # progress is diagnostics: stdout stays data
+                    typer.echo(follow_line(view), err=True)  # progress is diagnostics: stdout stays data
                     last = time.monotonic()
                 _sleep_unless_ended(run, interval)
     except KeyboardInterrupt:

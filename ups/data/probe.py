@@ -270,9 +270,9 @@ def _reachable(paths: list[str], timeout: float) -> dict[str, str]:
 def _read_first_sample(path: str, layout: str, timeout: float) -> None:
     import h5py
 
-    from ups.data.shards import _alarm
+    from ups.data.shards import alarm
 
-    with _alarm(timeout, f"reading {path}"), h5py.File(path, "r") as f:
+    with alarm(timeout, f"reading {path}"), h5py.File(path, "r") as f:
         f["data" if layout == "ups" else "tensor"][0]
 
 

@@ -62,7 +62,7 @@ def manifest_path(root: str | os.PathLike[str], task: str, split: str) -> Path:
 
 
 @contextmanager
-def _alarm(seconds: float, what: str) -> Iterator[None]:
+def alarm(seconds: float, what: str) -> Iterator[None]:
     """Interrupt a blocking open after ``seconds`` (SIGALRM fires even inside h5py's open).
 
     Only in the main thread; elsewhere the body runs unbounded.
@@ -108,7 +108,7 @@ def read_header(path: str, spec: TaskSpec, layout: str, timeout: float = HEADER_
     _check_regular_file(path)
     key = "data" if layout == "ups" else "tensor"
     try:
-        with _alarm(timeout, f"opening {path}"), h5py.File(path, "r") as f:
+        with alarm(timeout, f"opening {path}"), h5py.File(path, "r") as f:
             if key not in f:
                 raise DataError(f"{path}: no dataset {key!r} (has: {', '.join(sorted(f.keys())) or 'nothing'})")
             shape = tuple(int(s) for s in f[key].shape)

@@ -51,7 +51,7 @@ def options_from(config: Path | None, root: Path | None, cache_dir: Path | None,
     if config is not None:
         import yaml
 
-        from ups.jobs.config import ConfigError, PrecomputeConfig, TrainConfig, load_config
+        from ups.launch.config import ConfigError, PrecomputeConfig, TrainConfig, load_config
 
         try:
             data = yaml.safe_load(Path(config).read_text()) or {}

@@ -173,7 +173,7 @@ def _after_fork_in_child() -> None:
     state.rep = None
     state.exit_code = None
     state.failure_recorded = False
-    Reporter._current = None  # noqa: SLF001
+    Reporter.forget_current()
     import faulthandler
 
     faulthandler.disable()

@@ -445,7 +445,7 @@ def _make_next(original):
         n = t.batches = t.batches + 1
         item = self.__dict__.get("_ups_item") or _batch_item(self)
         item.i = self._num_yielded
-        rep._item = item  # noqa: SLF001 - Reporter.item(), without the call
+        rep.current_item = item  # Reporter.item(), without the call
         if n % BATCH_SIZE_EVERY == 1:
             metrics.capture.note_batch(batch, BATCH_SIZE_EVERY if n > 1 else 1)
             if n % 64 == 1:
@@ -690,7 +690,7 @@ def _patch_module_modes(torch) -> None:  # noqa: ANN001
 def _steps_done(rep) -> int:  # noqa: ANN001
     """Optimizer steps done before now: the 0-based index of the step in progress (the job's
     own count when it reports one, e.g. after resuming)."""
-    return rep.step if rep._explicit else _t.opt_steps  # noqa: SLF001
+    return rep.step if rep.explicit_progress else _t.opt_steps
 
 
 def _patch_metrics(torch) -> None:  # noqa: ANN001
@@ -708,7 +708,7 @@ def _patch_metrics(torch) -> None:  # noqa: ANN001
                     tensors[0] if isinstance(tensors, list | tuple) and len(tensors) == 1 else None)
                 if loss is not None:
                     try:
-                        metrics.capture.note_loss(loss, rep._step if rep._explicit else t.opt_steps)  # noqa: SLF001
+                        metrics.capture.note_loss(loss, rep.step if rep.explicit_progress else t.opt_steps)
                     except Exception:  # noqa: BLE001 - never in the program's way
                         pass
             return original(tensors, *args, **kwargs)

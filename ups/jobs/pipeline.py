@@ -36,8 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     plan = json.loads(Path(args[0]).read_text())
     parent = RunDir(os.environ[ENV_RUN_DIR])
-    from ups.cli.launch import torchrun_command
-    from ups.jobs.config import PrecomputeConfig, TrainConfig
+    from ups.launch.config import PrecomputeConfig, TrainConfig
+    from ups.launch.plan import torchrun_command
 
     stages = []
     with Reporter.from_env(total=2, unit="stages") as rep:

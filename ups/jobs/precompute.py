@@ -42,8 +42,8 @@ from ups.data.shards import DataError, SampleReader, ShardIndex
 from ups.data.tasks import TaskSpec, get_task
 from ups.errors import UpsError
 from ups.faults import PRECOMPUTE_FAULTS, Fault, Faults
-from ups.jobs.config import PrecomputeConfig, parse_job_args
 from ups.jobs.writers import CacheWriters, write_batch
+from ups.launch.config import PrecomputeConfig, parse_job_args
 from ups.models.encoder import SteadyMapEncoder, build_encoder, weights_hash
 from ups.runs.rundir import RunDir
 from ups.status.reporter import ENV_RUN_DIR, NullReporter, Reporter

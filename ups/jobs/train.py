@@ -34,7 +34,7 @@ from ups.data import cache as cache_mod
 from ups.data.tasks import get_task
 from ups.errors import UpsError
 from ups.faults import TRAIN_FAULTS, Faults
-from ups.jobs.config import TrainConfig, parse_job_args
+from ups.launch.config import TrainConfig, parse_job_args
 from ups.models.operator import LatentOperator
 from ups.runs.rundir import RunDir
 from ups.status.files import write_atomic
@@ -488,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
     with rep:
         try:
             trainer = Trainer(cfg, rep, Faults.from_env())
-            if isinstance(rep, Reporter) and rep._gpu_sampler is None and trainer.device.type == "cuda":  # noqa: SLF001
+            if isinstance(rep, Reporter) and not rep.samples_gpu and trainer.device.type == "cuda":
                 # Instrumented, the rank's record samples its CUDA device already; this is for
                 # a job run with UPS_INSTRUMENT=0.
                 from ups.gpu.torch_memory import cuda_memory_sampler

@@ -114,7 +114,7 @@ def spawn_supervisor(run: RunDir, *, adopt: bool = False) -> subprocess.Popen[by
         launcher_log.close()
     start = process_start_time(proc.pid)
     if start is not None:
-        with run._manifest_lock():  # noqa: SLF001 - the supervisor may be writing its own entry
+        with run.manifest_lock():  # the supervisor may be writing its own entry
             m = run.read_own_manifest()
             if not (m.get("launcher") or {}).get("pid") == proc.pid:
                 previous = m.get("launcher")

@@ -1,16 +1,7 @@
-"""Run directories: manifest, event log, control requests, listing, safe signalling."""
+"""Runs: a run's folder and files (rundir), the one way to read a run (read.open_run: its view,
+settled in memory, never written), the outcome rules, the ``--json`` contract (payload),
+other nodes' streams (remote), and the proofs and signals every action on a run goes through
+(ownership, signals, actions).
 
-from ups.runs.rundir import FINAL_RUN_STATES, RUN_STATES, RunDir, RunSummary, list_runs, resolve_run
-from ups.runs.view import ProcessView, RunView, load_run_view
-
-__all__ = [
-    "FINAL_RUN_STATES",
-    "RUN_STATES",
-    "ProcessView",
-    "RunDir",
-    "RunSummary",
-    "RunView",
-    "list_runs",
-    "load_run_view",
-    "resolve_run",
-]
+Nothing is imported here: each reader loads the modules it uses (``ups --help`` stays fast).
+"""

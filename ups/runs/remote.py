@@ -33,7 +33,7 @@ from typing import Any
 from ups.errors import UpsError
 from ups.runs.manifest_spec import check_manifest
 from ups.runs.rundir import FINAL_RUN_STATES, RunDir, merge_node_states
-from ups.runs.view import NodeView, ProcessView, RunView, _with_lost_nodes, node_views
+from ups.runs.view import NodeView, ProcessView, RunView, node_views, with_lost_nodes
 from ups.status.health import Health, HealthVerdict, Thresholds
 from ups.status.host import hostname
 from ups.status.record import RecordError, StatusRecord
@@ -285,7 +285,7 @@ def merge_remote(local: RunView | None, sources: list[RemoteStatusSource], *, ru
             health = Health.UNREACHABLE.value if r["status"] == "unreachable" else Health.STARTING.value
             views.append(NodeView(r["host"], None, None, health, r["reason"], 0))
     node_tuple = tuple(views)
-    manifest = _with_lost_nodes(manifest, node_tuple)
+    manifest = with_lost_nodes(manifest, node_tuple)
     manifest["remotes"] = remotes
     base = local or RunView(RunDir(Path(f"remote:{run_id}")), None, None, (), (), Thresholds(), time.time(), "supervised")
     supervision = "final" if manifest.get("state") in FINAL_RUN_STATES else base.supervision
@@ -294,9 +294,9 @@ def merge_remote(local: RunView | None, sources: list[RemoteStatusSource], *, ru
 
 
 def _order(r: StatusRecord) -> tuple:
-    from ups.status.reader import _record_order
+    from ups.status.reader import record_order
 
-    return _record_order(r)
+    return record_order(r)
 
 
 def open_sources(specs: list[RemoteSpec], run_id: str, *, silent_after: float = SILENT_AFTER_S) -> list[RemoteStatusSource]:

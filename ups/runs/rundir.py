@@ -251,7 +251,7 @@ class RunDir:
                 make_dir(run.path / sub, exist_ok=True)
         except OSError as exc:
             raise UpsError(f"cannot create run folder {run.path}: {exc.strerror or exc}") from None
-        with run._manifest_lock():
+        with run.manifest_lock():
             if run.manifest_path.exists():
                 shared = run._read_json(run.manifest_path)
                 if not shared.get("multinode"):
@@ -346,7 +346,7 @@ class RunDir:
         write_atomic(path, (json.dumps(body, indent=2, default=str) + "\n").encode())
 
     @contextlib.contextmanager
-    def _manifest_lock(self) -> Iterator[None]:
+    def manifest_lock(self) -> Iterator[None]:
         """Writers of the manifest take this; readers never need it. A lock file that is not
         a regular file (a planted FIFO or symlink) is refused, not waited on."""
         try:
@@ -364,7 +364,7 @@ class RunDir:
 
     def update_manifest(self, **changes: Any) -> dict[str, Any]:
         """Read-modify-write under a lock; nested dicts given as values replace whole keys."""
-        with self._manifest_lock():
+        with self.manifest_lock():
             manifest = self.read_own_manifest()
             manifest.update(changes)
             self.write_manifest(manifest)
@@ -375,7 +375,7 @@ class RunDir:
         may notice at once that a run lost its launcher; one of them writes."""
         if state not in FINAL_RUN_STATES:
             raise ValueError(f"not a final run state: {state!r}")
-        with self._manifest_lock():
+        with self.manifest_lock():
             manifest = self.read_own_manifest()
             if manifest.get("state") in FINAL_RUN_STATES:
                 return False

@@ -247,7 +247,7 @@ def load_run_view(
     nodes: tuple[NodeView, ...] = ()
     if manifest is not None and manifest.get("multinode"):
         nodes = node_views(manifest, processes, lost, here)
-        manifest = _with_lost_nodes(manifest, nodes)
+        manifest = with_lost_nodes(manifest, nodes)
     supervision = _supervision(manifest, launcher, processes, table, here, multinode=bool(nodes))
     return RunView(run, manifest, problem, processes, snap.problems, thresholds, now, supervision, nodes)
 
@@ -294,7 +294,7 @@ def node_views(manifest: dict[str, Any], processes: tuple[ProcessView, ...], los
     return tuple(out)
 
 
-def _with_lost_nodes(manifest: dict[str, Any], nodes: tuple[NodeView, ...]) -> dict[str, Any]:
+def with_lost_nodes(manifest: dict[str, Any], nodes: tuple[NodeView, ...]) -> dict[str, Any]:
     """A multi-node run whose every node has ended or is unreachable, one at least
     unreachable, has ended failed: the lost node is named (nobody is left there to say)."""
     if not nodes:

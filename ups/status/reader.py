@@ -93,12 +93,12 @@ def read_status_dir(
             records.append(read_record_file(entry.path))
         except RecordError as exc:
             problems.append(ReadProblem(name, str(exc)))
-    records.sort(key=_record_order)
+    records.sort(key=record_order)
     problems.sort(key=lambda p: p.file)
     return StatusSnapshot(tuple(records), tuple(problems), time.time())
 
 
-def _record_order(r: StatusRecord) -> tuple[int, int, int, int, int, int, str]:
+def record_order(r: StatusRecord) -> tuple[int, int, int, int, int, int, str]:
     """Launcher and agents first (by node), then each rank followed by its workers and helpers."""
     per_node = r.role in ("launcher", "agent")
     return (

@@ -165,14 +165,14 @@ class Reporter:
         self._phase_mono = mono
         self._state = "running"
         self._step = 0
-        self._explicit = False  # the job reports its own progress: automatic counting stops
+        self.explicit_progress = False  # the job reports its own progress: automatic counting stops
         self._intervals: deque[float] = deque(maxlen=INTERVALS_KEPT)
         self._interval_from: float | None = None  # monotonic start of the current interval
         self._p99: float | None = None
         self._total = total
         self._unit = unit
         self._progress_mono = mono
-        self._item: Any = None  # a str, or an object whose str() the heartbeat thread takes
+        self.current_item: Any = None  # a str, or an object whose str() the heartbeat thread takes
         self._metrics: dict[str, Any] = {}
         self._gpu: Any = None
         self._error: str | None = None
@@ -378,13 +378,13 @@ class Reporter:
 
     def advance(self, n: int = 1) -> None:
         """Count ``n`` units of work done. Cheap: no I/O, no lock."""
-        self._explicit = True
+        self.explicit_progress = True
         self._step += n
         self._progressed()
 
     def set_step(self, step: int) -> None:
         """Set the absolute step (e.g. after resuming); counts as progress."""
-        self._explicit = True
+        self.explicit_progress = True
         self._step = step
         self._progressed()
 
@@ -395,7 +395,7 @@ class Reporter:
         ``set_step``): a job that counts its own steps (resumed from a checkpoint, skipping
         OOM steps) knows better. It always counts as progress in time. (On every step of the
         program: _progressed inlined.)"""
-        if not self._explicit:
+        if not self.explicit_progress:
             if step is not None:
                 self._step = step
             self._step += add
@@ -453,7 +453,7 @@ class Reporter:
     def auto_step(self, step: int) -> None:
         """``auto_progress(step=step, unit="steps")``: an optimizer step."""
         now = _monotonic()
-        if not self._explicit:
+        if not self.explicit_progress:
             self._step = step
             self._unit = "steps"
         start = self._interval_from
@@ -490,7 +490,7 @@ class Reporter:
         self._phase = name
         self._phase_mono = now
         start = None if name in LONG_PHASES else self._interval_from
-        if add and not self._explicit:
+        if add and not self.explicit_progress:
             self._step += add
         if start is not None:
             self._intervals.append(now - start)
@@ -500,7 +500,7 @@ class Reporter:
         """The item being worked on now, e.g. ``"burgers1d_train.h5#17"``: a str, or an object
         whose ``str()`` says it, taken when the record is written (the instrumentation's
         DataLoader hook passes one, so the training thread formats nothing)."""
-        self._item = desc
+        self.current_item = desc
 
     def metrics(self, **values: Any) -> None:
         """Merge free-form metrics (loss, lr, ...) into the record."""
@@ -516,6 +516,19 @@ class Reporter:
 
     def set_gpu_sampler(self, sampler: Callable[[], Any] | None) -> None:
         self._gpu_sampler = sampler
+
+    @property
+    def samples_gpu(self) -> bool:
+        """Whether the record samples a GPU's memory (a sampler is set)."""
+        return self._gpu_sampler is not None
+
+    def has_metric(self, name: str) -> bool:
+        return name in self._metrics
+
+    @classmethod
+    def forget_current(cls) -> None:
+        """This process has no reporter of its own any more (a forked child: its parent's is not it)."""
+        cls._current = None
 
     def collective(self, op: str | None, site: str | None = None) -> None:
         """Enter (``op``) or leave (None) a collective; entering counts the per-rank sequence.
@@ -611,7 +624,7 @@ class Reporter:
         gpu = self._gpu
         now, mono = time.time(), time.monotonic()
         wall = now - mono  # CLOCK_MONOTONIC -> UNIX time, for the times the hot path keeps
-        phase_mono, progress_mono, item = self._phase_mono, self._progress_mono, self._item
+        phase_mono, progress_mono, item = self._phase_mono, self._progress_mono, self.current_item
         return {
             **self._static,
             "phase": self._phase,

@@ -1,0 +1,125 @@
+"""The architecture as contracts (docs/architecture.md), checked here rather than hoped for.
+
+1. Layers: each imports only those below it, ``status < runs < why < launch < jobs < cli,
+   console`` (gpu and instrument beside status), and no two files import each other at any
+   depth: import-linter's contracts in pyproject.toml, function-level imports included.
+2. No module uses another module's private names: neither ``from x import _name`` nor
+   ``x._name`` of a module, nor ``obj._attr`` of a private attribute that another module of
+   ``ups`` defines (tests and scripts included: they use the public functions too).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+ROOTS = ("ups", "console")
+# The standard library's private names that are its public API (os._exit, sys._getframe ...).
+STDLIB_PRIVATE = {"_exit", "_getframe", "_replace", "_asdict", "_fields", "_make", "_current_frames"}
+
+
+def test_the_layers_and_no_circle_across_files():
+    """import-linter's contracts (pyproject.toml [tool.importlinter]); what breaks one is
+    printed: `lint-imports` shows the same."""
+    from importlinter.application.use_cases import lint_imports
+    from importlinter.configuration import configure
+
+    configure()
+    kept = lint_imports(config_filename=str(REPO / "pyproject.toml"), cache_dir=None, no_logo=True)
+    assert kept, "an import-linter contract is broken (the imports are printed above; `lint-imports` shows them)"
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for base in ROOTS:
+        for path in (REPO / base).rglob("*.py"):
+            name = ".".join(path.relative_to(REPO).with_suffix("").parts)
+            out[name.removesuffix(".__init__")] = path
+    return out
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _defined_private(tree: ast.AST) -> set[str]:
+    """Private names a file defines: functions, classes, module names, ``self._x`` attributes."""
+    names = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) and _private(n.name):
+            names.add(n.name)
+        elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store) and _private(n.id):
+            names.add(n.id)
+        elif isinstance(n, ast.arg) and _private(n.arg):
+            names.add(n.arg)
+        elif (isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store) and _private(n.attr)
+              and isinstance(n.value, ast.Name) and n.value.id in ("self", "cls")):
+            names.add(n.attr)
+    return names
+
+
+def private_name_uses() -> list[str]:
+    """Every use of another module's private name, as ``file:line what``."""
+    modules = _modules()
+    files = list(modules.values()) + sorted((REPO / "tests").glob("*.py")) + sorted((REPO / "scripts").glob("*.py"))
+    trees = {p: ast.parse(p.read_text(), str(p)) for p in files}
+    own = {p: _defined_private(t) for p, t in trees.items()}
+    ours = set().union(*(own[p] for p in modules.values()))
+    found = []
+    for path, tree in trees.items():
+        me = next((m for m, p in modules.items() if p == path), None)
+        package = (me if path.name == "__init__.py" else (me or "").rpartition(".")[0]) if me else ""
+        aliases: dict[str, str] = {}
+        for n in ast.walk(tree):
+            if isinstance(n, ast.ImportFrom):
+                base = n.module or ""
+                if n.level:
+                    parts = package.split(".")[: len(package.split(".")) - n.level + 1]
+                    base = ".".join(parts + ([base] if base else []))
+                if base.split(".")[0] not in ROOTS:
+                    continue
+                for a in n.names:
+                    full = f"{base}.{a.name}"
+                    if full in modules:
+                        aliases[a.asname or a.name] = full
+                    if _private(a.name) and base != me:
+                        found.append(f"{path.relative_to(REPO)}:{n.lineno} imports {a.name} from {base}")
+            elif isinstance(n, ast.Import):
+                for a in n.names:
+                    if a.name.split(".")[0] in ROOTS and a.asname:
+                        aliases[a.asname] = a.name
+        for n in ast.walk(tree):
+            if not isinstance(n, ast.Attribute) or not _private(n.attr) or n.attr in STDLIB_PRIVATE:
+                continue
+            if isinstance(n.value, ast.Name) and n.value.id in aliases and aliases[n.value.id] != me:
+                found.append(f"{path.relative_to(REPO)}:{n.lineno} uses {aliases[n.value.id]}.{n.attr}")
+            elif (n.attr in ours and n.attr not in own[path]
+                  and not (isinstance(n.value, ast.Name) and n.value.id in ("self", "cls"))):
+                found.append(f"{path.relative_to(REPO)}:{n.lineno} uses .{n.attr}, private to another module of ups")
+    return found
+
+
+def test_no_module_uses_another_modules_private_names():
+    assert private_name_uses() == []
+
+
+def test_the_private_name_check_finds_what_it_must(tmp_path):
+    """The check itself: each form it must catch, caught (a check that cannot fail proves nothing)."""
+    import textwrap
+
+    probe = REPO / "tests" / "_probe_private_names.py"
+    probe.write_text(textwrap.dedent("""
+        from ups.runs.view import _disk_full_verdicts
+        from ups.gpu import nvml as n
+        n._init()
+        def f(rep):
+            return rep._gpu_sampler
+    """))
+    try:
+        found = [line for line in private_name_uses() if "_probe_private_names" in line]
+    finally:
+        probe.unlink()
+    assert any("imports _disk_full_verdicts from ups.runs.view" in f for f in found), found
+    assert any("uses ups.gpu.nvml._init" in f for f in found), found
+    assert any("uses ._gpu_sampler" in f for f in found), found
