@@ -56,7 +56,7 @@ def read_limit(cfg: PrecomputeConfig, workers: int) -> float:
     index = ShardIndex.discover(cfg.root, cfg.tasks[0], "train")
     ds = job_mod.SplitDataset(SampleReader(index), list(range(len(index))), Faults(), None)
     kwargs = {"prefetch_factor": cfg.prefetch_factor, "multiprocessing_context": "fork"} if workers else {}
-    loader = torch.utils.data.DataLoader(ds, batch_size=cfg.batch_size, num_workers=workers, collate_fn=job_mod._collate, **kwargs)
+    loader = torch.utils.data.DataLoader(ds, batch_size=cfg.batch_size, num_workers=workers, collate_fn=job_mod.collate, **kwargs)
     t = time.perf_counter()
     n = sum(len(b["index"]) for b in loader)
     return n / (time.perf_counter() - t)

@@ -282,6 +282,10 @@ class SampleReader:
     def __getstate__(self) -> dict[str, Any]:  # picklable for spawn-started workers
         return {"index": self.index, "spec": self.spec, "_pid": None, "_handles": {}}
 
+    def is_open(self, path: str) -> bool:
+        """Whether this process holds ``path`` open already (no open, no wait: a peek)."""
+        return path in self._handles and self._pid == os.getpid()
+
     @property
     def open_files(self) -> int:
         return len(self._handles) if self._pid == os.getpid() else 0

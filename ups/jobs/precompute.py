@@ -161,7 +161,7 @@ class SplitDataset(torch.utils.data.Dataset):
         }
 
     def _is_open(self, path: str) -> bool:
-        return path in self.reader._handles  # noqa: SLF001 - same package, read-only peek
+        return self.reader.is_open(path)
 
     def _inject(self, worker: int | None, index: int, done: int) -> None:
         if not self.faults:
@@ -187,7 +187,7 @@ class SplitDataset(torch.utils.data.Dataset):
                 os._exit(1)  # a worker dying abruptly, as an OOM kill or a native crash would
 
 
-def _collate(batch: list[dict[str, Any]]) -> dict[str, Any]:
+def collate(batch: list[dict[str, Any]]) -> dict[str, Any]:
     # Three tensors per batch, not three per sample: each tensor a worker hands over costs a
     # file-descriptor round trip with the main process.
     return {
@@ -404,7 +404,7 @@ class PrecomputeJob:
                 persistent_workers=False,
             )
         return torch.utils.data.DataLoader(
-            dataset, batch_size=self.cfg.batch_size, shuffle=False, num_workers=workers, collate_fn=_collate, **kwargs
+            dataset, batch_size=self.cfg.batch_size, shuffle=False, num_workers=workers, collate_fn=collate, **kwargs
         )
 
     def run_split(self, key: str, reader: SampleReader, folder: Path, todo: list[int], hash_: str, encoder: torch.nn.Module) -> None:
@@ -755,7 +755,7 @@ def main(argv: list[str] | None = None) -> int:
             if isinstance(rep, Reporter) and job.device.type == "cuda":
                 from ups.gpu.torch_memory import cuda_memory_sampler
 
-                rep._gpu_sampler = cuda_memory_sampler(job.device)  # noqa: SLF001
+                rep.set_gpu_sampler(cuda_memory_sampler(job.device))
             code = job.execute()
         except Stopped as stop:
             _cleanup_temp_files(cfg)
