@@ -286,6 +286,10 @@ class SampleReader:
     def open_files(self) -> int:
         return len(self._handles) if self._pid == os.getpid() else 0
 
+    def is_open(self, path: str) -> bool:
+        """Whether this process holds ``path`` open already (its next read opens nothing)."""
+        return self._pid == os.getpid() and path in self._handles
+
     def _file(self, path: str) -> Any:
         import h5py
 
