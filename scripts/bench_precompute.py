@@ -40,6 +40,7 @@ from ups.data.shards import SampleReader, ShardIndex  # noqa: E402
 from ups.data.synth import synthesize  # noqa: E402
 from ups.faults import Faults  # noqa: E402
 from ups.jobs import precompute as job_mod  # noqa: E402
+from ups.jobs.readers import SplitDataset, collate  # noqa: E402
 from ups.launch.config import PrecomputeConfig  # noqa: E402
 from ups.models.encoder import build_encoder  # noqa: E402
 from ups.status.reporter import NullReporter  # noqa: E402
@@ -54,9 +55,9 @@ def run_job(cfg: PrecomputeConfig) -> float:
 
 def read_limit(cfg: PrecomputeConfig, workers: int) -> float:
     index = ShardIndex.discover(cfg.root, cfg.tasks[0], "train")
-    ds = job_mod.SplitDataset(SampleReader(index), list(range(len(index))), Faults(), None)
+    ds = SplitDataset(SampleReader(index), list(range(len(index))), Faults(), None)
     kwargs = {"prefetch_factor": cfg.prefetch_factor, "multiprocessing_context": "fork"} if workers else {}
-    loader = torch.utils.data.DataLoader(ds, batch_size=cfg.batch_size, num_workers=workers, collate_fn=job_mod.collate, **kwargs)
+    loader = torch.utils.data.DataLoader(ds, batch_size=cfg.batch_size, num_workers=workers, collate_fn=collate, **kwargs)
     t = time.perf_counter()
     n = sum(len(b["index"]) for b in loader)
     return n / (time.perf_counter() - t)

@@ -130,6 +130,23 @@ def test_reader_is_lazy_and_never_reuses_handles_across_fork(tmp_path):
     assert os.read(r, 1) == b"1"
 
 
+def test_reader_says_which_file_this_process_holds_open(tmp_path):
+    """What a precompute worker's record names before a read: data.open or read."""
+    synthesize(tmp_path, "advection1d", "train", 4, shards=2)
+    reader = SampleReader(ShardIndex.discover(tmp_path, "advection1d", "train"))
+    first, second = (s.path for s in reader.index.shards)
+    assert not reader.is_open(first)
+    reader.read(0)
+    assert reader.is_open(first) and not reader.is_open(second)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: a handle inherited across fork is not this process's
+        os.write(w, b"1" if not reader.is_open(first) else b"0")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(r, 1) == b"1"
+
+
 def test_raw_pdebench_layout_is_read_through_the_task_spec(tmp_path):
     path = tmp_path / "1D_Advection_Sols_beta0.1.hdf5"
     tensor = np.random.default_rng(0).standard_normal((10, 5, 32)).astype(np.float32)

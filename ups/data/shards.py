@@ -282,13 +282,13 @@ class SampleReader:
     def __getstate__(self) -> dict[str, Any]:  # picklable for spawn-started workers
         return {"index": self.index, "spec": self.spec, "_pid": None, "_handles": {}}
 
-    def is_open(self, path: str) -> bool:
-        """Whether this process holds ``path`` open already (no open, no wait: a peek)."""
-        return path in self._handles and self._pid == os.getpid()
-
     @property
     def open_files(self) -> int:
         return len(self._handles) if self._pid == os.getpid() else 0
+
+    def is_open(self, path: str) -> bool:
+        """Whether this process holds ``path`` open already (its next read opens nothing)."""
+        return self._pid == os.getpid() and path in self._handles
 
     def _file(self, path: str) -> Any:
         import h5py

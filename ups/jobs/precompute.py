@@ -5,17 +5,22 @@ Run by ``ups launch precompute`` (through the supervisor) as
 
 Shape of the work (DESIGN.md, "The jobs"):
 
-* DataLoader workers only read raw fields. Each opens its own HDF5 handles after it starts
-  and reports through its own Reporter (heartbeat, samples read, ``file#index``).
+* DataLoader workers only read raw fields (ups.jobs.readers). Each opens its own HDF5
+  handles after it starts and reports through its own Reporter (heartbeat, samples read,
+  ``file#index``).
 * The main process batches, encodes on the device, and writes each sample atomically; on
   a box with CPUs to spare, a few forked writer processes do the writing (ups.jobs.writers:
   torch.save is GIL-bound and would otherwise cap the job below what the readers deliver).
-* A watchdog thread beside the main loop reads the workers' status records. A worker that
-  is stalled or unresponsive past ``worker_timeout`` gets its stacks dumped, then is killed;
-  the main loop rebuilds the loader over the samples not yet written. A sample (or a file
-  open) in flight on ``quarantine_after`` hung or dead workers is quarantined; after
-  ``fallback_after`` worker failures the job goes on with ``num_workers=0``. The watchdog
-  also serves control requests (``ups fallback``) within about a second.
+* A watchdog thread beside the main loop reads the workers' status records
+  (ups.jobs.watchdog). A worker that is stalled or unresponsive past ``worker_timeout`` gets
+  its stacks dumped, then is killed; the main loop rebuilds the loader over the samples not
+  yet written. A sample (or a file open) in flight on ``quarantine_after`` hung or dead
+  workers is quarantined; after ``fallback_after`` worker failures the job goes on with
+  ``num_workers=0``. The watchdog also serves control requests (``ups fallback``) within
+  about a second.
+* Faults injected with ``--inject`` (``UPS_FAULTS``) are rehearsed by ups.jobs.rehearsal.
+
+This module holds the job loop (``PrecomputeJob``) and its entry point (``main``).
 
 Exit codes: 0 every sample cached; 3 finished with quarantined samples; 1 failed; 2 bad
 input; 143 stopped by SIGTERM/Ctrl-C (workers ended, no temp files left).
@@ -28,10 +33,8 @@ import json
 import os
 import signal
 import sys
-import threading
 import time
-from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -41,260 +44,41 @@ from ups.data import cache as cache_mod
 from ups.data.shards import DataError, SampleReader, ShardIndex
 from ups.data.tasks import TaskSpec, get_task
 from ups.errors import UpsError
-from ups.faults import PRECOMPUTE_FAULTS, Fault, Faults
+from ups.faults import PRECOMPUTE_FAULTS, Faults
+from ups.jobs.readers import SplitDataset, collate, disable_torch_sigchld_handler, init_worker
+from ups.jobs.rehearsal import write_fault_at
+from ups.jobs.startup import EXIT_BAD_INPUT, resolve_device, run_from_env
+from ups.jobs.watchdog import JobState, LoaderBroken, LoaderTimeout, Quarantined, Watchdog
 from ups.jobs.writers import CacheWriters, write_batch
 from ups.launch.config import PrecomputeConfig, parse_job_args
 from ups.models.encoder import SteadyMapEncoder, build_encoder, weights_hash
-from ups.runs.rundir import RunDir
-from ups.status.reporter import ENV_RUN_DIR, NullReporter, Reporter
+from ups.status.reporter import NullReporter, Reporter
 
 KNOWN_FAULTS = PRECOMPUTE_FAULTS
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_PARTIAL, EXIT_STOPPED = 0, 1, 2, 3, 143
-WATCHDOG_TICK_S = 0.25
+EXIT_OK, EXIT_FAILED, EXIT_PARTIAL, EXIT_STOPPED = 0, 1, 3, 143
 # The DataLoader's own timeout is used as a poll: every POLL_S without a batch, the main
 # loop gets control back to check for fallback, dead workers and our real timeout.
 POLL_S = 0.5
-
-
-class LoaderBroken(RuntimeError):
-    """The DataLoader cannot go on: a worker died, or our timeout passed."""
-
-
-class LoaderTimeout(LoaderBroken):
-    """No batch for ``dataloader_timeout`` seconds."""
 
 
 class Stopped(BaseException):
     """SIGTERM or SIGINT: stop cleanly (BaseException, so no `except Exception` eats it)."""
 
 
-# ------------------------------------------------------------------------------ faults
-def _fire_once(run_dir: str | None, fault: Fault) -> bool:
-    """True the first time across all processes of the run (``times=N`` allows N)."""
-    times = int(fault.get("times", 1))
-    if times <= 0 or run_dir is None:
-        return run_dir is None
-    marker_dir = Path(run_dir) / "faults"
-    marker_dir.mkdir(exist_ok=True)
-    for k in range(times):
-        try:
-            os.close(os.open(marker_dir / f"{fault.name}.{k}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-            return True
-        except FileExistsError:
-            continue
-    return False
-
-
-def _hang(mode: str) -> None:
-    if mode == "gil":
-        import h5py
-
-        fifo = Path(os.environ.get("TMPDIR", "/tmp")) / f"ups-fault-fifo-{os.getpid()}"
-        if not fifo.exists():
-            os.mkfifo(fifo)
-        h5py.File(fifo, "r")  # blocks in open() holding the GIL, like a hung network mount
-    elif mode == "stop":
-        os.kill(os.getpid(), signal.SIGSTOP)
-    while True:
-        time.sleep(3600)
-
-
-# --------------------------------------------------------------------- worker side
-_worker_reporter: Reporter | NullReporter = NullReporter()
-
-
-def _worker_init(worker_id: int, *, run_dir: str | None, rank: int, id_offset: int, interval: float) -> None:
-    """Runs in each DataLoader worker after it starts: its own Reporter and stack file."""
-    global _worker_reporter
-    torch.set_num_threads(1)
-    if run_dir:
-        _worker_reporter = Reporter(
-            run_dir, role="worker", rank=rank, worker=id_offset + worker_id, unit="samples",
-            phase="idle", interval=interval,
-        ).start()
-        # multiprocessing children end with os._exit (no atexit): a Finalize runs there.
-        from multiprocessing import util
-
-        util.Finalize(None, _finish_worker_record, exitpriority=100)
-
-
-def _finish_worker_record() -> None:
-    _worker_reporter.done()
-    _worker_reporter.close()
-
-
-class SplitDataset(torch.utils.data.Dataset):
-    """Raw samples of one split, by position in a list of global indices."""
-
-    def __init__(self, reader: SampleReader, indices: list[int], faults: Faults, run_dir: str | None) -> None:
-        self.reader = reader
-        self.indices = indices
-        self.faults = faults
-        self.run_dir = run_dir
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def __getitem__(self, k: int) -> dict[str, Any]:
-        index = self.indices[k]
-        rep = _worker_reporter
-        shard, local = self.reader.index.locate(index)
-        rep.item(f"{shard.name}#{local}")
-        # Written before the read: a read or an open that hangs holding the GIL stops the
-        # heartbeat thread too, and the watchdog blames the sample and file this record names.
-        rep.phase("data.open" if self.reader.open_files == 0 or not self._is_open(shard.path) else "read")
-        info = torch.utils.data.get_worker_info()
-        worker = None if info is None else info.id
-        self._inject(worker, index, rep.step)
-        sample = self.reader.read(index)
-        rep.advance()
-        # Not written now: the heartbeat thread writes it within an interval. A status record
-        # replaced twice per sample cost this worker more than its reads (ext4 frees the old
-        # record's blocks and flushes the new one's on every rename over it).
-        rep.phase("idle", flush=False)
-        return {
-            "index": index,
-            "source": sample.source,
-            "fields": torch.from_numpy(sample.fields),
-            "params": torch.from_numpy(sample.params),
-            "bc": torch.from_numpy(sample.bc),
-        }
-
-    def _is_open(self, path: str) -> bool:
-        return self.reader.is_open(path)
-
-    def _inject(self, worker: int | None, index: int, done: int) -> None:
-        if not self.faults:
-            return
-        slow = self.faults.get("slow_read")
-        if slow is not None:
-            time.sleep(float(slow.get("delay", 0.2)))
-        if worker is None:
-            return  # hangs and crashes are rehearsed in worker processes
-        for name in ("worker_hang", "worker_crash"):
-            f = self.faults.get(name, worker=worker)
-            if f is None:
-                continue
-            at_sample = f.get("sample")
-            at_count = int(f.get("after", 0))
-            due = index == at_sample if at_sample is not None else done >= at_count
-            if due and _fire_once(self.run_dir, f):
-                print(f"ups: injected fault {f} in worker {worker} at sample {index}", file=sys.stderr, flush=True)
-                if name == "worker_hang":
-                    _hang(str(f.get("mode", "sleep")))
-                if str(f.get("signal", "")).upper() in ("SEGV", "SIGSEGV"):
-                    os.kill(os.getpid(), signal.SIGSEGV)
-                os._exit(1)  # a worker dying abruptly, as an OOM kill or a native crash would
-
-
-def collate(batch: list[dict[str, Any]]) -> dict[str, Any]:
-    # Three tensors per batch, not three per sample: each tensor a worker hands over costs a
-    # file-descriptor round trip with the main process.
-    return {
-        "index": [b["index"] for b in batch],
-        "source": [b["source"] for b in batch],
-        "fields": torch.stack([b["fields"] for b in batch]),
-        "params": torch.stack([b["params"] for b in batch]),
-        "bc": torch.stack([b["bc"] for b in batch]),
-    }
-
-
-def _disable_torch_sigchld_handler() -> None:
-    """torch raises from a SIGCHLD handler in the main thread when a worker dies: at any
-    bytecode, mid-write included. We detect dead workers ourselves (watchdog + the loader's
-    own liveness check on each get), so keep that handler out."""
-    from torch.utils.data._utils import signal_handling
-
-    signal_handling._SIGCHLD_handler_set = True  # noqa: SLF001
-
-
-# ------------------------------------------------------------------------ the engine
-@dataclass
-class Quarantined:
-    task_split: str
-    index: int | None  # None: a whole shard left out at launch (--skip-bad-shards)
-    source: str
-    reason: str
-    stack_file: str | None = None
-
-
-@dataclass
-class JobState:
-    """Shared between the main loop and the watchdog thread (simple fields, one writer each)."""
-
-    fallback: bool = False
-    fallback_reason: str | None = None
-    worker_failures: int = 0
-    sample_failures: Counter = field(default_factory=Counter)
-    open_failures: Counter = field(default_factory=Counter)
-    quarantined: list[Quarantined] = field(default_factory=list)
-    loader_pids: dict[int, int] = field(default_factory=dict)  # worker record id -> pid
-    killed_by_watchdog: set[int] = field(default_factory=set)
-    generation: int = 0
-    split_key: str = ""
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-class Watchdog(threading.Thread):
-    """Watches the current loader's workers through their status records; serves control."""
-
-    def __init__(self, job: PrecomputeJob) -> None:
-        super().__init__(name="ups-precompute-watchdog", daemon=True)
-        self.job = job
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        while not self.stop.wait(WATCHDOG_TICK_S):
-            try:
-                self.tick()
-            except Exception as exc:  # noqa: BLE001 - the watchdog must outlive a bad tick
-                print(f"ups: watchdog tick failed: {exc!r}", file=sys.stderr, flush=True)
-
-    def tick(self) -> None:
-        job = self.job
-        if job.run is None:
-            return
-        for path, body in job.run.pending_controls():
-            if body.get("request") == "fallback":
-                job.request_fallback(f"requested by {body.get('actor', 'operator')}")
-                job.run.ack_control(path, actor="job", result="falling back to num_workers=0")
-            else:
-                job.run.ack_control(path, actor="job", result=f"unknown request {body.get('request')!r} ignored")
-        self.check_workers()
-
-    def check_workers(self) -> None:
-        from ups.runs.view import load_run_view
-        from ups.status.health import Health
-
-        job, st = self.job, self.job.state
-        pids = dict(st.loader_pids)
-        if not pids:
-            return
-        view = load_run_view(job.run)
-        for p in view.workers(job.rank):
-            rec = p.record
-            if rec.worker not in pids or pids[rec.worker] != rec.pid or rec.worker in st.killed_by_watchdog:
-                continue
-            hung_for = p.heartbeat_age if p.verdict.health is Health.UNRESPONSIVE else p.progress_age
-            if p.verdict.health in (Health.UNRESPONSIVE, Health.STALLED) and hung_for >= job.cfg.worker_timeout:
-                job.handle_hung_worker(rec, p.verdict.reason)
-            elif p.verdict.health is Health.DEAD:
-                job.handle_dead_worker(rec)
-
-
 class PrecomputeJob:
+    """The whole job: plan the splits, run each through a loader, encode, write, summarize."""
+
     def __init__(self, cfg: PrecomputeConfig, reporter: Reporter | NullReporter, faults: Faults) -> None:
         self.cfg = cfg
         self.rep = reporter
         self.faults = faults
-        run_dir = os.environ.get(ENV_RUN_DIR)
-        self.run = RunDir(run_dir) if run_dir else None
+        self.run = run_from_env()
         # `ups launch --observe-only`: the watchdog logs what it would do to a hung worker
         # (dump its stacks, kill it) and does nothing, so a false positive never becomes a kill loop.
         self.observe_only = self.run is not None and self.run.read_manifest().get("automatic") == "observe"
         self.rank = 0
         self.state = JobState(fallback=cfg.num_workers == 0)
-        self.device = self._pick_device()
+        self.device = torch.device(resolve_device(cfg.device))
         self.dtype = torch.float16 if cfg.cache_dtype == "float16" else torch.float32
         self.done_count = 0
         self.total = 0
@@ -311,15 +95,6 @@ class PrecomputeJob:
 
     def say(self, message: str) -> None:
         print(f"precompute: {message}", file=sys.stderr, flush=True)
-
-    def _pick_device(self) -> torch.device:
-        want = self.cfg.device
-        if want == "auto":
-            want = "cuda" if torch.cuda.is_available() else "cpu"
-        if want.startswith("cuda") and not torch.cuda.is_available():
-            raise UpsError(f"device: {want!r} asked for but CUDA is not available on this machine")
-        return torch.device(want)
-
 
     # -- watchdog actions (watchdog thread) ---------------------------------------------
     def request_fallback(self, reason: str) -> None:
@@ -394,7 +169,7 @@ class PrecomputeJob:
                 timeout=POLL_S,
                 prefetch_factor=self.cfg.prefetch_factor,
                 worker_init_fn=functools.partial(
-                    _worker_init,
+                    init_worker,
                     run_dir=str(self.run.path) if self.run else None,
                     rank=self.rank,
                     id_offset=self.state.generation * max(1, self.cfg.num_workers),
@@ -531,7 +306,9 @@ class PrecomputeJob:
         writers = self.writer_pool()
         n = len(batch["index"])
         base = writers.submitted if writers is not None else self.done_count
-        fail_at, hang_at = self._fault_at("write_enospc", base, n), self._fault_at("write_hang", base, n)
+        run_dir = str(self.run.path) if self.run else None
+        fail_at = write_fault_at(self.faults, run_dir, "write_enospc", base, n)
+        hang_at = write_fault_at(self.faults, run_dir, "write_hang", base, n)
         self.rep.item(batch["source"][0])
         if writers is not None:
             writers.submit(folder, hash_, batch["index"], latents, batch["params"], batch["bc"], batch["source"], fail_at, hang_at)
@@ -569,16 +346,6 @@ class PrecomputeJob:
         if self.writers is not None:
             self.writers.close(kill=kill)
             self.writers = None
-
-    def _fault_at(self, name: str, base: int, n: int) -> int | None:
-        """Where in a batch of ``n`` (the job's samples ``base``...) fault ``name`` fires, once."""
-        f = self.faults.get(name)
-        if f is None:
-            return None
-        for j in range(n):
-            if base + j >= int(f.get("after", 0)) and _fire_once(str(self.run.path) if self.run else None, f):
-                return j
-        return None
 
     # -- whole job ---------------------------------------------------------------------------
     def execute(self) -> int:
@@ -746,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
-    _disable_torch_sigchld_handler()
+    disable_torch_sigchld_handler()
     rep = Reporter.from_env(unit="samples", interval=cfg.heartbeat_interval)
     code = EXIT_FAILED
     with rep:

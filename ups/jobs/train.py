@@ -34,14 +34,13 @@ from ups.data import cache as cache_mod
 from ups.data.tasks import get_task
 from ups.errors import UpsError
 from ups.faults import TRAIN_FAULTS, Faults
+from ups.jobs.startup import EXIT_BAD_INPUT, resolve_device, run_from_env
 from ups.launch.config import TrainConfig, parse_job_args
 from ups.models.operator import LatentOperator
-from ups.runs.rundir import RunDir
 from ups.status.files import write_atomic
-from ups.status.reporter import ENV_RUN_DIR, NullReporter, Reporter
+from ups.status.reporter import NullReporter, Reporter
 
 KNOWN_FAULTS = TRAIN_FAULTS
-EXIT_BAD_INPUT = 2
 RAM_MARGIN = 1.2
 
 
@@ -257,11 +256,8 @@ class Trainer:
         self.rep = rep
         self.d = Dist()
         self.faults = FaultPlan(faults, self.d.rank)
-        run_dir = os.environ.get(ENV_RUN_DIR)
-        self.run = RunDir(run_dir) if run_dir else None
-        want = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-        if want == "cuda" and not torch.cuda.is_available():
-            raise UpsError("device: 'cuda' asked for but CUDA is not available on this machine")
+        self.run = run_from_env()
+        want = resolve_device(cfg.device)
         if want == "cuda" and self.d.local_rank >= torch.cuda.device_count():
             raise UpsError(f"device: rank {self.d.rank} has LOCAL_RANK {self.d.local_rank} but this machine has "
                            f"{torch.cuda.device_count()} CUDA device(s): use --nproc {torch.cuda.device_count()} or device: cpu")
