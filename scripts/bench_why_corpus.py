@@ -1,7 +1,7 @@
 """Per-class precision and recall of `ups why`'s log classifier (ups.why.classify) on real
 failure excerpts from public issue threads (tests/data/failure_corpus.json). Prints one JSON line.
 
-    python scripts/bench_why_corpus.py [--table]   (--table: a Markdown table for the README)
+    python scripts/bench_why_corpus.py [--table]   (--table: the Markdown table in docs/benchmarks.md)
 """
 
 from __future__ import annotations
