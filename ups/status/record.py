@@ -194,7 +194,7 @@ _KNOWN_METRICS: dict[str, Check] = {
                      "loss_step", "gpu_total"), integer(0, INT_MAX)),
     **dict.fromkeys(("loss", "lr", "eval_loss", "grad_norm"), _training_value),
     **dict.fromkeys(("samples_per_s", "tokens_per_s"), number(0.0, 1e300)),
-    # the first NaN/Inf loss of a rank, which `ups why` names (ups.why.metric_rules)
+    # the first NaN/Inf loss of a rank, which `ups why` names (ups.why.rules.metrics)
     "loss_nonfinite": obj({"step": integer(0, INT_MAX), "value": text(8), "at": optional(number(0.0))}, required=("step",)),
     "logged": dict_of(_training_value, max_items=64),  # what the program gave wandb/TensorBoard/Lightning/HF
     "file": text(4096),

@@ -1,10 +1,11 @@
 """``ups why``: one verdict that names what is wrong, who, where, since when, and what to do.
 
 The evidence is what ``ups`` already collects (records, phases, collectives, stack dumps,
-exit truth, torchrun's report, logs, events); :mod:`ups.why.rules` turns it into a
-:class:`~ups.why.verdict.Verdict`. Nothing here signals a process: the supervisor dumps the
-stacks of a process that turns stalled or unresponsive (ups.launch.evidence), so the frames
-are there when an operator asks.
+exit truth, torchrun's report, logs, events) and what this host says (ups.why.host), held
+by :class:`~ups.why.evidence.Evidence`; the ordered rules of :mod:`ups.why.rules` turn it
+into a :class:`~ups.why.verdict.Verdict`. Nothing here signals a process: the supervisor
+dumps the stacks of a process that turns stalled or unresponsive (ups.launch.evidence), so
+the frames are there when an operator asks.
 """
 
 from __future__ import annotations
@@ -18,14 +19,9 @@ __all__ = ["MODES", "Verdict", "diagnose", "diagnose_view"]
 
 
 def diagnose_view(view: RunView) -> Verdict:
-    from ups.why.rules import RULES, healthy
+    from ups.why.rules import first_verdict
 
-    ev = Evidence(view)
-    for rule in RULES:
-        verdict = rule(ev)
-        if verdict is not None:
-            return verdict
-    return healthy(ev)
+    return first_verdict(Evidence(view))
 
 
 def diagnose(run: RunDir) -> Verdict:

@@ -11,19 +11,18 @@
   :data:`LEAK_POINTS` points or more, up in most of them, by more than :data:`LEAK_MIN_GROWTH`); the step at which it runs out is estimated from
   the device's total memory when the record has it.
 
-They read the records' metrics and the bounded series (``metrics/<name>.json``, through
-:mod:`ups.status.series`). Rules here are called from :mod:`ups.why.rules`.
+They read the records' metrics and the bounded series (``metrics/<name>.json``, read once by
+the evidence: :attr:`~ups.why.evidence.Evidence.series`). The table in :mod:`ups.why.rules`
+asks :func:`ended_training` and :func:`live_training`.
 """
 
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
-from functools import cached_property
 
 from ups.format import fmt_bytes
 from ups.runs.view import ProcessView
-from ups.status.series import metric_values, points, read_run_series
+from ups.status.series import metric_values, points
 from ups.why.evidence import Evidence
 from ups.why.verdict import Verdict, who_of
 
@@ -40,23 +39,12 @@ NONFINITE_SETTLE_S = 10.0  # the longest a NaN verdict waits for a peer that may
 MODES = ("loss_nonfinite", "loss_diverged", "step_rate_dropped", "gpu_memory_leak")
 
 
-@dataclass
-class _Series:
-    """The series of a run's ranks, read once per verdict."""
-
-    ev: Evidence
-
-    @cached_property
-    def by_name(self) -> dict[str, dict]:
-        found, _problems = read_run_series(self.ev.run.path)
-        return found
-
-    def of(self, p: ProcessView) -> dict | None:
-        return self.by_name.get(p.record.name)
-
-
 def _ranks(ev: Evidence) -> list[ProcessView]:
     return sorted(ev.processes("rank"), key=lambda p: p.record.rank or 0)
+
+
+def _series(ev: Evidence, p: ProcessView) -> dict | None:
+    return ev.series.get(p.record.name)
 
 
 def _next(ev: Evidence, p: ProcessView) -> str:
@@ -84,13 +72,13 @@ def _unsettled(ev: Evidence, step: int, at: float, reported: set[str]) -> bool:
     return False
 
 
-def loss_nonfinite(ev: Evidence, series: _Series) -> Verdict | None:
+def loss_nonfinite(ev: Evidence) -> Verdict | None:
     """The first rank, by step then time, whose loss was NaN or infinite."""
     found = []
     for p in _ranks(ev):
         info = p.record.metrics.get("loss_nonfinite")
         if not isinstance(info, dict):
-            data = series.of(p)
+            data = _series(ev, p)
             info = data.get("first_nonfinite") if data else None
         if isinstance(info, dict) and isinstance(info.get("step"), int):
             found.append((info["step"], info.get("at") or 0.0, p, info))
@@ -112,10 +100,10 @@ def loss_nonfinite(ev: Evidence, series: _Series) -> Verdict | None:
                    next=f"{_next(ev, p)}; look at the data and lr of step {step} (ups logs {ev.view.run_id} --rank {r.rank})")
 
 
-def loss_diverged(ev: Evidence, series: _Series) -> Verdict | None:
+def loss_diverged(ev: Evidence) -> Verdict | None:
     hits = []
     for p in _ranks(ev):
-        data = series.of(p)
+        data = _series(ev, p)
         if not data:
             continue
         values = [(s, v) for s, v in metric_values(data, "loss") if v == v and abs(v) != float("inf")]
@@ -157,11 +145,11 @@ def _rate_drop(data: dict) -> tuple[int, float, float] | None:
     return pts[i]["step"], base, now
 
 
-def step_rate_dropped(ev: Evidence, series: _Series) -> Verdict | None:
+def step_rate_dropped(ev: Evidence) -> Verdict | None:
     ranks = [p for p in _ranks(ev) if p.record.state == "running"]
     drops = {}
     for p in ranks:
-        data = series.of(p)
+        data = _series(ev, p)
         d = _rate_drop(data) if data else None
         if d is not None:
             drops[p.record.name] = (p, d)
@@ -184,10 +172,10 @@ def step_rate_dropped(ev: Evidence, series: _Series) -> Verdict | None:
                    next=f"ups plot {ev.view.run_id} --metric rate; check {r.host}'s GPU of {r.label} (ups gpu), its data")
 
 
-def gpu_memory_leak(ev: Evidence, series: _Series) -> Verdict | None:
+def gpu_memory_leak(ev: Evidence) -> Verdict | None:
     hits = []
     for p in _ranks(ev):
-        data = series.of(p)
+        data = _series(ev, p)
         if not data or p.record.state != "running":
             continue
         pts = [q for q in points(data) if q.get("mem") is not None and isinstance(q.get("step"), int)]
@@ -228,10 +216,9 @@ LIVE_RULES = (loss_nonfinite, loss_diverged, gpu_memory_leak, step_rate_dropped)
 
 def training_verdict(ev: Evidence, *, live: bool = True) -> Verdict | None:
     """The first metric verdict of a run (for an ended run only NaN and divergence matter)."""
-    series = _Series(ev)
     rules = LIVE_RULES if live else (loss_nonfinite, loss_diverged)
     for rule in rules:
-        verdict = rule(ev, series)
+        verdict = rule(ev)
         if verdict is not None:
             return verdict
     return None
