@@ -33,6 +33,7 @@ from ups.why.rules.collectives import collectives, ddp_backward
 from ups.why.rules.exits import ended, live_failure, oom_skipped, settling
 from ups.why.rules.hardware import full_disk, gpu_straggler, lost_node, unsupervised
 from ups.why.rules.metrics import ended_training, live_training
+from ups.why.rules.pauses import busy_pause, no_signal
 from ups.why.rules.processes import dead, healthy, hung
 from ups.why.rules.workers import starved_loader, stuck_workers
 from ups.why.verdict import MODES, Verdict
@@ -732,6 +733,133 @@ def _(s: Scene) -> None:
     s.add("rank", 1, health=Health.DEAD, reason="pid 1001 is gone", heartbeat=NOW - 3)
 
 
+# ---- busy_pause, and what the launcher sees (ups.launch.proof, in its record's metrics.observed)
+def observing(s: Scene, **observed) -> None:
+    """A live launcher whose record publishes what it sees of the processes it watches."""
+    s.add("launcher", None, health=Health.OK, reason="supervising", phase="supervise", step=0,
+          metrics={"observed": observed})
+
+
+def window(verdict: str, text: str, **figures) -> dict:
+    return {"state": verdict, "proven": figures.pop("proven", False), "last": {"verdict": verdict, "text": text, **figures}}
+
+
+@case(busy_pause, "rank 0 writes a checkpoint alone while rank 1 waits in all_reduce: busy, not stuck", "busy",
+      who="rank 0", words=("rank 0 is busy writing a checkpoint (torch.save → RemoteStream)", "rank 1 waits for it in all_reduce"))
+def _(s: Scene) -> None:
+    s.add("rank", 0, health=Health.OK, reason="phase checkpoint", phase="checkpoint", phase_at=NOW - 30,
+          progress=NOW - 30, item="torch.save → RemoteStream")
+    s.add("rank", 1, health=Health.OK, reason="waits for rank 0, writing a checkpoint (phase checkpoint)", progress=NOW - 28,
+          collective={"op": "all_reduce", "seq": 41, "site": "train.py:80", "since": NOW - 28})
+    observing(s)
+
+
+@case(busy_pause, "rank 0 evaluates alone (the launcher saw it compute) while rank 1 waits: busy", "busy", who="rank 0",
+      words=("rank 0 is busy computing (CPU 97%, a thread busy 99% of the time)", "so far; rank 1 waits for it"))
+def _(s: Scene) -> None:
+    r0 = s.add("rank", 0, **STALLED)
+    s.add("rank", 1, **STALLED)
+    observing(s, **{r0.name: window("busy", "CPU 97% (a thread busy 99% of the time) over 5 s", demand=0.99, cpu=0.97)})
+
+
+@case(busy_pause, "rank 0 uploads through its child curl (the launcher saw the socket move): busy", "busy", who="rank 0",
+      words=("rank 0 is busy sending or receiving data through curl (pid 77) (133 KB/s on its sockets)",))
+def _(s: Scene) -> None:
+    r0 = s.add("rank", 0, **STALLED)
+    s.add("rank", 1, **STALLED)
+    observing(s, **{r0.name: window("busy", "CPU 0% (...), network 133 KB/s, with curl (pid 77) over 5 s",
+                                    tcp_bps=133_000, children=["curl (pid 77)"])})
+
+
+@case(busy_pause, "a checkpoint phase that the launcher saw idle (a save hung on a dead mount) is no busy pause", None,
+      then="settling")
+def _(s: Scene) -> None:
+    r0 = s.add("rank", 0, health=Health.STALLED, reason="no progress for 700 s in phase checkpoint", phase="checkpoint",
+               progress=NOW - 700, phase_at=NOW - 700)
+    s.add("rank", 1, **STALLED)
+    observing(s, **{r0.name: window("idle", "CPU 0%, kernel wait nfs_wait_bit_killable over 5 s", d_state=True)})
+
+
+@case(busy_pause, "one rank's long step while the other goes on: no pause of the run", None, then="healthy")
+def _(s: Scene) -> None:
+    r0 = s.add("rank", 0, health=Health.OK, reason="step 10", progress=NOW - 6)
+    s.add("rank", 1, **RUNNING)
+    observing(s, **{r0.name: window("busy", "CPU 99% over 5 s", demand=0.99)})
+
+
+# ---- what a rank its peers wait for is doing (collectives, ddp_backward, hung)
+@case(collectives, "rank 1 waits in all_reduce, rank 0 outside it, the launcher still checking: nobody named", "waiting",
+      who=None, words=("rank 1 waits for rank 0 in all_reduce", "checking whether it is working"))
+def _(s: Scene) -> None:
+    s.add("rank", 0, **STALLED)
+    s.add("rank", 1, **STALLED, collective={"op": "all_reduce", "seq": 41, "site": "train.py:80", "since": NOW - 40})
+    s.stack("rank-0", OWN_HANG)
+    observing(s)
+
+
+@case(collectives, "rank 0 seen idle by the launcher: stuck in its own code", "rank_stuck_peers_wait", who="rank 0",
+      words=("rank 0 is stuck in its own code while rank 1 waits for it in all_reduce",))
+def _(s: Scene) -> None:
+    r0 = s.add("rank", 0, **STALLED)
+    s.add("rank", 1, **STALLED, collective={"op": "all_reduce", "seq": 41, "site": "train.py:80", "since": NOW - 40})
+    s.stack("rank-0", OWN_HANG)
+    observing(s, **{r0.name: window("idle", "CPU 0% (a thread busy 0% of the time), kernel wait hrtimer_nanosleep over 5 s")})
+
+
+@case(ddp_backward, "rank 1 in backward, rank 0 busy computing elsewhere: busy, not stuck", "busy", who="rank 0",
+      words=("rank 0 is busy computing", "rank 1 waits for it in DDP's gradient all-reduce (backward)"), then="busy")
+def _(s: Scene) -> None:
+    r0 = s.add("rank", 0, **STALLED)
+    r1 = s.add("rank", 1, **STALLED)
+    s.stack(r0.name, OWN_HANG)
+    s.stack(r1.name, IN_BACKWARD)
+    observing(s, **{r0.name: window("busy", "CPU 98% (a thread busy 99% of the time) over 5 s", demand=0.99)})
+
+
+@case(hung, "a lone stalled process the launcher is still checking: nobody named yet", "waiting", who=None,
+      words=("rank 0 has made no progress for 45 s in phase train; checking whether it is working",))
+def _(s: Scene) -> None:
+    s.manifest["kind"] = "python"
+    s.add("rank", 0, **STALLED)
+    observing(s)
+
+
+# ---- no_signal
+NO_SIGNAL = dict(health=Health.NO_SIGNAL, reason="no progress signal for 11 min (no steps, batches ...), phase start",
+                 step=0, phase="start", progress=NOW - 600)
+
+
+@case(no_signal, "a script with no progress signal, nothing seen yet: neither healthy nor stalled", "no_signal",
+      who="rank 0", words=("rank 0 reports no progress signal", "neither healthy nor stalled"))
+def _(s: Scene) -> None:
+    s.manifest["kind"] = "python"
+    s.add("rank", 0, **NO_SIGNAL)
+
+
+@case(no_signal, "no progress signal, and its pool workers compute: busy", "busy", who="rank 0",
+      words=("rank 0 is busy computing", "it reports no progress signal"))
+def _(s: Scene) -> None:
+    s.manifest["kind"] = "python"
+    r0 = s.add("rank", 0, **NO_SIGNAL)
+    observing(s, **{r0.name: window("busy", "CPU 180% (a thread busy 99% of the time), with python (pid 80) over 5 s",
+                                    demand=0.99, cpu=1.8)})
+
+
+@case(no_signal, "no progress signal, proven idle (twice, the same stack): a hang", "hung", who="rank 0",
+      words=("rank 0 shows no progress signal and is idle", "the same stack in two dumps"))
+def _(s: Scene) -> None:
+    s.manifest["kind"] = "python"
+    r0 = s.add("rank", 0, **NO_SIGNAL)
+    s.stack(r0.name, OWN_HANG)
+    observing(s, **{r0.name: window("idle", "CPU 0%, kernel wait hrtimer_nanosleep over 5 s", proven=True)})
+
+
+@case(no_signal, "a script that reports progress is not one with no signal", None, then="healthy")
+def _(s: Scene) -> None:
+    s.manifest["kind"] = "python"
+    s.add("rank", 0, **RUNNING)
+
+
 # ---- hung
 @case(hung, "rank 0 stalled in phase train, blocked in read() on the NFS mount (host fact)", "stalled", who="rank 0",
       words=("rank 0 is stalled in phase train",),
@@ -755,7 +883,7 @@ def _(s: Scene) -> None:
 
 
 @case(hung, "rank 1 stalled, rank 0 not yet, no stack dump: settling, no one blamed", "settling", who=None,
-      words=("rank 1 is stalled in phase train and has no stack dump yet; settling… (rank 0 not in trouble yet)",))
+      words=("rank 1 has made no progress for 45 s in phase train and has no stack dump yet; settling… (rank 0 not in trouble yet)",))
 def _(s: Scene) -> None:
     s.add("rank", 0, **RUNNING)
     s.add("rank", 1, **STALLED)
@@ -903,7 +1031,7 @@ def test_rule(c: Case, tmp_path: Path) -> None:
             assert any(words in line for line in v.evidence), v.evidence
         for words in c.not_evidence:
             assert not any(words in line for line in v.evidence), v.evidence
-        assert v.ok is (v.mode in ("healthy", "starting", "succeeded"))
+        assert v.ok is (v.mode in ("healthy", "starting", "succeeded", "busy", "waiting", "no_signal"))
     expected = c.then or c.mode  # what `ups why` says: the first rule of the table that speaks
     if expected is not None:
         table = first_verdict(scene.evidence())

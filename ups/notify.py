@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 
 from ups.errors import UpsError
 
-PROBLEMS = frozenset(("stalled", "unresponsive", "dead", "node_unreachable", "rank_stuck_peers_wait", "one_sided_collective",
+PROBLEMS = frozenset(("stalled", "unresponsive", "hung", "dead", "node_unreachable", "rank_stuck_peers_wait", "one_sided_collective",
                       "collective_mismatch", "collective_timeout", "worker_stuck_in_read", "worker_stuck",
                       "dataloader_resources", "loss_nonfinite", "loss_diverged", "step_rate_dropped", "gpu_memory_leak",
                       "gpu_hardware", "unsupervised"))
@@ -198,16 +198,22 @@ class Notifier:
         return cls(run, targets, config) if targets else None
 
     # -- what the supervisor calls (never blocks) --------------------------------------------
-    def on_verdict(self, verdict: Any) -> None:  # noqa: ANN401 - a Verdict
+    def on_verdict(self, verdict: Any, *, hang: bool = False, proof: dict[str, Any] | None = None) -> None:  # noqa: ANN401
+        """A problem is told once per episode. A ``hang`` (stalled, stuck, one-sided ...) only
+        once it is proven (``proof``: ups.launch.proof), with the proof: a display word alone
+        ("stalled") never wakes anyone."""
         if verdict.mode not in PROBLEMS:
             self.episode = None
+            return
+        if hang and proof is None:
             return
         key = (verdict.mode, (verdict.who or {}).get("name"))
         if key == self.episode:
             return
         self.episode = key
-        self._put(Message("problem", self.run.run_id, str(self.run.path), summary_line(self.run.run_id, verdict.headline),
-                          mode=verdict.mode, verdict=verdict.to_dict()))
+        line = verdict.headline + (f" (proof: {proof['text']})" if proof else "")
+        self._put(Message("problem", self.run.run_id, str(self.run.path), summary_line(self.run.run_id, line),
+                          mode=verdict.mode, verdict=verdict.to_dict(), extra={"proof": proof} if proof else {}))
 
     def on_restart(self, attempt: int, verdict: Any) -> None:  # noqa: ANN401
         self._put(Message("restart", self.run.run_id, str(self.run.path),

@@ -301,11 +301,16 @@ NotifyOption = Annotated[list[str] | None, typer.Option(
          "Slack/Discord fields; ntfy), or mailto: through the SMTP server of ~/.config/ups/config.toml. Default: that "
          "file's [notify] targets.")]
 UnresponsiveOption = Annotated[float | None, typer.Option("--unresponsive-after", help="Seconds without a heartbeat (pid alive) before a process counts as unresponsive [default: 10].")]
+FirstProgressOption = Annotated[float | None, typer.Option(
+    "--first-progress-after", help="Seconds a process may take to show its first progress (a step, a batch, a progress bar, "
+                                   "a pool task, a printed k/n) before it counts as having no progress signal [default: 600]. "
+                                   "Only a proven hang is acted on either way.")]
 
 
 def launch_program(ctx: typer.Context, launcher: str, *, name: str | None, total_steps: int | None, detach: bool,
                    runs_dir: Path, json_out: bool, stalled_after: float | None, unresponsive_after: float | None,
-                   observe_only: bool = False, run_id: str | None = None, unattended: dict[str, Any] | None = None) -> None:
+                   observe_only: bool = False, run_id: str | None = None, unattended: dict[str, Any] | None = None,
+                   first_progress_after: float | None = None) -> None:
     from ups.launch import programs
     from ups.launch.spawn import launch_run
 
@@ -316,7 +321,8 @@ def launch_program(ctx: typer.Context, launcher: str, *, name: str | None, total
     if total_steps is not None and total_steps < 1:
         raise UpsError("--total-steps must be >= 1")
     thresholds: dict[str, Any] = {"phase_stalled_after": {"agent": None, "helper": None}}
-    for key, value in (("stalled_after", stalled_after), ("unresponsive_after", unresponsive_after)):
+    for key, value in (("stalled_after", stalled_after), ("unresponsive_after", unresponsive_after),
+                       ("first_progress_after", first_progress_after)):
         if value is not None:
             if value <= 0:
                 raise UpsError(f"--{key.replace('_', '-')} must be > 0 seconds")
@@ -375,6 +381,7 @@ def launch_torchrun(
     total_steps: TotalStepsOption = None,
     stalled_after: StalledOption = None,
     unresponsive_after: UnresponsiveOption = None,
+    first_progress_after: FirstProgressOption = None,
     observe_only: ObserveOption = False,
     notify: NotifyOption = None,
     on_hang: OnHangOption = None,
@@ -419,7 +426,7 @@ def launch_torchrun(
     from ups.launch.onhang import check_options
 
     launch_program(ctx, "torchrun", name=name, total_steps=total_steps, detach=detach, runs_dir=runs_dir, json_out=json,
-                   stalled_after=stalled_after, unresponsive_after=unresponsive_after, observe_only=observe_only,
+                   stalled_after=stalled_after, unresponsive_after=unresponsive_after, first_progress_after=first_progress_after, observe_only=observe_only,
                    run_id=run_id, unattended={**check_options(on_hang, max_restarts, on_worker_hang), **_notify_fields(notify)})
 
 
@@ -431,6 +438,7 @@ def launch_python(
     total_steps: TotalStepsOption = None,
     stalled_after: StalledOption = None,
     unresponsive_after: UnresponsiveOption = None,
+    first_progress_after: FirstProgressOption = None,
     observe_only: ObserveOption = False,
     notify: NotifyOption = None,
     on_hang: OnHangOption = None,
@@ -456,7 +464,7 @@ def launch_python(
     from ups.launch.onhang import check_options
 
     launch_program(ctx, "python", name=name, total_steps=total_steps, detach=detach, runs_dir=runs_dir, json_out=json,
-                   stalled_after=stalled_after, unresponsive_after=unresponsive_after, observe_only=observe_only,
+                   stalled_after=stalled_after, unresponsive_after=unresponsive_after, first_progress_after=first_progress_after, observe_only=observe_only,
                    unattended={**check_options(on_hang, max_restarts, on_worker_hang), **_notify_fields(notify)})
 
 
@@ -470,6 +478,7 @@ def _program_command(launcher: str, usage: str, doc: str):
         total_steps: TotalStepsOption = None,
         stalled_after: StalledOption = None,
         unresponsive_after: UnresponsiveOption = None,
+        first_progress_after: FirstProgressOption = None,
         observe_only: ObserveOption = False,
         notify: NotifyOption = None,
         on_hang: OnHangOption = None,
@@ -483,7 +492,7 @@ def _program_command(launcher: str, usage: str, doc: str):
         from ups.launch.onhang import check_options
 
         launch_program(ctx, launcher, name=name, total_steps=total_steps, detach=detach, runs_dir=runs_dir,
-                       json_out=json, stalled_after=stalled_after, unresponsive_after=unresponsive_after,
+                       json_out=json, stalled_after=stalled_after, unresponsive_after=unresponsive_after, first_progress_after=first_progress_after,
                        observe_only=observe_only, run_id=run_id,
                        unattended={**check_options(on_hang, max_restarts, on_worker_hang), **_notify_fields(notify)})
 

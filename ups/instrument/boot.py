@@ -94,6 +94,13 @@ def boot() -> None:
     imports.when_imported("torch", _patch_torch)
     imports.when_imported("h5py", _patch_h5py)
     imports.when_imported("multiprocessing.process", _patch_multiprocessing)
+    # Progress of programs that make no optimizer steps: tqdm bars, pool and executor tasks.
+    from ups.instrument import progress
+
+    imports.when_imported("tqdm.std", progress.patch_tqdm)
+    imports.when_imported("multiprocessing.pool", progress.patch_pool)
+    imports.when_imported("concurrent.futures.thread", progress.patch_executor)
+    imports.when_imported("concurrent.futures.process", progress.patch_executor)
     from ups.instrument import loggers
 
     loggers.install()  # wandb / TensorBoard / Lightning / HF Trainer logs, if the program imports them
@@ -118,9 +125,13 @@ def boot() -> None:
 
 
 def _patch_torch(torch) -> None:  # noqa: ANN001
-    from ups.instrument import torch_hooks
+    from ups.instrument import savers, torch_hooks
 
     torch_hooks.patch_torch(torch)
+    try:
+        savers.patch_torch(torch)  # checkpoints by what they are (torch.save, DCP, Lightning, HF ...)
+    except Exception as exc:  # noqa: BLE001 - one failed patch must not stop the others
+        warn(f"could not follow checkpoints ({type(exc).__name__}: {exc})")
 
 
 def _patch_h5py(h5py) -> None:  # noqa: ANN001
@@ -248,8 +259,9 @@ def _patch_multiprocessing(module) -> None:  # noqa: ANN001
                     warn(f"no status record for this spawned rank ({exc})")
             elif getattr(target, "__name__", "") != "_worker_loop":  # DataLoader workers: see torch_hooks
                 try:
-                    start_reporter("helper", command=f"multiprocessing {getattr(self, 'name', '')}: "
-                                                     f"{getattr(target, '__qualname__', target)}")
+                    start_reporter("helper", name=_pool_worker_name(self, target),
+                                   command=f"multiprocessing {getattr(self, 'name', '')}: "
+                                           f"{getattr(target, '__qualname__', target)}")
                 except Exception as exc:  # noqa: BLE001
                     warn(f"no status record for this helper process ({exc})")
         code = original(self, *args, **kwargs)
@@ -268,6 +280,21 @@ def _patch_multiprocessing(module) -> None:  # noqa: ANN001
 
     _bootstrap.__ups_wrapped__ = original  # type: ignore[attr-defined]
     cls._bootstrap = _bootstrap
+
+
+# What a multiprocessing child runs when it is a worker of a pool (its tasks are the parent's
+# progress): multiprocessing.Pool's, concurrent.futures' ProcessPoolExecutor's.
+_POOL_TARGETS = {("multiprocessing.pool", "worker"), ("concurrent.futures.process", "_process_worker")}
+
+
+def _pool_worker_name(process, target) -> str | None:  # noqa: ANN001
+    """``rank-0-pool-3`` for the third worker of a pool of rank 0's (shown "rank 0 / pool
+    worker 3"); None for any other child (a nameless helper)."""
+    if (getattr(target, "__module__", ""), getattr(target, "__name__", "")) not in _POOL_TARGETS:
+        return None
+    index = str(getattr(process, "name", "")).rsplit("-", 1)[-1]
+    rank = state.parent[2] if state.parent else 0
+    return f"rank-{rank}-pool-{index if index.isdigit() else os.getpid()}"
 
 
 def _is_spawned_rank(target) -> bool:  # noqa: ANN001

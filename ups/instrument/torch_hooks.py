@@ -87,8 +87,13 @@ def cuda_device() -> int | None:
     return _t.cuda_dev
 
 
+def optimizer_steps() -> int:
+    """Optimizer steps this process made (its progress when it trains)."""
+    return _t.opt_steps
+
+
 # ------------------------------------------------------------------------- phases
-def _enter(rep, name: str, *, flush: bool = False) -> str | None:
+def enter_phase(rep, name: str, *, flush: bool = False) -> str | None:  # noqa: ANN001
     """Enter a phase for the duration of a wrapped call; the outermost wrapped call wins."""
     t = _t
     t.depth += 1
@@ -99,7 +104,7 @@ def _enter(rep, name: str, *, flush: bool = False) -> str | None:
     return prev
 
 
-def _leave(rep, prev: str | None, *, failed: bool = False) -> None:
+def leave_phase(rep, prev: str | None, *, failed: bool = False) -> None:
     """Back to the phase the call found; a call that raised keeps its phase, so a process
     that dies of the exception says where (``collective:all_reduce``, ``checkpoint``)."""
     t = _t
@@ -116,7 +121,7 @@ def _set_base(rep, name: str) -> None:
             rep.phase(name, flush=False)
 
 
-def _rank_reporter():
+def rank_reporter():
     """The reporter of a rank's main thread, else None (workers, helpers, other threads)."""
     rep = process.state.rep
     if rep is None or rep.role != "rank" or _get_ident() != _t.main:
@@ -176,16 +181,16 @@ def set_enabled(enabled: bool) -> None:
 def _phase_call(phase: str, *, flush: bool):
     def make(original):
         def wrapper(*args, **kwargs):
-            rep = _rank_reporter()
+            rep = rank_reporter()
             if rep is None:
                 return original(*args, **kwargs)
-            prev = _enter(rep, phase, flush=flush)
+            prev = enter_phase(rep, phase, flush=flush)
             try:
                 result = original(*args, **kwargs)
             except BaseException:
-                _leave(rep, prev, failed=True)
+                leave_phase(rep, prev, failed=True)
                 raise
-            _leave(rep, prev)
+            leave_phase(rep, prev)
             return result
 
         return wrapper
@@ -196,8 +201,7 @@ def _phase_call(phase: str, *, flush: bool):
 # --------------------------------------------------------------------- entry point
 def patch_torch(torch) -> None:  # noqa: ANN001
     """Called right after ``import torch`` finished (post-import hook)."""
-    steps = (_patch_distributed, _patch_spawn, _patch_data, _patch_optim, _patch_serialization, _patch_module_modes,
-             _patch_metrics)
+    steps = (_patch_distributed, _patch_spawn, _patch_data, _patch_optim, _patch_module_modes, _patch_metrics)
     for step in steps:
         try:
             step(torch)
@@ -579,7 +583,7 @@ def _make_fetch(original):
 def _make_set_epoch(original):
     def set_epoch(self, epoch):  # noqa: ANN001
         original(self, epoch)
-        rep = _rank_reporter()
+        rep = rank_reporter()
         if rep is not None:
             rep.metrics(epoch=epoch)
 
@@ -622,61 +626,12 @@ _on_optimizer_step.__ups_hook__ = True  # type: ignore[attr-defined]
 
 
 # ---------------------------------------------------------------------- save/load
-def _is_file_target(f) -> bool:  # noqa: ANN001
-    return isinstance(f, str | os.PathLike) or isinstance(getattr(f, "name", None), str)
-
-
-def _target_name(f) -> str:  # noqa: ANN001
-    return os.fspath(f) if isinstance(f, str | os.PathLike) else f.name
-
-
-def _make_save(original):
-    def save(obj, f, *args, **kwargs):  # noqa: ANN001
-        rep = _rank_reporter()
-        if rep is None or not _is_file_target(f):
-            return original(obj, f, *args, **kwargs)
-        prev = _enter(rep, "checkpoint")
-        rep.flush_if_older(0.25)  # a write that hangs on dead storage may hold the GIL
-        try:
-            result = original(obj, f, *args, **kwargs)
-        except BaseException as exc:
-            if isinstance(exc, Exception) and hasattr(exc, "add_note"):  # torch's message does not name the file
-                exc.add_note(f"(ups: while torch.save wrote {_target_name(f)})")
-            _leave(rep, prev, failed=True)
-            raise
-        _leave(rep, prev)
-        return result
-
-    return save
-
-
-def _patch_serialization(torch) -> None:  # noqa: ANN001
-    ser = torch.serialization
-    original_save, original_load = ser.save, ser.load
-    patching.patch(ser, "save", _make_save)
-    if torch.save is original_save:
-        torch.save = ser.save
-
-    def make_load(original):
-        inner = _phase_call("load", flush=False)(original)
-
-        def load(f, *args, **kwargs):  # noqa: ANN001
-            return inner(f, *args, **kwargs) if _is_file_target(f) else original(f, *args, **kwargs)
-
-        return load
-
-    patching.patch(ser, "load", make_load)
-    if torch.load is original_load:
-        torch.load = ser.load
-
-
-# ------------------------------------------------------------------- train / eval
 def _patch_module_modes(torch) -> None:  # noqa: ANN001
     def make(original):
         def train(self, mode=True):  # noqa: ANN001
             result = original(self, mode)
             if _t.opt_steps:
-                rep = _rank_reporter()
+                rep = rank_reporter()
                 if rep is not None:
                     _set_base(rep, "train" if mode else "eval")
             return result
@@ -720,7 +675,7 @@ def _patch_metrics(torch) -> None:  # noqa: ANN001
     def make_clip(original):
         def clip_grad_norm_(*args, **kwargs):  # noqa: ANN001
             norm = original(*args, **kwargs)
-            rep = _rank_reporter()
+            rep = rank_reporter()
             if rep is not None:
                 try:
                     metrics.capture.note_grad_norm(norm, _steps_done(rep))

@@ -15,6 +15,10 @@ it (the job and everything it started).
 Usage (the launcher's): ``python -m ups.launch.logrelay LOG_FD`` with the pipe on stdin and
 the report pipe on stdout: one JSON line per change (``{"dropped": N, "error": ..., "since":
 T}``, then ``"resumed"``), and a final one with ``"end": true``.
+
+It also reads the counter the program prints ("converted 5/40 files": ups.launch.lineprogress)
+and reports it (``{"progress": {"k", "n", "at", "text"}}``, at most once a second): a program
+with no other progress signal has one. Only the last lines of each batch are read.
 """
 
 from __future__ import annotations
@@ -25,8 +29,12 @@ import signal
 import sys
 import time
 
+from ups.launch.lineprogress import LineProgress
+
 CHUNK = 1 << 20  # the whole pipe at once
 NAP_S = 0.01
+LINES_READ = 64  # of each batch, the last lines: a counter is what was printed last
+PROGRESS_EVERY_S = 1.0
 
 
 class Relay:
@@ -37,6 +45,10 @@ class Relay:
         self.error: str | None = None  # why the current drop episode began (None: writing)
         self.since: float | None = None
         self.episodes: list[dict] = []
+        self.lines = LineProgress()
+        self._partial = b""
+        self._said_progress: tuple | None = None
+        self._progress_at = 0.0
 
     def say(self, **fields: object) -> None:
         if self.report is None:
@@ -84,6 +96,25 @@ class Relay:
         self.error = self.since = None
         return True
 
+    def read_progress(self, data: bytes) -> None:
+        """The counter in the latest lines (never in the program's way: any error is dropped)."""
+        try:
+            text = self._partial + data
+            cut = max(text.rfind(b"\n"), text.rfind(b"\r")) + 1
+            self._partial = text[cut:][-4096:]
+            at = time.time()
+            for line in text[:cut].decode("utf-8", "replace").splitlines()[-LINES_READ:]:
+                self.lines.feed(line, at)
+            now = time.monotonic()
+            if now - self._progress_at < PROGRESS_EVERY_S:
+                return
+            current = self.lines.current()
+            if current is not None and (current["k"], current["n"]) != self._said_progress:
+                self._said_progress, self._progress_at = (current["k"], current["n"]), now
+                self.say(progress=current)
+        except Exception:  # noqa: BLE001 - reading the output must never cost the output
+            pass
+
     def run(self) -> int:
         while True:
             try:
@@ -94,6 +125,7 @@ class Relay:
                 break
             self.total += len(data)
             self.write(data)
+            self.read_progress(data)
             if len(data) < CHUNK:
                 # A program that prints line by line (unbuffered, as the launcher sets it) would
                 # wake us once per line; a short nap lets the pipe (1 MiB) gather a batch, so the

@@ -1,18 +1,30 @@
-"""What the supervisor does when ``ups why`` names a hang: ``--on-hang {observe,dump,kill,restart}``.
+"""What the supervisor does about a hang: ``--on-hang {observe,dump,kill,restart}`` and
+``--on-worker-hang fallback``, taken only on a **proven** hang.
 
-The supervisor asks :meth:`HangWatch.check` about once a second. A verdict whose mode is a
-hang (:data:`HANG_MODES`) opens an episode; each episode is acted on once:
+The supervisor asks :meth:`HangWatch.check` about once a second. When a process of the run
+is in trouble (stalled, unresponsive, or with no progress signal past its first-progress
+limit), the verdict of ``ups why`` names who the others wait for, and the launcher watches
+that process from outside (:mod:`ups.launch.proof`: CPU demand, I/O and socket bytes of its
+tree, two stack dumps some seconds apart). What it sees is published in the launcher's own
+record (``metrics.observed``), so every reader's verdict says "busy evaluating" or "idle,
+the same stack twice" from the same facts.
 
-* ``observe``: a ``hang`` event with the verdict, nothing else (also what ``--observe-only``
-  turns every action into: the event says what would have been done);
-* ``dump`` (the default): the stacks of every process in trouble are saved (the automatic
-  collector does this anyway), and the event is logged;
+A display word never acts: a hang verdict (:data:`HANG_MODES`) opens an episode only once
+the process it names is **proven** hung (two idle windows and the same stack). A busy process
+(evaluating, writing a checkpoint, uploading through a child) is never acted on, however long.
+Each episode is acted on once:
+
+* ``observe``: a ``hang`` event with the verdict and the proof, nothing else (also what
+  ``--observe-only`` turns every action into: the event says what would have been done);
+* ``dump`` (the default): the stacks of every process in trouble are saved, the event logged;
 * ``kill``: stacks first, then the job is ended; the run ends killed, saying why;
 * ``restart``: stacks first, then the job is ended and the same command started again as the
   same run, attempt N+1 (``UPS_ATTEMPT``), up to ``--max-restarts`` times; after that it is
-  ended as for ``kill``. ``--on-worker-hang fallback`` makes a hang of a DataLoader worker
-  restart with every DataLoader at ``num_workers=0`` (``UPS_FORCE_NUM_WORKERS``, the
-  mechanism of ``ups relaunch --num-workers 0``).
+  ended as for ``kill``.
+
+``--on-worker-hang fallback`` acts on its own, whatever ``--on-hang`` says: a proven hang of a
+DataLoader worker restarts the job once with every DataLoader at ``num_workers=0``
+(``UPS_FORCE_NUM_WORKERS``, the mechanism of ``ups relaunch --num-workers 0``).
 
 Each attempt's verdict is kept in run.json (``attempts``), its records under
 ``attempts/<N>/status`` and a copy of its stack files under ``attempts/<N>/stacks``; the
@@ -26,14 +38,20 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ups.errors import RefusedSignal
+from ups.launch.proof import Observer, Watched
 from ups.runs.rundir import RunDir
-from ups.runs.view import load_run_view, node_view
+from ups.runs.view import RunView, load_run_view, node_view
+from ups.status.health import Health
+from ups.status.host import hostname
 
 ON_HANG = ("observe", "dump", "kill", "restart")
 ON_WORKER_HANG = ("same", "fallback")
 HANG_MODES = frozenset(("stalled", "unresponsive", "rank_stuck_peers_wait", "one_sided_collective",
-                        "worker_stuck_in_read", "worker_stuck", "dataloader_resources"))
+                        "worker_stuck_in_read", "worker_stuck", "dataloader_resources", "hung"))
 CHECK_EVERY_S = 1.0
+TROUBLE = (Health.STALLED, Health.UNRESPONSIVE, Health.NO_SIGNAL)
+MAX_WATCHED = 4
 
 
 def check_options(on_hang: str | None, max_restarts: int | None, on_worker_hang: str | None) -> dict[str, Any]:
@@ -67,52 +85,118 @@ class Decision:
     verdict: Any  # the Verdict
     action: str  # observe | dump | kill | restart | give_up
     fallback: bool = False  # restart with num_workers=0
+    proof: dict[str, Any] | None = None  # what proved the hang (ups.launch.proof), for the event and the message
 
 
 class HangWatch:
-    """Judges the live run once a second and decides, once per hang episode."""
+    """Judges the live run once a second, watches who it points at, and decides, once per
+    proven hang."""
 
     def __init__(self, run: RunDir, manifest: dict[str, Any]) -> None:
         self.run = run
         self.action = manifest.get("on_hang") or "dump"
-        # Judging costs a `ups why` a second in the launcher: only when --on-hang was given
-        # (the default, dump, is what the automatic stack collector does anyway).
-        self.active = manifest.get("on_hang") is not None
+        self.worker_fallback = manifest.get("on_worker_hang") == "fallback"
+        # Acting is asked for (--on-hang, or --on-worker-hang fallback alone); watching and
+        # publishing what is seen happen for every run in trouble (readers show "busy").
+        self.active = manifest.get("on_hang") is not None or self.worker_fallback
         self.observe_only = manifest.get("automatic") == "observe"
         self.max_restarts = int(manifest.get("max_restarts") or 0)
-        self.worker_fallback = manifest.get("on_worker_hang") == "fallback"
         self.restarts = int(manifest.get("restarts") or 0)
+        self.fell_back = bool((manifest.get("env") or {}).get("UPS_FORCE_NUM_WORKERS"))
         self.episode: tuple | None = None
+        self.observer = Observer()
+        self.observed: dict[str, dict[str, Any]] = {}  # what the launcher's record publishes
         self._next = time.monotonic() + CHECK_EVERY_S
 
     def check(self) -> tuple[Any, Decision | None]:
-        """(the live run's verdict now, or None between checks; what to do about it, once per episode)."""
+        """(the live run's verdict now, or None between checks and while nobody is in trouble;
+        what to do about it, once per proven hang)."""
         now = time.monotonic()
         if now < self._next:
             return None, None
         self._next = now + CHECK_EVERY_S
-        from ups.why import diagnose_view
-
         view = node_view(load_run_view(self.run))
         if view.is_final:
             return None, None
+        troubled = [p for p in view.processes if p.record.role != "launcher" and p.verdict.health in TROUBLE]
+        if not troubled and not self.observer.watched:
+            self.episode, self.observed = None, {}
+            return None, None
+        from ups.why import diagnose_view
+
         verdict = diagnose_view(view)
+        watched = self._watch(view, verdict, troubled)
         if verdict.mode not in HANG_MODES:
             self.episode = None
             return verdict, None
-        key = (verdict.mode, (verdict.who or {}).get("name"), (verdict.who or {}).get("pid"))
+        who = (verdict.who or {}).get("name")
+        w = watched.get(who) if who else None
+        # --observe-only sends no signal, so no stack is dumped: what would be done is decided
+        # on the windows alone (and the event says that the stacks were not compared).
+        if w is None or not w.proven(stacks=not self.observe_only):
+            return verdict, None  # shown, never acted on: not proven yet, or busy
+        key = (verdict.mode, who, (verdict.who or {}).get("pid"))
         if key == self.episode:
             return verdict, None
         self.episode = key
+        proof = proof_of(w)
+        if self.worker_fallback and is_worker_hang(verdict) and not self.fell_back:
+            return verdict, Decision(verdict, "restart", fallback=True, proof=proof)
         action = self.action
         if action == "restart" and self.restarts >= self.max_restarts:
             action = "give_up"
-        return verdict, Decision(verdict, action, fallback=action == "restart" and self.worker_fallback and is_worker_hang(verdict))
+        return verdict, Decision(verdict, action, proof=proof)
 
-    def new_attempt(self) -> None:
+    def _watch(self, view: RunView, verdict: Any, troubled: list) -> dict[str, Watched]:  # noqa: ANN401
+        """Watch whom the verdict names and whoever is in trouble (on this host); dump their
+        stacks when the proof needs it; publish what is seen."""
+        here = hostname()
+        by_name = {p.record.name: p for p in view.processes if p.record.host == here}
+        names = [n for n in [(verdict.who or {}).get("name")] if n in by_name]
+        names += [p.record.name for p in troubled if p.record.name in by_name and p.record.name not in names]
+        targets = {n: (by_name[n].record.pid, by_name[n].record.heartbeat_tid,
+                       str(self.run.path / by_name[n].record.stack_file) if by_name[n].record.stack_file else None)
+                   for n in names[:MAX_WATCHED]}
+        workers = {p.record.pid for p in view.processes if p.record.role == "worker"}
+        watched = self.observer.tick(targets, exclude_pids=workers)
+        for name in watched:
+            if self.observer.wants_stack(name) and not self.observe_only:
+                self._dump(by_name[name].record, name)
+        self.observed = {name: w.to_dict() for name, w in watched.items()}
+        return watched
+
+    def _dump(self, record: Any, name: str) -> None:  # noqa: ANN401
+        from ups.runs.signals import dump_stacks
+        from ups.why.stacks import latest
+
+        try:
+            text = dump_stacks(self.run, record, actor="launcher", timeout=3.0)
+        except RefusedSignal:
+            return  # no handler (reset by the program) and no py-spy: no proof from stacks
+        section = latest(text)
+        main = section.main if section is not None else None
+        frames = tuple((f.file, f.line, f.function) for f in main.frames) if main is not None else ()
+        self.observer.note_stack(name, frames)
+
+    def new_attempt(self, *, fallback: bool = False) -> None:
         self.restarts += 1
+        self.fell_back = self.fell_back or fallback
         self.episode = None
+        self.observer = Observer()
+        self.observed = {}
         self._next = time.monotonic() + CHECK_EVERY_S
+
+
+def proof_of(w: Watched) -> dict[str, Any]:
+    """What proved a hang, for the event and the message: the process, each window's CPU, I/O
+    and network, the kernel wait, and the two stacks compared."""
+    stacks = [[f"{file}:{line} in {func}" for file, line, func in frames[:6]] for _, frames in w.stacks]
+    windows = [win.to_dict() for win in w.windows[-2:]]
+    text = (f"{w.name} (pid {w.pid}) idle for {len(windows)} windows: " + "; ".join(x["text"] for x in windows)
+            + (f"; the same stack in two dumps {w.stacks[-1][0] - w.stacks[0][0]:.0f} s apart" if len(w.stacks) >= 2
+               else "; uninterruptible sleep in the same kernel wait throughout" if w.same_stack()
+               else "; stacks not compared (observe-only sends no signal)"))
+    return {"process": w.name, "pid": w.pid, "windows": windows, "stacks": stacks, "text": text}
 
 
 def archive_attempt(run: RunDir, attempt: int) -> str:

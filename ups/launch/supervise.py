@@ -26,7 +26,7 @@ from ups.errors import Refused
 from ups.launch import leftovers
 from ups.launch.autostacks import StackCollector
 from ups.launch.exits import ExitWatcher
-from ups.launch.onhang import Decision, HangWatch, archive_attempt
+from ups.launch.onhang import HANG_MODES, Decision, HangWatch, archive_attempt
 from ups.launch.pending import LauncherRun
 from ups.runs import space
 from ups.runs.kinds import finalize
@@ -81,6 +81,7 @@ class Supervisor:
         self.relay_thread: threading.Thread | None = None
         self.relay_report: dict[str, Any] | None = None
         self.folder_gone: str | None = None  # the run folder was deleted or replaced (see _check_folder)
+        self.output_progress: dict[str, Any] | None = None  # ups.launch.lineprogress, from the relay
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         name = signal_name(signum) or str(signum)
@@ -176,6 +177,9 @@ class Supervisor:
                 report = json.loads(line)
             except ValueError:
                 continue
+            if isinstance(report, dict) and isinstance(report.get("progress"), dict):
+                self.output_progress = report["progress"]  # the counter the program prints
+                continue
             if isinstance(report, dict):
                 self.relay_report = report
                 if "since" in report and report.get("error") and not report.get("end") and "resumed" not in report:
@@ -236,20 +240,27 @@ class Supervisor:
 
     # -- --on-hang -------------------------------------------------------------------------
     def _watch_hang(self, reporter: Reporter | Any) -> None:
-        if not self.hang.active and self.notifier is None:
-            return  # nothing asked of the verdict: no `ups why` a second in the launcher
+        if self.output_progress is not None:
+            reporter.metrics(output_progress=self.output_progress)  # readers take it as the job's progress
+            self.output_progress = None
+        published = self.hang.observed
         try:
             verdict, decision = self.hang.check()
         except Exception as exc:  # noqa: BLE001 - judging must never stop supervision
-            print(f"ups: could not judge the run for --on-hang: {exc!r}", flush=True)
+            print(f"ups: could not judge the run: {exc!r}", flush=True)
             return
+        if self.hang.observed != published:  # what the launcher sees of the processes it watches
+            reporter.metrics(observed=self.hang.observed)
         if verdict is not None and self.notifier is not None:
-            self.notifier.on_verdict(verdict)  # queued: delivery never holds up this loop
+            # A hang is told once it is proven (with its proof), never on a display word.
+            self.notifier.on_verdict(verdict, hang=verdict.mode in HANG_MODES,
+                                     proof=decision.proof if decision is not None else None)
         if decision is None or not self.hang.active:
             return
         v = decision.verdict
         evidence = {"mode": v.mode, "headline": v.headline, "who": (v.who or {}).get("label"), "attempt": self.attempt,
-                    "on_hang": self.hang.action}
+                    "on_hang": self.hang.action, "on_worker_hang": "fallback" if self.hang.worker_fallback else None,
+                    "proof": decision.proof}
         if decision.action == "observe" or self.hang.observe_only:
             what = "none" if decision.action == "observe" else f"observe-only: would {decision.action.replace('_', ' ')}"
             self.run.append_event("hang", actor=ACTOR, action=what, **evidence)
@@ -303,7 +314,7 @@ class Supervisor:
         folder = archive_attempt(self.run, self.attempt)
         self._record_attempt(v, f"restarted ({describe_returncode(rc)})", folder)
         self.attempt += 1
-        self.hang.new_attempt()
+        self.hang.new_attempt(fallback=decision.fallback)
         if decision.fallback:
             self.extra_env["UPS_FORCE_NUM_WORKERS"] = "0"  # as `ups relaunch --num-workers 0` does
         self.run.update_manifest(attempt=self.attempt, restarts=self.hang.restarts)

@@ -223,21 +223,22 @@ def load_run_view(
             manifest, problem = None, str(exc)
     thresholds = Thresholds.from_dict((manifest or {}).get("thresholds"))
     snap = source.read() if source is not None else read_status_dir(run.status_dir, include)
+    records = with_output_progress(snap.records)
     if now is None:
         now, mono = time.time(), time.monotonic() if mono is None else mono
     boot = boot_id() if mono is not None else None
     launcher = (manifest or {}).get("launcher") if isinstance((manifest or {}).get("launcher"), dict) else None
     table = process_table or (table_factory or StaticProcessTable.snapshot)(
-        [r.pid for r in snap.records] + _launcher_pids(manifest or {}))
-    verdicts = classify_run(snap.records, now, table, thresholds, local_host=local_host, mono=mono, boot_id=boot)
+        [r.pid for r in records] + _launcher_pids(manifest or {}))
+    verdicts = classify_run(records, now, table, thresholds, local_host=local_host, mono=mono, boot_id=boot)
     processes = []
-    for r in snap.records:
+    for r in records:
         ages = record_ages(r, now, mono, boot)
         processes.append(ProcessView(record=r, verdict=verdicts[r.name], heartbeat_age=max(0.0, ages.heartbeat),
                                      progress_age=max(0.0, ages.progress)))
     processes = tuple(processes)
     here = local_host or hostname()
-    lost = unreachable_nodes(snap.records, verdicts, here)
+    lost = unreachable_nodes(records, verdicts, here)
     if lost:  # every silent record of a silent node says so: the node, not N unresponsive ranks
         processes = tuple(
             dataclasses.replace(p, verdict=HealthVerdict(Health.UNREACHABLE, lost[p.record.host]))
@@ -250,6 +251,26 @@ def load_run_view(
         manifest = with_lost_nodes(manifest, nodes)
     supervision = _supervision(manifest, launcher, processes, table, here, multinode=bool(nodes))
     return RunView(run, manifest, problem, processes, snap.problems, thresholds, now, supervision, nodes)
+
+
+def with_output_progress(records: tuple[StatusRecord, ...]) -> tuple[StatusRecord, ...]:
+    """The counter a job prints ("converted 5/40 files"), which its launcher reads from its
+    output (``metrics.output_progress``), as the progress of its top process when that
+    process reports none of its own (no steps, batches or bars): a data-prep script that
+    prints its count is making progress, and its count and total are shown."""
+    launcher = next((r for r in records if r.role == "launcher" and isinstance(r.metrics.get("output_progress"), dict)), None)
+    if launcher is None:
+        return records
+    counter = launcher.metrics["output_progress"]
+    top = next((r for r in records if r.role == "rank" and (r.rank or 0) == 0 and r.state == "running"
+                and r.step == 0 and r.host == launcher.host), None)
+    if top is None:
+        return records
+    derived = dataclasses.replace(top, step=counter["k"], total=counter["n"], unit=counter.get("unit") or "items",
+                                  rate=counter.get("rate") or top.rate, progress_mono=None,
+                                  progress_at=max(top.progress_at, counter["at"]), item=counter.get("text") or top.item,
+                                  metrics={**top.metrics, "progress_from": "output"})
+    return tuple(derived if r is top else r for r in records)
 
 
 def _disk_full_verdicts(run: RunDir, processes: tuple[ProcessView, ...]) -> tuple[ProcessView, ...]:

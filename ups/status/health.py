@@ -27,6 +27,7 @@ class Health(str, enum.Enum):
     UNRESPONSIVE = "unresponsive"
     DEAD = "dead"
     UNREACHABLE = "unreachable"  # every record of another node went silent at once: the node, not N ranks
+    NO_SIGNAL = "no-signal"  # past the first-progress limit with no progress signal at all: neither ok nor stalled
     DONE = "done"
     FAILED = "failed"
 
@@ -47,6 +48,7 @@ _SEVERITY = {
     Health.DONE: 0,
     Health.OK: 1,
     Health.STARTING: 1,
+    Health.NO_SIGNAL: 1,
     Health.SLOW: 2,
     Health.STALLED: 3,
     Health.UNRESPONSIVE: 4,
@@ -133,6 +135,9 @@ class Thresholds:
         return self.stall_default, "the default, until intervals are known"
 
 
+PAUSE_MARGIN = 2.0  # a long phase's limit: at least this many times the longest one seen
+
+
 @dataclass(frozen=True)
 class HealthVerdict:
     health: Health
@@ -211,7 +216,18 @@ def classify_health(
     grace = thresholds.startup_grace if thresholds.stalled_after is not None else thresholds.first_progress_after
     if not progressed and ages.started < grace and record.phase not in thresholds.phase_stalled_after:
         return HealthVerdict(Health.STARTING, f"started {_age(ages.started)} ago, phase {record.phase}")
+    if not progressed and thresholds.stalled_after is None and record.phase not in thresholds.phase_stalled_after:
+        # No step, batch, progress bar, pool task or "k/n" line ever: nothing says whether it
+        # advances. Neither healthy nor stalled; only the launcher's proof (idle, the same
+        # stack twice: ups.launch.proof) can make it a hang.
+        return HealthVerdict(Health.NO_SIGNAL, f"no progress signal for {_age(ages.started)} (no steps, batches, "
+                                               f"progress bars, pool tasks or k/n lines), phase {record.phase}")
     limit, how = thresholds.stall_limit(record.phase, record.interval_p99, progressed=progressed)
+    longest = (getattr(record, "pauses", None) or {}).get(record.phase)
+    if limit is not None and longest and PAUSE_MARGIN * longest > limit:
+        # A periodic pause (an evaluation every N steps, a checkpoint every epoch) is learned
+        # after its first occurrence: the next one may take as long, and then some.
+        limit, how = PAUSE_MARGIN * longest, f"{PAUSE_MARGIN:g} x the longest {record.phase} so far, {_age(longest)}"
     if limit is not None and since_progress > limit:
         return HealthVerdict(
             Health.STALLED, f"no progress for {_age(since_progress)} in phase {record.phase} (limit {_age(limit)}: {how})"
@@ -258,12 +274,61 @@ def classify_run(
     records = list(records)
     host = local_host if local_host is not None else hostname()
     medians = peer_median_rates(records)
-    return {
+    verdicts = {
         r.name: classify_health(
             r, now, process_table if r.host == host else None, thresholds, medians.get(r.name), mono=mono, boot_id=boot_id
         )
         for r in records
     }
+    return waiting_on_busy_peers(records, verdicts)
+
+
+# Phases in which a rank is busy on its own while its peers wait for it (they will meet it in
+# the next collective): what it is doing, in an operator's words.
+BUSY_PHASES = {"eval": "evaluating", "checkpoint": "writing a checkpoint", "load": "loading a checkpoint"}
+BUSY_CPU = 0.30  # the main thread's demand (on a CPU or runnable) over the record's last window
+BUSY_IO_BPS = 4096
+
+
+def busy_doing(record: StatusRecord) -> str | None:
+    """What a running process is busy with, as its own record tells (a long phase, or its
+    main thread computing, or its I/O moving); None when nothing says it is busy."""
+    if record.state != "running" or record.collective:
+        return None  # a process inside a collective waits for its peers: it is not busy on its own
+    if record.phase in BUSY_PHASES:
+        return BUSY_PHASES[record.phase]
+    activity = getattr(record, "activity", None) or {}
+    if (activity.get("cpu") or 0) >= BUSY_CPU:
+        return f"computing (CPU {activity['cpu'] * 100:.0f}%)"
+    if (activity.get("io") or 0) >= BUSY_IO_BPS:
+        return f"reading or writing ({activity['io'] / 1e3:.0f} KB/s)"
+    return None
+
+
+def waiting_on_busy_peers(records: list[StatusRecord], verdicts: dict[str, HealthVerdict]) -> dict[str, HealthVerdict]:
+    """A rank with no progress while a peer rank is busy on its own (an evaluation, a
+    checkpoint on rank 0 alone) waits for that peer: it is not stalled. Shown as ok, saying
+    whom it waits for; the verdict (ups why) names the busy rank and what it does."""
+    out = dict(verdicts)
+    busy = []
+    for r in records:
+        if r.role not in ("rank", "helper") or (doing := busy_doing(r)) is None:
+            continue
+        v = verdicts[r.name]
+        if v.health is Health.STALLED:  # no progress, but working: long is not stuck
+            out[r.name] = HealthVerdict(Health.OK, f"busy {doing}; {v.reason.replace('no progress', 'no step', 1)}")
+        elif v.health not in (Health.OK, Health.SLOW):
+            continue
+        if r.role == "rank":
+            busy.append((r, doing))
+    if not busy:
+        return out
+    for r in records:
+        if r.role == "rank" and verdicts[r.name].health is Health.STALLED:
+            peer, doing = next(((p, d) for p, d in busy if p.name != r.name), (None, None))
+            if peer is not None:
+                out[r.name] = HealthVerdict(Health.OK, f"waits for {peer.label}, {doing} (phase {peer.phase})")
+    return out
 
 
 def unreachable_nodes(

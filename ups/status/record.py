@@ -24,11 +24,13 @@ from ups.status.safeio import (
     PID_MAX,
     BadFile,
     Check,
+    boolean,
     check_object,
     decode_json,
     dict_of,
     display_number,
     integer,
+    list_of,
     number,
     obj,
     optional,
@@ -106,6 +108,7 @@ class StatusRecord:
     coll_seq: int = 0  # collectives entered so far (per-rank sequence number)
     command: str | None = None  # agents and helpers: what runs there ("torchrun ...")
     interval_p99: float | None = None  # p99 of recent gaps between progress (learned stall limits)
+    heartbeat_tid: int | None = None  # the Reporter's own thread: an observer leaves its CPU and I/O out
     # Clocks (issue: wall clocks jump). CLOCK_MONOTONIC is shared by every process of one boot
     # of one host, so readers on the same boot judge ages with it; wall time across hosts.
     boot_id: str | None = None
@@ -162,7 +165,9 @@ class StatusRecord:
 
     @property
     def label(self) -> str:
-        """Short human label: 'launcher', 'rank 1', 'rank 0 / worker 3'."""
+        """Short human label: 'launcher', 'rank 1', 'rank 0 / worker 3', 'rank 0 / pool worker 2'."""
+        if self.role == "helper" and "-pool-" in self.name:
+            return f"rank {self.rank or 0} / pool worker {self.name.rsplit('-', 1)[-1]}"
         return process_label(self.role, self.rank, self.worker, loader=self.loader, pid=self.pid, node=self.node,
                              host=self.host if "@" in self.name else None)
 
@@ -198,6 +203,19 @@ _KNOWN_METRICS: dict[str, Check] = {
     "loss_nonfinite": obj({"step": integer(0, INT_MAX), "value": text(8), "at": optional(number(0.0))}, required=("step",)),
     "logged": dict_of(_training_value, max_items=64),  # what the program gave wandb/TensorBoard/Lightning/HF
     "file": text(4096),
+    # A launcher's record: the counter the job prints ("converted 5/40 files": ups.launch.lineprogress).
+    "output_progress": obj({"k": integer(0, INT_MAX), "n": integer(1, INT_MAX), "at": number(0.0), "text": text(512),
+                            "rate": optional(number(0.0, 1e15)), "unit": text(64, cut=False)}, required=("k", "n", "at")),
+    # A launcher's record: what it sees of the processes it watches (ups.launch.proof), by name.
+    "observed": dict_of(obj({
+        "pid": integer(1, PID_MAX), "state": text(choices=("watching", "busy", "idle", "unsure")),
+        "windows": integer(0, INT_MAX), "idle_windows": integer(0, INT_MAX), "same_stack": optional(boolean),
+        "proven": boolean, "since": optional(number(0.0, 1e12)),
+        "last": optional(obj({"verdict": text(choices=("busy", "idle", "unsure")), "text": text(1024),
+                              **dict.fromkeys(("seconds", "cpu", "demand", "io_bps", "tcp_bps"), number(0.0, 1e15)),
+                              "wakeups": integer(0, INT_MAX), "d_state": boolean, "wchan": optional(text(256)),
+                              "children": list_of(text(256), 64)})),
+    }, required=("pid", "state")), max_items=64),
 }
 
 
@@ -252,6 +270,7 @@ RECORD_SPEC: dict[str, Check] = {
                                 "prev_site": optional(text(1024))}, required=("op", "seq"))),
     "coll_seq": integer(0, INT_MAX),
     "interval_p99": optional(number(0.0, 1e9)),
+    "heartbeat_tid": optional(integer(1, PID_MAX)),
     "started_mono": _MONO, "progress_mono": _MONO, "heartbeat_mono": _MONO, "phase_mono": _MONO,
 }
 """Every field of a record and what it must be. A record with a field that fails is not

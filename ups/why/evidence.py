@@ -18,6 +18,7 @@ from functools import cached_property
 from ups.runs.exits import ProcessExit, read_exits
 from ups.runs.rundir import RunDir
 from ups.runs.view import ProcessView, RunView
+from ups.status.health import Health, busy_doing
 from ups.status.record import StatusRecord
 from ups.status.series import read_run_series
 from ups.why import stacks
@@ -107,6 +108,56 @@ class Evidence:
 
     def processes(self, *roles: str) -> list[ProcessView]:
         return [p for p in self.view.processes if not roles or p.record.role in roles]
+
+    @cached_property
+    def observed(self) -> dict[str, dict]:
+        """What the launcher sees of the processes it watches (ups.launch.proof, published in
+        its record's ``metrics.observed``): by record name, ``state`` busy | idle | unsure |
+        watching, ``proven``, and the last window's figures and text."""
+        out: dict[str, dict] = {}
+        for p in self.view.processes:
+            if p.record.role == "launcher" and p.verdict.health not in (Health.DEAD, Health.UNRESPONSIVE):
+                found = p.record.metrics.get("observed")
+                if isinstance(found, dict):
+                    out.update({k: v for k, v in found.items() if isinstance(v, dict)})
+        return out
+
+    @cached_property
+    def watched_by_launcher(self) -> bool:
+        """A live launcher of this run watches its processes: what it sees is coming."""
+        return any(p.record.role == "launcher" and p.record.state == "running"
+                   and p.verdict.health not in (Health.DEAD, Health.UNRESPONSIVE) for p in self.view.processes)
+
+    def doing(self, p: ProcessView) -> tuple[str, str]:
+        """What a process that makes no progress is doing, as far as is known: (``busy``,
+        what) | (``idle``, the figures) | (``unsure``, the figures) | (``checking``, "") while
+        the launcher has not seen a whole window yet | (``unknown``, "") with no launcher."""
+        seen = self.observed.get(p.record.name) or {}
+        last = seen.get("last") if isinstance(seen.get("last"), dict) else {}
+        state = seen.get("state")
+        doing = busy_doing(p.record)
+        if state == "busy":
+            return "busy", doing or _what_moved(last)
+        if state == "idle":  # what the kernel saw beats the phase's word (a save hung on a dead mount)
+            return "idle", str(last.get("text") or "")
+        if doing is not None:
+            return "busy", doing
+        if state == "unsure":
+            return "unsure", str(last.get("text") or "")
+        return ("checking", "") if self.watched_by_launcher else ("unknown", "")
+
+
+def _what_moved(window: dict) -> str:
+    """What the launcher saw a busy process do, in words: computing, writing, sending."""
+    def rate(bps: float) -> str:
+        return f"{bps / 1e6:.1f} MB/s" if bps >= 1e6 else f"{bps / 1e3:.0f} KB/s"
+
+    through = f" through {window['children'][0]}" if window.get("children") else ""
+    if (window.get("tcp_bps") or 0) >= 4096:
+        return f"sending or receiving data{through} ({rate(window['tcp_bps'])} on its sockets)"
+    if (window.get("io_bps") or 0) >= 4096:
+        return f"reading or writing{through} ({rate(window['io_bps'])})"
+    return f"computing{through} (CPU {100 * (window.get('cpu') or 0):.0f}%, a thread busy {100 * (window.get('demand') or 0):.0f}% of the time)"
 
 
 def _tail(path, limit: int) -> str:  # noqa: ANN001

@@ -27,15 +27,17 @@ from ups.why.rules.common import Rule
 from ups.why.rules.exits import ended, live_failure, oom_skipped, settling
 from ups.why.rules.hardware import full_disk, gpu_straggler, lost_node, unsupervised
 from ups.why.rules.metrics import ended_training, live_training
+from ups.why.rules.pauses import busy_pause, no_signal
 from ups.why.rules.processes import dead, healthy, hung
 from ups.why.rules.workers import starved_loader, stuck_workers
 from ups.why.verdict import Verdict
 
 __all__ = ["RULES", "Rule", "first_verdict", "healthy"]
 
-RULES: tuple[Rule, ...] = (lost_node, ended_training, ended, full_disk, unsupervised, settling, live_failure, collectives,
-                          ddp_backward, starved_loader, stuck_workers, dead, hung, gpu_straggler, live_training,
-                          oom_skipped)
+RULES: tuple[Rule, ...] = (lost_node, ended_training, ended, full_disk, unsupervised, settling, live_failure, busy_pause,
+                          collectives,
+                          ddp_backward, starved_loader, stuck_workers, dead, hung, no_signal, gpu_straggler,
+                          live_training, oom_skipped)
 
 
 def first_verdict(ev: Evidence) -> Verdict:

@@ -19,6 +19,7 @@ from ups.why.rules.common import (
     waits,
     where_of,
 )
+from ups.why.rules.pauses import waited_for
 from ups.why.rules.workers import waits_on_worker, worker_verdict
 from ups.why.verdict import Verdict, who_of
 
@@ -235,6 +236,9 @@ def collectives(ev: Evidence) -> Verdict | None:
         worker = waits_on_worker(ev, stuck)
         if worker is not None:
             return worker_verdict(ev, worker, waiting)
+        pause = waited_for(ev, stuck, waiting, c["op"])
+        if pause is not None:  # busy (a checkpoint, an evaluation, an upload), or being checked
+            return pause
         r = stuck.record
         section = ev.stack(r)
         if section is None:
@@ -301,6 +305,9 @@ def ddp_backward(ev: Evidence) -> Verdict | None:
     worker = waits_on_worker(ev, elsewhere[0])
     if worker is not None:  # the rank is not stuck in its own code: it waits for its worker
         return worker_verdict(ev, worker, backward)
+    pause = waited_for(ev, elsewhere[0], backward, "DDP's gradient all-reduce (backward)")
+    if pause is not None:
+        return pause
     r = elsewhere[0].record
     where = where_of(ev, r)
     return Verdict("rank_stuck_peers_wait",

@@ -7,6 +7,7 @@ from __future__ import annotations
 from ups.status.health import Health
 from ups.why.evidence import Evidence
 from ups.why.rules.common import in_backward, label_list, where_of
+from ups.why.rules.pauses import quiet_for
 from ups.why.rules.workers import waits_on_worker, worker_verdict
 from ups.why.verdict import Verdict, who_of
 
@@ -41,6 +42,14 @@ def hung(ev: Evidence) -> Verdict | None:
         if worker is not None:
             return worker_verdict(ev, worker, [o for o in troubled if o.record.role == "rank" and o is not q])
     r = p.record
+    state, doing = ev.doing(p)
+    if state == "busy":  # no progress, but working: long is not stuck
+        where = where_of(ev, r)
+        return Verdict("busy", f"{r.label} is busy {doing} in phase {r.phase}"
+                               + (f" at {where['site']}" if where.get("site") else "")
+                               + f", no progress for {quiet_for(ev, p):.0f} s", ok=True, who=who_of(r), where=where,
+                       since=max(r.progress_at, r.phase_at), evidence=[p.verdict.reason],
+                       next=f"nothing to do: {r.label} is working; ups status {ev.view.run_id}")
     section = ev.stack(r)
     peers = [q for q in ev.processes("rank") if q is not p and q.record.state == "running"
              and q.verdict.health not in (Health.STALLED, Health.UNRESPONSIVE)]
@@ -52,11 +61,18 @@ def hung(ev: Evidence) -> Verdict | None:
         what = "waits in DDP's gradient all-reduce (backward)" if section is not None and in_backward(ev, p) else (
             f"waits in {r.collective['op']}" if r.collective else "has no stack dump yet")
         others = f" ({label_list(peers)} not in trouble yet)" if peers else ""
-        return Verdict("settling", f"{r.label} is {p.verdict.health.value} in phase {r.phase} and {what}; settling…{others}",
+        return Verdict("settling", f"{r.label} has made no progress for {quiet_for(ev, p):.0f} s in phase {r.phase} and "
+                                   f"{what}; settling…{others}",
                        since=max(r.progress_at, r.phase_at),
                        evidence=[p.verdict.reason], next=f"ups stacks {ev.view.run_id} --group")
+    if state == "checking" and p.verdict.health is Health.STALLED:
+        return Verdict("waiting", f"{r.label} has made no progress for {quiet_for(ev, p):.0f} s in phase {r.phase}; "
+                                  "checking whether it is working", ok=True, since=max(r.progress_at, r.phase_at),
+                       evidence=[p.verdict.reason], next=f"ups why {ev.view.run_id} again in a few seconds")
     facts = ev.proc(r)
     ev_lines = [p.verdict.reason] + ([f"kernel: {facts.describe()}"] if facts and facts.describe() else [])
+    if state in ("idle", "unsure") and doing:
+        ev_lines.append(f"launcher: {state}: {doing}")
     others = [q for q in troubled if q is not p]
     if others:
         ev_lines.append(f"also {', '.join(q.record.label for q in others[:4])}")
