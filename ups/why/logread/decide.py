@@ -1,0 +1,205 @@
+"""The verdict on a log: the root-cause event, read the way an engineer reads it.
+
+1. Each event gets the classes its signs show (:mod:`ups.why.logread.classes`); a class that
+   refines another on the same event wins, then the event's strongest tier.
+2. The root cause is the *first* event, in time, that says what went wrong (``CAUSE``): the
+   innermost exception of a chain is printed first, and the first rank to fail is the one the
+   others follow (ranks' own timestamps order them when every candidate has one).
+3. When no event says what went wrong, a symptom (a peer gone, a collective timed out) and an
+   exception no class knows compete, first in time: a rank whose own code raised, before its
+   peers saw it go, is the cause.
+4. Then how a process ended (exit code -9, "Killed"), when nothing else says more.
+5. Otherwise the failure is unknown, and said to be: "no known class: the last error was
+   `<line>`" (an unknown is better than a wrong class). No error at all: nothing to say.
+
+An exception no class knows is "your code raised X at file:line" when the program's own code
+raised it, or when it is the kind of error programs raise about their own inputs (a
+ValueError, a shape mismatch, ...).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ups.why.logread.classes import BY_NAME, CAUSE, EXIT, SIGNS, SYMPTOM, LogClass
+from ups.why.logread.events import Event, is_errorish, read_events
+
+# Exceptions a program raises about its own inputs and code (never an infrastructure class).
+USER_TYPES = frozenset((
+    "ValueError", "KeyError", "TypeError", "AttributeError", "IndexError", "AssertionError", "NameError",
+    "UnboundLocalError", "ZeroDivisionError", "NotImplementedError", "RecursionError", "StopIteration",
+    "JSONDecodeError", "UnicodeDecodeError", "UnicodeEncodeError", "SyntaxError", "IndentationError",
+))
+USER_MESSAGES = re.compile(
+    r"shapes cannot be multiplied|size mismatch|Error\(s\) in loading state_dict|Expected all tensors to be on the same "
+    r"device|does not require grad|Expected object of scalar type|expected scalar type|The size of tensor a|"
+    r"shape '\[[^\]]*\]' is invalid for input of size|Given groups=|Sizes of tensors must match|modified by an inplace "
+    r"operation|backward through the graph a second time|Input type .* and weight type .* should be the same|"
+    r"Expected \d+D|must match the size of tensor|Expected input batch_size|expected input\[", re.I)
+_RANK_WORDS = re.compile(r"\[Rank (\d+)\]|\bon rank:? (\d+)|\brank(\d+)\b|\blocal_rank:? (\d+)|\bRank (\d+) is running|"
+                         r"\brank (\d+)\b", re.I)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What a log says went wrong: a known class, the program's own error, an unknown error, or
+    nothing."""
+
+    kind: str  # class | user_code | unknown | none
+    cls: LogClass | None = None
+    line: str = ""  # the deciding line, as printed
+    rank: int | None = None
+    site: str | None = None  # file:line (the program's own frame where there is one)
+    exception: str | None = None  # the exception's type when the line is one
+    n: int | None = None  # the line's index in the log
+
+    @property
+    def name(self) -> str | None:
+        return self.cls.name if self.cls else None
+
+    @property
+    def failed(self) -> bool:
+        return self.kind != "none"
+
+    @property
+    def summary(self) -> str:
+        """The verdict in one sentence."""
+        at = f" at {self.site}" if self.site else ""
+        if self.kind == "class" and self.cls:
+            return self.cls.what
+        if self.kind == "user_code":
+            return f"your code raised {self.exception}{at}"
+        if self.kind == "unknown":
+            return f"no known class: the last error was `{self.line}`" + (f", at {self.site}" if self.site else "")
+        return "no failure in this log"
+
+    @property
+    def fix(self) -> str:
+        if self.cls:
+            return self.cls.fix
+        if self.kind == "user_code":
+            return f"fix the program{at_site(self.site)}: the exception's message says what was wrong with its input"
+        if self.kind == "unknown":
+            return "read the lines around it (and the first rank to fail); this is no failure class ups knows"
+        return ""
+
+
+def at_site(site: str | None) -> str:
+    return f" at {site}" if site else ""
+
+
+def read_log(text: str) -> Reading:
+    """The verdict on a log's text (a run's log, a process's error, a pasted excerpt)."""
+    return decide(read_events(text or ""))
+
+
+def classes_of(event: Event) -> list[tuple[int, int, LogClass, int]]:
+    """(tier, position, class, line index within the event) of every class the event shows,
+    refined: a class another one on the same event refines is dropped."""
+    found: dict[str, tuple[int, int, LogClass, int]] = {}
+    frames = "\n".join(f[0] for f in event.frames)
+    for k, line in enumerate(event.lines):
+        if line.role == "warning" and k == 0:
+            signs = [s for s in SIGNS if s.on_warning]
+        else:
+            signs = SIGNS
+        for sign in signs:
+            if sign.unless_frames is not None and sign.unless_frames.search(frames):
+                continue
+            m = sign.pattern.search(line.body)
+            if m is None:
+                continue
+            hit = (sign.tier, k * 10_000 + m.start(), BY_NAME[sign.cls], k)
+            if sign.cls not in found or hit[:2] < found[sign.cls][:2]:
+                found[sign.cls] = hit
+    refined = {r for _, _, c, _ in found.values() for r in c.refines}
+    return sorted((h for name, h in found.items() if name not in refined), key=lambda h: h[:2])
+
+
+def decide(events: list[Event]) -> Reading:
+    classed: list[tuple[int, Event, LogClass, int]] = []
+    unclassed: list[Event] = []
+    nccl_seen: set[str] = set()  # processes whose first NCCL WARN with a class is read
+    for ev in events:
+        if ev.superseded:
+            continue
+        if ev.kind == "code":
+            cls = {2: "nccl_system_error", 5: "nccl_invalid_usage", 6: "peer_lost"}.get(ev.code or 0)
+            if cls:
+                classed.append((EXIT, ev, BY_NAME[cls], 0))
+            continue
+        found = classes_of(ev)
+        if found and ev.head.nccl == "WARN":
+            # NCCL unwinds a failure through more WARN lines (a proxy that cannot connect, a
+            # socket closed): the process's first one is the root, the rest follow from it.
+            who = _nccl_process(ev)
+            if who in nccl_seen:
+                continue
+            nccl_seen.add(who)
+        if found:
+            tier, _, cls, k = found[0]
+            classed.append((tier, ev, cls, k))
+        elif ev.kind != "line" or is_errorish(ev):
+            unclassed.append(ev)
+
+    causes = [c for c in classed if c[0] == CAUSE]
+    if causes:
+        return _class_reading(_first(causes))
+    own = [ev for ev in unclassed if ev.kind == "exception" and not ev.wrapper]
+    symptoms = [c for c in classed if c[0] == SYMPTOM]
+    if symptoms or own:
+        pool: list = symptoms + [(None, ev, None, 0) for ev in own]
+        pick = _first(pool)
+        return _class_reading(pick) if pick[2] is not None else _exception_reading(pick[1])
+    exits = [c for c in classed if c[0] == EXIT]
+    if exits:
+        return _class_reading(_first(exits))
+    if unclassed:
+        ev = unclassed[-1]
+        line = _shown(ev.head.raw)
+        return Reading("unknown", None, line, _rank(ev, line), ev.site(own=False), ev.etype, ev.n)
+    return Reading("none")
+
+
+def _nccl_process(ev: Event) -> str:
+    m = re.match(r"\s*(\S+?:\d+):\d+ \[\d+\]", ev.head.body)
+    return m.group(1) if m else f"stream:{ev.head.stream}"
+
+
+def _first(candidates: list) -> tuple:
+    """The candidate that happened first: by the ranks' own timestamps when every one has one
+    (interleaved output is not in time order), else by position in the log."""
+    stamps = [c[1].ts for c in candidates]
+    if all(stamps) and len({len(s.split(" ")[0]) for s in stamps}) == 1:
+        return min(candidates, key=lambda c: (c[1].ts, c[1].n))
+    return min(candidates, key=lambda c: c[1].n)
+
+
+def _class_reading(hit: tuple) -> Reading:
+    _, ev, cls, k = hit
+    line = _shown(ev.lines[k].raw if ev.kind != "child" else ev.head.body)
+    return Reading("class", cls, line, _rank(ev, line), ev.site(), ev.etype, ev.lines[k].n)
+
+
+def _exception_reading(ev: Event) -> Reading:
+    line = _shown(ev.head.raw)
+    message = ev.text
+    if ev.raised_in_own_code or ev.etype in USER_TYPES or USER_MESSAGES.search(message):
+        return Reading("user_code", None, line, _rank(ev, line), ev.site(), ev.etype, ev.n)
+    return Reading("unknown", None, line, _rank(ev, line), ev.site(own=False), ev.etype, ev.n)
+
+
+def _rank(ev: Event, line: str) -> int | None:
+    if ev.rank is not None:
+        return ev.rank
+    for text in (line, ev.text):
+        m = _RANK_WORDS.search(text)
+        if m:
+            return next(int(g) for g in m.groups() if g is not None)
+    return None
+
+
+def _shown(raw: str, limit: int = 300) -> str:
+    line = raw.strip()
+    return line if len(line) <= limit else line[: limit - 1] + "…"
