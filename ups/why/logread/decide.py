@@ -20,7 +20,7 @@ ValueError, a shape mismatch, ...).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ups.why.logread.classes import BY_NAME, CAUSE, EXIT, SIGNS, SYMPTOM, LogClass
 from ups.why.logread.events import Event, is_errorish, read_events
@@ -91,7 +91,15 @@ def at_site(site: str | None) -> str:
 
 def read_log(text: str) -> Reading:
     """The verdict on a log's text (a run's log, a process's error, a pasted excerpt)."""
-    return decide(read_events(text or ""))
+    events = read_events(text or "")
+    reading = decide(events)
+    if reading.failed and reading.rank is None:
+        # Output without per-rank prefixes: torchrun's report names the rank that failed first.
+        root = next((ev.rank for ev in events if ev.kind == "child" and ev.etype == "ChildFailedError"
+                     and ev.rank is not None), None)
+        if root is not None:
+            reading = replace(reading, rank=root)
+    return reading
 
 
 def classes_of(event: Event) -> list[tuple[int, int, LogClass, int]]:

@@ -44,7 +44,7 @@ _OTHER_PREFIXES = (
     re.compile(r"\d\d/\d\d(?:/\d{4})? \d\d:\d\d:\d\d(?:[.,]\d+)?\s"),
     re.compile(r"\d\d:\d\d:\d\d(?:[.,]\d+)?\s"),
 )
-TIMESTAMP = re.compile(r"(?:(?P<date>\d{4}-\d\d-\d\d)[ T]|[IWEF](?P<md>\d{4}) )(?P<time>\d\d:\d\d:\d\d(?:[.,]\d+)?)")
+TIMESTAMP = re.compile(r"(?:(?P<date>\d{4}-\d\d-\d\d)[ T]|[IWEF](?P<md>\d{3,4}) )(?P<time>\d\d:\d\d:\d\d(?:[.,]\d+)?)")
 
 # -- levels --------------------------------------------------------------------------------------
 # glog (``E0325 20:57:27.620 2606 api.py:869]``) and c10d (``[W socket.cpp:426]``,
