@@ -209,3 +209,31 @@ def test_the_logs_own_text_is_shown_as_text(tmp_path: Path):
     assert res.returncode == 1, res.stderr
     assert "\x1b" not in res.stdout and "\x07" not in res.stdout
     assert "[bold]" in res.stdout and "cuda_oom" in res.stdout
+
+
+def test_a_signs_words_are_in_every_line_it_matches():
+    # The reader tries a sign only on lines holding one of the words every match of it holds
+    # (ups.why.logread.classes.required_words): a word wrongly taken as required would hide a
+    # class. Every line of the dev corpus, and this file's texts, say it is not.
+    import json
+
+    from ups.why.logread.classes import SIGNS, may_show_a_class
+
+    dev = Path(__file__).parent / "data" / "why_corpus" / "dev.jsonl"
+    texts = [json.loads(line)["text"] for line in dev.read_text().splitlines() if line.strip()]
+    texts.append(Path(__file__).read_text())
+    for text in texts:
+        for line in text.splitlines():
+            lowered = line.lower()
+            for sign in SIGNS:
+                if sign.pattern.search(line):
+                    assert sign.may_match(lowered) and may_show_a_class(lowered), (sign.cls, line)
+
+
+def test_required_words_of_a_pattern():
+    from ups.why.logread.classes import required_words
+
+    assert required_words(r"Watchdog caught collective operation timeout|WorkNCCL\([^)]*\) ran for \d+ ms") == (
+        "watchdog caught collective operation timeout", ") ran for")
+    assert required_words(r"spot (?:instance )?interruption") == ("interruption",)
+    assert required_words(r"ab+c|x?yz") is None  # "ab" is only certain up to its "a"; "yz" is too short

@@ -42,10 +42,108 @@ class Sign:
     tier: int = CAUSE
     on_warning: bool = False  # also read on WARNING lines (torchrun's "Received 15 death signal")
     unless_frames: re.Pattern[str] | None = None  # not when the event's traceback has such a frame
+    words: tuple[str, ...] | None = None  # one of them is in every match (lowercase); None: no such words
+
+    def may_match(self, lowered: str) -> bool:
+        """False when the line cannot match: none of the words every match holds is in it (a
+        substring test costs a fraction of a regex search; a log has many lines)."""
+        return self.words is None or any(w in lowered for w in self.words)
 
 
 def _s(cls: str, pattern: str, tier: int = CAUSE, *, on_warning: bool = False, unless_frames: str | None = None) -> Sign:
-    return Sign(cls, re.compile(pattern, re.I), tier, on_warning, re.compile(unless_frames) if unless_frames else None)
+    return Sign(cls, re.compile(pattern, re.I), tier, on_warning, re.compile(unless_frames) if unless_frames else None,
+                required_words(pattern))
+
+
+_LITERAL_ESCAPES = set(".()[]{}*+?|^$\\/-'\"`<>:=,;!@#%&~ ")
+
+
+def required_words(pattern: str, shortest: int = 3) -> tuple[str, ...] | None:
+    """For each top-level alternative of ``pattern``, its longest run of literal characters
+    outside any group, class or optional part: every match holds one of them. None when an
+    alternative has no such run of ``shortest`` characters (then the pattern is always tried)."""
+    words: list[str] = []
+    for alt in _split_top(pattern):
+        runs, run, depth, k = [], "", 0, 0
+        while k < len(alt):
+            c = alt[k]
+            nxt = alt[k + 1] if k + 1 < len(alt) else ""
+            if c == "\\" and nxt:
+                lit = nxt if nxt in _LITERAL_ESCAPES else None
+                k += 2
+            elif c == "[":
+                end = alt.find("]", k + 2)
+                k, lit = (end + 1 if end > 0 else len(alt)), None
+                runs.append(run)
+                run = ""
+                continue
+            elif c == "(":
+                depth += 1
+                k, lit = k + 1, None
+            elif c == ")":
+                depth -= 1
+                k, lit = k + 1, None
+            elif c in ".^$|":
+                k, lit = k + 1, None
+            elif c in "?*{":
+                # the character before is optional (or repeated from zero): drop it from the run
+                run = run[:-1]
+                runs.append(run)
+                run = ""
+                if c == "{":
+                    k = alt.find("}", k) + 1 or len(alt)
+                else:
+                    k += 1
+                continue
+            elif c == "+":  # the character before is required, but may repeat: the run ends with it
+                runs.append(run)
+                run = ""
+                k += 1
+                continue
+            else:
+                lit = c
+                k += 1
+            if lit and depth == 0:
+                run += lit
+            elif lit != "":
+                runs.append(run)
+                run = ""
+        runs.append(run)
+        best = max(runs, key=len).strip().lower() if runs else ""
+        if len(best) < shortest:
+            return None
+        words.append(best)
+    return tuple(words)
+
+
+def _split_top(pattern: str) -> list[str]:
+    """``pattern``'s top-level alternatives (the ``|`` outside groups and classes)."""
+    out, cur, depth, k = [], "", 0, 0
+    while k < len(pattern):
+        c = pattern[k]
+        if c == "\\":
+            cur += pattern[k:k + 2]
+            k += 2
+            continue
+        if c == "[":
+            end = pattern.find("]", k + 2)
+            end = len(pattern) - 1 if end < 0 else end
+            cur += pattern[k:end + 1]
+            k = end + 1
+            continue
+        if c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        elif c == "|" and depth == 0:
+            out.append(cur)
+            cur = ""
+            k += 1
+            continue
+        cur += c
+        k += 1
+    out.append(cur)
+    return out
 
 
 CLASSES: tuple[LogClass, ...] = (
@@ -218,13 +316,20 @@ BY_NAME = {c.name: c for c in CLASSES}
 _ECC_XIDS = (48, 63, 64, 92, 94, 95)
 # An exit status however a launcher words it: torchrun "exitcode: -9", DeepSpeed "exits with
 # return code = -9", a shell's "exit code 137" (128 + the signal).
-_EXIT = r"(?:exitcode|exit code|exit status|return code|returncode|exited with code)\s*[:=]?\s*"
+_EXIT_WORDS = ("exitcode", "exit code", "exit status", "return code", "returncode", "exited with code")
+
+
+def _exit(*codes: str) -> str:
+    """An exit status among ``codes``, however a launcher words it."""
+    return "|".join(rf"{w}\s*[:=]?\s*(?:{'|'.join(codes)})\b" for w in _EXIT_WORDS)
+
 
 SIGNS: tuple[Sign, ...] = (
     # collective_mismatch
     _s("collective_mismatch", r"Detected mismatch between collectives|Collectives differ in the following aspects|"
        r"Mismatched collective|collective mismatch|op\.preamble\.length <= op\.nbytes|"
-       r"ranks entered different collectives|doesn't match expected size"),
+       r"ranks entered different collectives|doesn't match expected size|"
+       r"appears not to match (?:sizes|strides) of the same param in process|expects same model across all ranks"),
     # collective_timeout
     _s("collective_timeout", r"Watchdog caught collective operation timeout|"
        r"WorkNCCL\([^)]*\) ran for \d+ milliseconds before timing out|"
@@ -239,7 +344,7 @@ SIGNS: tuple[Sign, ...] = (
        r"recvValue failed|failed to recv, got 0 bytes", SYMPTOM),
     # nccl_invalid_usage
     _s("nccl_invalid_usage", r"ncclInvalidUsage|\binvalid usage\b|NCCL version mismatch|"
-       r"receiving \d+ bytes instead of \d+|ncclInvalidArgument|Invalid config blocking attribute|"
+       r"receiv(?:ing|ed) \d+ bytes instead of \d+|ncclInvalidArgument|Invalid config blocking attribute|"
        r"NCCL error[^\n]*invalid argument"),
     # duplicate_gpu
     _s("duplicate_gpu", r"Duplicate GPU detected"),
@@ -248,7 +353,7 @@ SIGNS: tuple[Sign, ...] = (
        r"Got completion from peer[^\n]*with (?:error|status)|\bsocket(?:Progress|StartConnect|PollConnect|"
        r"FinalizeAccept|Connect|Accept|Wait)\b[^\n]*(?:fail|closed|refused|error|wrong|timed? ?out|abort)|"
        r"Call to connect|Error encountered progressing operation=Connect|Failed to execute operation Connect|"
-       r"Connection closed by remote peer|no socket interface found|ibv_\w+ failed|IBV_WC_\w+ERR|"
+       r"Connection closed by remote peer|no (?:socket )?interfaces? found|ibv_\w+ failed|IBV_WC_\w+ERR|"
        r"transport retry counter exceeded|NCCL WARN[^\n]*Connect(?:ion)? (?:to|refused|failed)"),
     # nccl_system_error
     _s("nccl_system_error", r"unhandled system error|ncclSystemError|NCCL Error 2\b", SYMPTOM),
@@ -266,16 +371,17 @@ SIGNS: tuple[Sign, ...] = (
     # cuda_oom
     _s("cuda_oom", r"CUDA out of memory|CUDA error: out of memory|(?:cuda|torch)\.OutOfMemoryError|"
        r"CUBLAS_STATUS_ALLOC_FAILED|Cuda failure '?out of memory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation|"
-       r"HIP out of memory|MPS backend out of memory|Tried to allocate [\d.]+ [KMGT]i?B \(GPU \d|CUDNN_STATUS_ALLOC_FAILED"),
+       r"HIP out of memory|MPS backend out of memory|Tried to allocate [\d.]+ [KMGT]i?B \(GPU \d|CUDNN_STATUS_ALLOC_FAILED|"
+       r"cuda runtime error \(2\)|\bcuda\w*\b[^\n]{0,40}?\bout of memory|\bGPU\b[^\n]{0,20}?\bout of memory"),
     # host_oom
     _s("host_oom", r"DefaultCPUAllocator|can't allocate memory|Cannot allocate memory|not enough memory: you tried|"
        r"Unable to allocate [\d.]+ [KMGTP]?i?B for an array|_ArrayMemoryError|std::bad_alloc|\[Errno 12\]|"
        r"^(?:[\w.]+\.)?MemoryError\b|\bENOMEM\b|Buy new RAM"),
     # oom_killed: the kernel, a scheduler or a worker's death say it (a cause) ...
     _s("oom_killed", r"Out of memory: Kill(?:ed)? process|Memory cgroup out of memory|invoked oom-killer|oom-kill|"
-       r"OOMKilled|\boom_kill\b|killed by signal: Killed|task \d+: Out Of Memory"),
+       r"OOMKilled|\boom_kill\b|killed by signal: Killed|task \d+: Out Of Memory|Exceeded (?:job|step) memory limit"),
     # ... or only the exit code says it (how it ended)
-    _s("oom_killed", _EXIT + r"(?:-9|137)\b|Signal 9 \(SIGKILL\)|\bsignal 9\b|\bSIGKILL\b|"
+    _s("oom_killed", _exit("-9", "137") + r"|Signal 9 \(SIGKILL\)|\bsignal 9\b|\bSIGKILL\b|"
        r"^Killed\s*$|\d+ Killed\s+\S|signal: killed\b|task \d+: Killed", EXIT),
     # shm_full
     # NCCL writes no file but its shared-memory segments: its "No space left" is /dev/shm's.
@@ -283,7 +389,7 @@ SIGNS: tuple[Sign, ...] = (
        r"unable to write to file </torch_|unable to allocate shared memory|unable to mmap \d+ bytes from file </torch_|killed by signal: Bus error|"
        r"bus error encountered in worker|insufficient shared memory|shared memory segment[^\n]*No space left|"
        r"Error while creating shared memory segment"),
-    _s("shm_full", _EXIT + r"(?:-7|135)\b|Signal 7 \(SIGBUS\)|\bSIGBUS\b|^Bus error\b", EXIT),
+    _s("shm_full", _exit("-7", "135") + r"|Signal 7 \(SIGBUS\)|\bSIGBUS\b|^Bus error\b", EXIT),
     # cuda_illegal_memory_access
     _s("cuda_illegal_memory_access", r"illegal memory access|cudaErrorIllegalAddress|CUDA_ERROR_ILLEGAL_ADDRESS|"
        r"Cuda failure 700\b"),
@@ -292,25 +398,30 @@ SIGNS: tuple[Sign, ...] = (
        r"block: \[[\d,]+\], thread: \[[\d,]+\] Assertion|cudaErrorAssert|CUDA_ERROR_ASSERT"),
     # cuda_no_kernel_image
     _s("cuda_no_kernel_image", r"no kernel image is available|cudaErrorNoKernelImageForDevice|"
-       r"CUDA error: invalid device function"),
+       r"CUDA error: invalid device function|invalid value for --gpu-architecture"),
+    # torch's warning that this GPU is not in its build: a warning never decides; its text cut
+    # from its "UserWarning:" line is read, after any error that says more.
+    _s("cuda_no_kernel_image", r"with CUDA capability sm_\d+ is not compatible with the current PyTorch installation",
+       SYMPTOM),
     # cuda_driver_insufficient
     _s("cuda_driver_insufficient", r"driver version is insufficient|NVIDIA driver on your system is too old|"
        r"cudaErrorInsufficientDriver|CUDA_ERROR_INSUFFICIENT_DRIVER|unsupported display driver / cuda driver combination|"
-       r"PTX was compiled with an unsupported toolchain"),
+       r"PTX was compiled with an unsupported toolchain|forward compatibility was attempted on non supported HW"),
     # cuda_device_busy
     _s("cuda_device_busy", r"busy or unavailable|cudaErrorDevicesUnavailable|CUDA_ERROR_DEVICE_UNAVAILABLE"),
     # gpu_lost
     _s("gpu_lost", r"fallen off the bus|\bGPU is lost\b|GpuIsLost|NVML_ERROR_GPU_IS_LOST|"
-       r"Unable to determine the device handle for GPU|\bXid\b[^\n]*?:\s*79\b"),
+       r"Unable to determine the device handle for GPU|\bXid\b[^\n]*?:\s*79\b|\bXid[ :]+79\b"),
     # gpu_ecc
     _s("gpu_ecc", r"uncorrectable ECC error|ECC error encountered|cudaErrorECCUncorrectable|CUDA_ERROR_ECC_UNCORRECTABLE|"
-       r"row remap(?:ping)? fail|double bit ECC|\bXid\b[^\n]*?:\s*(?:" + "|".join(map(str, _ECC_XIDS)) + r")\b"),
+       r"row remap(?:ping)? fail|double bit ECC|\bXid\b[^\n]*?:\s*(?:" + "|".join(map(str, _ECC_XIDS)) + r")\b|"
+       r"\bXid[ :]+(?:" + "|".join(map(str, _ECC_XIDS)) + r")\b"),
     # gpu_xid: the driver's other Xids are often the trace of a program's fault (a bad kernel
     # shows as Xid 13/31/43): a symptom beside a CUDA error.
-    _s("gpu_xid", r"NVRM: Xid|\bXid \(PCI:|NVRM:[^\n]*(?:GSP|heartbeat)[^\n]*timed out", SYMPTOM),
+    _s("gpu_xid", r"NVRM: Xid|\bXid \(PCI:|\bXid[ :]+\d+\b|NVRM:[^\n]*(?:GSP|heartbeat)[^\n]*timed out", SYMPTOM),
     # disk_full
     _s("disk_full", r"No space left on device|\bENOSPC\b|\[Errno 28\]|PytorchStreamWriter failed writing|file write failed|"
-       r"unexpected pos \d+ vs \d+|Cannot write: No space"),
+       r"unexpected pos \d+ vs \d+|Cannot write: No space|database or disk is full"),
     # disk_quota
     _s("disk_quota", r"Disk quota exceeded|\bEDQUOT\b|\[Errno 122\]"),
     # read_only_fs
@@ -320,17 +431,19 @@ SIGNS: tuple[Sign, ...] = (
        r"HeaderTooLarge|InvalidHeaderDeserialization|Error while deserializing header|MetadataIncompleteBuffer|"
        r"UnpicklingError(?!: Weights only load failed)|pickle data was truncated|unexpected EOF, expected \d+ more bytes|"
        r"Unable to load weights from pytorch checkpoint file|storage has wrong byte size|"
-       r"is not a zip file|BadZipFile|file might be corrupted|\bPytorchStreamReader\b"),
+       r"is not a zip file|BadZipFile|file might be corrupted|\bPytorchStreamReader\b|Invalid magic number; corrupt file|"
+       r"inline_container\.cc[^\n]*file not found|storage has wrong (?:byte )?size"),
     _s("checkpoint_corrupt", r"Ran out of input", unless_frames=r"multiprocessing|spawn\.py|reduction\.py|queues\.py"),
     # checkpoint_cuda_on_cpu
     _s("checkpoint_cuda_on_cpu", r"Attempting to deserialize object on a CUDA device"),
     # file_missing
     _s("file_missing", r"FileNotFoundError|No such file or directory|\[Errno 2\]|can't open file|"
-       r"errno = 2, error message = 'No such file|does not appear to have a file named|\bno file named [\w.]+"),
+       r"errno = 2, error message = 'No such file|does not appear to have a file named|\bno file named [\w.]+|"
+       r"The system cannot find the (?:file|path) specified"),
     # import_error
     _s("import_error", r"ModuleNotFoundError|\bImportError\b|No module named|cannot open shared object file|"
        r"undefined symbol|DLL load failed|cannot import name|Failed to import [\w.]+ because|"
-       r"version `[\w.]+' not found \(required by"),
+       r"version `[\w.]+' not found \(required by|The specified module could not be found|Error loading \"[^\"]+\.dll\""),
     # too_many_open_files
     _s("too_many_open_files", r"Too many open files|\bEMFILE\b|\[Errno 24\]|items of ancdata"),
     # segfault: a crash report is the cause; an exit code or an abort after a C++ exception is
@@ -338,11 +451,20 @@ SIGNS: tuple[Sign, ...] = (
     _s("segfault", r"Segmentation fault|segmentation fault encountered in worker|killed by signal: Segmentation|"
        r"Fatal Python error: (?:Segmentation|Aborted)|\bSIGSEGV\b received|double free or corruption|"
        r"free\(\): invalid|malloc\(\): corrupted|corrupted size vs\. prev_size"),
-    _s("segfault", _EXIT + r"(?:-11|-6|139|134)\b|Signal (?:11|6) \((?:SIGSEGV|SIGABRT)\)|\bSIGSEGV\b|\bSIGABRT\b|"
+    _s("segfault", _exit("-11", "-6", "139", "134") + r"|Signal (?:11|6) \((?:SIGSEGV|SIGABRT)\)|\bSIGSEGV\b|\bSIGABRT\b|"
        r"^Aborted\b|killed by signal: Aborted", EXIT),
     # job_terminated
-    _s("job_terminated", r"CANCELLED AT \S+|Received (?:\d+|Signals\.\w+|SIG\w+) death signal|"
+    _s("job_terminated", r"CANCELLED AT \S+ DUE TO|STEPD TERMINATED ON|Received (?:\d+|Signals\.\w+|SIG\w+) death signal|"
        r"got signal: (?:15|1|2|Signals\.SIG(?:TERM|HUP|INT))\b|DUE TO PREEMPTION|\bwas preempted\b|preemption notice|"
        r"Force Terminated job|spot (?:instance )?interruption|Received SIGTERM", on_warning=True),
-    _s("job_terminated", _EXIT + r"(?:-15|143)\b|Signal 15 \(SIGTERM\)|^Terminated\s*$|tasks? [\d,-]+: Terminated", EXIT),
+    _s("job_terminated", _exit("-15", "143") + r"|Signal 15 \(SIGTERM\)|^Terminated\s*$|tasks? [\d,-]+: Terminated|"
+       r"srun: Job step aborted|CANCELLED AT \S+", EXIT),
 )
+
+# Every word some sign needs: a line with none of them shows no class (most lines of a log).
+ALL_WORDS = tuple(sorted({w for sign in SIGNS for w in sign.words or ()}, key=len))
+EVERY_SIGN_HAS_WORDS = all(sign.words for sign in SIGNS)
+
+
+def may_show_a_class(lowered: str) -> bool:
+    return not EVERY_SIGN_HAS_WORDS or any(w in lowered for w in ALL_WORDS)

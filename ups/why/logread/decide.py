@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from ups.why.logread.classes import BY_NAME, CAUSE, EXIT, SIGNS, SYMPTOM, LogClass
+from ups.why.logread.classes import BY_NAME, CAUSE, EXIT, SIGNS, SYMPTOM, LogClass, may_show_a_class
 from ups.why.logread.events import Event, is_errorish, read_events
 
 # Exceptions a program raises about its own inputs and code (never an infrastructure class).
@@ -37,6 +37,10 @@ USER_MESSAGES = re.compile(
     r"shape '\[[^\]]*\]' is invalid for input of size|Given groups=|Sizes of tensors must match|modified by an inplace "
     r"operation|backward through the graph a second time|Input type .* and weight type .* should be the same|"
     r"Expected \d+D|must match the size of tensor|Expected input batch_size|expected input\[", re.I)
+# A shell tool's complaint in a job script ("rm: cannot remove 'x': No such file or directory"):
+# scripts go on after them, so they explain a failure only when nothing else does.
+SHELL_TOOL = re.compile(r"^(?:/(?:usr/)?bin/)?(?:rm|ls|cp|mv|mkdir|rmdir|cat|ln|chmod|chown|find|du|df|tar|touch|tee|"
+                        r"module|source|wget|curl|git|fatal|bash|sh|zsh|sed|grep|awk|head|tail|cd)(?:\[\d+\])?:\s")
 _RANK_WORDS = re.compile(r"\[Rank (\d+)\]|\bon rank:? (\d+)|\brank(\d+)\b|\blocal_rank:? (\d+)|\bRank (\d+) is running|"
                          r"\brank (\d+)\b", re.I)
 
@@ -108,11 +112,13 @@ def classes_of(event: Event) -> list[tuple[int, int, LogClass, int]]:
     found: dict[str, tuple[int, int, LogClass, int]] = {}
     frames = "\n".join(f[0] for f in event.frames)
     for k, line in enumerate(event.lines):
-        if line.role == "warning" and k == 0:
-            signs = [s for s in SIGNS if s.on_warning]
-        else:
-            signs = SIGNS
-        for sign in signs:
+        lowered = line.body.lower()
+        if not may_show_a_class(lowered):
+            continue
+        warning = line.role == "warning" and k == 0
+        for sign in SIGNS:
+            if (warning and not sign.on_warning) or not sign.may_match(lowered):
+                continue
             if sign.unless_frames is not None and sign.unless_frames.search(frames):
                 continue
             m = sign.pattern.search(line.body)
@@ -147,6 +153,8 @@ def decide(events: list[Event]) -> Reading:
             nccl_seen.add(who)
         if found:
             tier, _, cls, k = found[0]
+            if SHELL_TOOL.match(ev.head.body):
+                tier = max(tier, SYMPTOM)  # a script's `rm`/`cp` that failed and went on: a cause only if nothing else is
             classed.append((tier, ev, cls, k))
         elif ev.kind != "line" or is_errorish(ev):
             unclassed.append(ev)

@@ -52,7 +52,7 @@ TIMESTAMP = re.compile(r"(?:(?P<date>\d{4}-\d\d-\d\d)[ T]|[IWEF](?P<md>\d{3,4}) 
 _GLOG = re.compile(r"\[?(?P<lvl>[IWEF])(?:\d{4})?(?: ?\d\d:\d\d:\d\d\.\d+)?(?:\s+\d+)?\s+(?P<site>[\w./-]+\.\w+:\d+)\]\s?")
 _NCCL = re.compile(r"(?:\S+:\d+:\d+ )?(?:\[\d+\] )?(?:[\w./-]+\.\w+:\d+ )?NCCL (?P<lvl>INFO|WARN|TRACE|ERROR)\b")
 # A logger's level word near the start: "INFO:", "[INFO]", "- INFO -", "| INFO |", "[INFO|x.py:3]".
-_LEVEL = re.compile(r"^.{0,60}?(?:^|[\s\[|(:*-])(?P<lvl>INFO|DEBUG|TRACE|WARNING|WARN|ERROR|CRITICAL|FATAL)(?=[\s\]|:)*-]|$)")
+_LEVEL = re.compile(r"^.{0,60}?(?:^|[\s\[|(:*-])(?P<lvl>INFO|DEBUG|TRACE|WARNING|WARN|ERROR|CRITICAL|FATAL)(?=[\s\]\[|:)*-]|$)")
 _TF_LEVEL = re.compile(r"(?P<lvl>[IWEF]) (?:tensorflow|external|torch)/")
 
 QUIET_LEVELS = frozenset(("INFO", "DEBUG", "TRACE", "I"))
@@ -138,29 +138,32 @@ def frame_site(body: str) -> tuple[str, int, str | None] | None:
     return None
 
 
+_RANK_PREFIX = re.compile("|".join(f"(?:{p.pattern.replace('?P<rank>', f'?P<rank{k}>')})"
+                                   for k, p in enumerate(_RANK_PREFIXES)))
+_OTHER_PREFIX = re.compile("|".join(f"(?:{p.pattern})" for p in _OTHER_PREFIXES))
+
+
 def _strip_prefixes(text: str) -> tuple[str, int | None, str | None]:
     rank, ts = None, None
-    t = TIMESTAMP.search(text[:60])
+    t = TIMESTAMP.search(text, 0, 60)
     if t:
         ts = (t.group("date") or t.group("md") or "") + " " + t.group("time").replace(",", ".")
-    changed = True
-    while changed and text:
-        changed = False
-        for p in _RANK_PREFIXES:
-            m = p.match(text)
-            if m:
-                rank = int(m.group("rank")) if rank is None else rank
-                text, changed = text[m.end():], True
-        for p in _OTHER_PREFIXES:
-            m = p.match(text)
-            if m and m.end() > 0:
-                text, changed = text[m.end():], True
+    while text:
+        m = _RANK_PREFIX.match(text)
+        if m:
+            if rank is None:
+                rank = int(next(g for g in m.groups() if g is not None))
+        else:
+            m = _OTHER_PREFIX.match(text)
+        if not m or m.end() == 0:
+            break
+        text = text[m.end():]
     return text, rank, ts
 
 
 def _level(body: str) -> tuple[str | None, str | None, str | None, str]:
     """(level, nccl level, site, body without a glog/c10d prefix)."""
-    m = _NCCL.match(body)
+    m = _NCCL.match(body) if "NCCL " in body else None
     if m:
         site = re.search(r"([\w./-]+\.\w+:\d+) NCCL", body)
         return m.group("lvl"), m.group("lvl"), site.group(1) if site else None, body
@@ -232,7 +235,7 @@ def read_lines(text: str) -> list[Line]:
         if nccl == "INFO" or nccl == "TRACE":
             add("context")
             continue
-        if _WARNING_LINE.search(body) and not _EXCEPTION_LIKE.match(body):
+        if "arn" in body and _WARNING_LINE.search(body) and not _EXCEPTION_LIKE.match(body):
             in_warning = True
             add("context")
             continue
