@@ -122,8 +122,8 @@ Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 10
     assert read_log("OSError: [Errno 28] No space left on device: '/data/ckpt/model.pt'\n").name == "disk_full"
 
 
-def test_how_a_process_ended_decides_only_when_nothing_says_more():
-    child = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+# torchrun's report of a run whose rank 3 was SIGKILLed.
+CHILD = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 ============================================================
 train.py FAILED
 ------------------------------------------------------------
@@ -140,10 +140,32 @@ Root Cause (first observed failure):
   traceback : Signal 9 (SIGKILL) received by PID 170581
 ============================================================
 """
-    reading = read_log(child)
+
+
+def test_how_a_process_ended_decides_only_when_nothing_says_more():
+    reading = read_log(CHILD)
     assert reading.name == "oom_killed" and reading.rank == 3
-    said = read_log("RuntimeError: DataLoader worker (pid 4499) is killed by signal: Bus error.\n" + child)
+    said = read_log("RuntimeError: DataLoader worker (pid 4499) is killed by signal: Bus error.\n" + CHILD)
     assert said.name == "shm_full" and said.rank == 3  # the rank torchrun names, the cause the worker's death says
+
+
+def test_a_rank_killed_explains_its_peers_errors_but_an_abort_does_not():
+    peer = "[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:4005\n"
+    child = CHILD.replace("exitcode  : -9", "exitcode  : {code}").replace("Signal 9 (SIGKILL)", "{signal}")
+    killed = read_log(peer + child.format(code=-11, signal="Signal 11 (SIGSEGV)"))
+    assert killed.name == "segfault" and killed.rank == 3  # rank 3 crashed; rank 0 only lost it
+    timeout = "[rank1]:[E ProcessGroupNCCL.cpp:607] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600013 milliseconds before timing out.\n"
+    aborted = read_log(timeout + child.format(code=-6, signal="Signal 6 (SIGABRT)"))
+    assert aborted.name == "collective_timeout" and aborted.rank == 1  # the watchdog's abort is how it ended, not why
+
+
+def test_the_first_nccl_warn_of_a_process_is_its_root():
+    text = """a100-22:183006:183220 [1] misc/socket.cc:518 NCCL WARN Net : Call to recv from 10.200.84.247<58355> failed : Broken pipe
+a100-22:183006:183220 [1] NCCL INFO misc/socket.cc:535 -> 6
+a100-22:183006:183220 [1] proxy.cc:1119 NCCL WARN [Proxy Service 9] Failed to execute operation Connect from rank 9, retcode 6
+"""
+    assert read_log(text).name == "peer_lost"  # the proxy's failed Connect follows from the peer gone
+    assert read_log(text.splitlines()[2]).name == "nccl_network"  # alone, it is the network
 
 
 # -- what no class knows ----------------------------------------------------------------------------

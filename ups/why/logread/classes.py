@@ -7,10 +7,12 @@ kernel line, torchrun's report of a child), never on a context line (INFO, warni
 business, by causal order, not by the order of this table. A sign has a *tier*:
 
 * ``CAUSE``: the event says what went wrong (CUDA out of memory, a full disk, Xid 79);
+* ``KILLED``: a process died of a signal it did not send itself (SIGKILL, SIGSEGV, SIGBUS:
+  exit code -9, "Killed", -11): it explains its peers' symptoms;
 * ``SYMPTOM``: a consequence of something else when something else is in the log (a peer
   that went away, a collective that timed out, NCCL's generic "unhandled system error");
-* ``EXIT``: only how a process ended (exit code -9, "Killed", "Aborted"): the class when
-  nothing says more.
+* ``EXIT``: only how a process ended otherwise (SIGABRT after a C++ exception, SIGTERM from
+  its launcher, a cancelled step): the class when nothing says more.
 
 When one event shows two classes, the one that *refines* the other wins (NCCL's invalid usage
 whose "Last error" is "Duplicate GPU detected" is a duplicate GPU; "No space left on device"
@@ -22,7 +24,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-CAUSE, SYMPTOM, EXIT = 0, 1, 2
+CAUSE, KILLED, SYMPTOM, EXIT = 0, 1, 2, 3
 
 
 @dataclass(frozen=True)
@@ -339,8 +341,11 @@ SIGNS: tuple[Sign, ...] = (
     _s("nccl_heartbeat", r"Heartbeat monitor timed out|watchdog got stuck for \d+ seconds|"
        r"detected no heartbeat of its watchdog", SYMPTOM),
     # peer_lost
+    # A peer's socket gone is a distributed failure when gloo, c10d's store or NCCL says it; a
+    # Python BrokenPipeError or an HTTP connection reset is not another rank.
     _s("peer_lost", r"remote process exited or there was a network error|ncclRemoteError|"
-       r"Connection closed by peer|Connection reset by peer|Broken pipe|"
+       r"(?:gloo|pair\.cc|c10d|TCPStore|Dist\w*Error|NCCL|sendBytes|recvBytes|Read error|Write error)[^\n]*"
+       r"(?:Connection (?:closed|reset) by peer|Broken pipe)|"
        r"recvValue failed|failed to recv, got 0 bytes", SYMPTOM),
     # nccl_invalid_usage
     _s("nccl_invalid_usage", r"ncclInvalidUsage|\binvalid usage\b|NCCL version mismatch|"
@@ -368,10 +373,14 @@ SIGNS: tuple[Sign, ...] = (
     # address_in_use
     _s("address_in_use", r"Address already in use|EADDRINUSE|errno: 98\b|"
        r"server socket has failed to listen on any|failed to listen on any local network address"),
+    # c10d says a socket failed at WARNING level, then retries or gives up in an error line: when
+    # a capture stops before that line, the warning is all there is.
+    _s("address_in_use", r"failed to bind to \S+ \(errno: 98", SYMPTOM, on_warning=True),
+    _s("rendezvous_timeout", r"client socket has failed to connect to \S+ \(errno: 110", SYMPTOM, on_warning=True),
     # cuda_oom
     _s("cuda_oom", r"CUDA out of memory|CUDA error: out of memory|(?:cuda|torch)\.OutOfMemoryError|"
        r"CUBLAS_STATUS_ALLOC_FAILED|Cuda failure '?out of memory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation|"
-       r"HIP out of memory|MPS backend out of memory|Tried to allocate [\d.]+ [KMGT]i?B \(GPU \d|CUDNN_STATUS_ALLOC_FAILED|"
+       r"THCudaCheck FAIL[^\n]*out of memory|HIP out of memory|MPS backend out of memory|Tried to allocate [\d.]+ [KMGT]i?B \(GPU \d|CUDNN_STATUS_ALLOC_FAILED|"
        r"cuda runtime error \(2\)|\bcuda\w*\b[^\n]{0,40}?\bout of memory|\bGPU\b[^\n]{0,20}?\bout of memory"),
     # host_oom
     _s("host_oom", r"DefaultCPUAllocator|can't allocate memory|Cannot allocate memory|not enough memory: you tried|"
@@ -379,17 +388,18 @@ SIGNS: tuple[Sign, ...] = (
        r"^(?:[\w.]+\.)?MemoryError\b|\bENOMEM\b|Buy new RAM"),
     # oom_killed: the kernel, a scheduler or a worker's death say it (a cause) ...
     _s("oom_killed", r"Out of memory: Kill(?:ed)? process|Memory cgroup out of memory|invoked oom-killer|oom-kill|"
-       r"OOMKilled|\boom_kill\b|killed by signal: Killed|task \d+: Out Of Memory|Exceeded (?:job|step) memory limit"),
+       r"OOMKilled|\boom_kill\b|killed by signal: Killed|task \d+: Out Of Memory|exceeded (?:job |step )?memory limit|"
+       r"Killed process \d+ \("),
     # ... or only the exit code says it (how it ended)
     _s("oom_killed", _exit("-9", "137") + r"|Signal 9 \(SIGKILL\)|\bsignal 9\b|\bSIGKILL\b|"
-       r"^Killed\s*$|\d+ Killed\s+\S|signal: killed\b|task \d+: Killed", EXIT),
+       r"^Killed\s*$|\d+ Killed\s+\S|signal: killed\b|task \d+: Killed", KILLED),
     # shm_full
     # NCCL writes no file but its shared-memory segments: its "No space left" is /dev/shm's.
     _s("shm_full", r"NCCL WARN[^\n]*No space left on device|/dev/shm\b[^\n]*(?:No space left|failed|error)|No space left[^\n]*/dev/shm|"
        r"unable to write to file </torch_|unable to allocate shared memory|unable to mmap \d+ bytes from file </torch_|killed by signal: Bus error|"
        r"bus error encountered in worker|insufficient shared memory|shared memory segment[^\n]*No space left|"
        r"Error while creating shared memory segment"),
-    _s("shm_full", _exit("-7", "135") + r"|Signal 7 \(SIGBUS\)|\bSIGBUS\b|^Bus error\b", EXIT),
+    _s("shm_full", _exit("-7", "135") + r"|Signal 7 \(SIGBUS\)|\bSIGBUS\b|^Bus error\b", KILLED),
     # cuda_illegal_memory_access
     _s("cuda_illegal_memory_access", r"illegal memory access|cudaErrorIllegalAddress|CUDA_ERROR_ILLEGAL_ADDRESS|"
        r"Cuda failure 700\b"),
@@ -451,8 +461,8 @@ SIGNS: tuple[Sign, ...] = (
     _s("segfault", r"Segmentation fault|segmentation fault encountered in worker|killed by signal: Segmentation|"
        r"Fatal Python error: (?:Segmentation|Aborted)|\bSIGSEGV\b received|double free or corruption|"
        r"free\(\): invalid|malloc\(\): corrupted|corrupted size vs\. prev_size"),
-    _s("segfault", _exit("-11", "-6", "139", "134") + r"|Signal (?:11|6) \((?:SIGSEGV|SIGABRT)\)|\bSIGSEGV\b|\bSIGABRT\b|"
-       r"^Aborted\b|killed by signal: Aborted", EXIT),
+    _s("segfault", _exit("-11", "139") + r"|Signal 11 \(SIGSEGV\)|\bSIGSEGV\b", KILLED),
+    _s("segfault", _exit("-6", "134") + r"|Signal 6 \(SIGABRT\)|\bSIGABRT\b|^Aborted\b|killed by signal: Aborted", EXIT),
     # job_terminated
     _s("job_terminated", r"CANCELLED AT \S+ DUE TO|STEPD TERMINATED ON|Received (?:\d+|Signals\.\w+|SIG\w+) death signal|"
        r"got signal: (?:15|1|2|Signals\.SIG(?:TERM|HUP|INT))\b|DUE TO PREEMPTION|\bwas preempted\b|preemption notice|"

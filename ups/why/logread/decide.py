@@ -5,11 +5,13 @@
 2. The root cause is the *first* event, in time, that says what went wrong (``CAUSE``): the
    innermost exception of a chain is printed first, and the first rank to fail is the one the
    others follow (ranks' own timestamps order them when every candidate has one).
-3. When no event says what went wrong, a symptom (a peer gone, a collective timed out) and an
-   exception no class knows compete, first in time: a rank whose own code raised, before its
-   peers saw it go, is the cause.
-4. Then how a process ended (exit code -9, "Killed"), when nothing else says more.
-5. Otherwise the failure is unknown, and said to be: "no known class: the last error was
+3. Else a process killed by a signal it did not send itself (SIGKILL, SIGSEGV): its peers'
+   errors (a connection closed, a collective timed out) follow from it.
+4. Else a symptom (a peer gone, a collective timed out) and an exception no class knows
+   compete, first in time: a rank whose own code raised, before its peers saw it go, is the
+   cause.
+5. Then how a process ended otherwise (SIGABRT, SIGTERM), when nothing else says more.
+6. Otherwise the failure is unknown, and said to be: "no known class: the last error was
    `<line>`" (an unknown is better than a wrong class). No error at all: nothing to say.
 
 An exception no class knows is "your code raised X at file:line" when the program's own code
@@ -21,8 +23,18 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
-from ups.why.logread.classes import BY_NAME, CAUSE, EXIT, SIGNS, SYMPTOM, LogClass, may_show_a_class
+from ups.why.logread.classes import (
+    BY_NAME,
+    CAUSE,
+    EXIT,
+    KILLED,
+    SIGNS,
+    SYMPTOM,
+    LogClass,
+    may_show_a_class,
+)
 from ups.why.logread.events import Event, is_errorish, read_events
 
 # Exceptions a program raises about its own inputs and code (never an infrastructure class).
@@ -41,6 +53,8 @@ USER_MESSAGES = re.compile(
 # scripts go on after them, so they explain a failure only when nothing else does.
 SHELL_TOOL = re.compile(r"^(?:/(?:usr/)?bin/)?(?:rm|ls|cp|mv|mkdir|rmdir|cat|ln|chmod|chown|find|du|df|tar|touch|tee|"
                         r"module|source|wget|curl|git|fatal|bash|sh|zsh|sed|grep|awk|head|tail|cd)(?:\[\d+\])?:\s")
+# NCCL's return codes in its INFO trace (``file.cc:N -> 2``): 2 system error, 5 invalid usage, 6 remote error.
+NCCL_CODES = {2: "nccl_system_error", 5: "nccl_invalid_usage", 6: "peer_lost"}
 _RANK_WORDS = re.compile(r"\[Rank (\d+)\]|\bon rank:? (\d+)|\brank(\d+)\b|\blocal_rank:? (\d+)|\bRank (\d+) is running|"
                          r"\brank (\d+)\b", re.I)
 
@@ -131,44 +145,57 @@ def classes_of(event: Event) -> list[tuple[int, int, LogClass, int]]:
     return sorted((h for name, h in found.items() if name not in refined), key=lambda h: h[:2])
 
 
+class Candidate(NamedTuple):
+    """An event that may be the root cause, with the class it shows (None: no class)."""
+
+    tier: int
+    event: Event
+    cls: LogClass | None
+    k: int = 0  # the line of the event the class was read on
+
+
 def decide(events: list[Event]) -> Reading:
-    classed: list[tuple[int, Event, LogClass, int]] = []
+    classed: list[Candidate] = []
     unclassed: list[Event] = []
     nccl_seen: set[str] = set()  # processes whose first NCCL WARN with a class is read
     for ev in events:
         if ev.superseded:
             continue
         if ev.kind == "code":
-            cls = {2: "nccl_system_error", 5: "nccl_invalid_usage", 6: "peer_lost"}.get(ev.code or 0)
+            cls = NCCL_CODES.get(ev.code or 0)
             if cls:
-                classed.append((EXIT, ev, BY_NAME[cls], 0))
+                classed.append(Candidate(EXIT, ev, BY_NAME[cls]))
             continue
         found = classes_of(ev)
-        if found and ev.head.nccl == "WARN":
+        if not found:
+            if ev.kind != "line" or is_errorish(ev):
+                unclassed.append(ev)
+            continue
+        if ev.head.nccl == "WARN":
             # NCCL unwinds a failure through more WARN lines (a proxy that cannot connect, a
             # socket closed): the process's first one is the root, the rest follow from it.
             who = _nccl_process(ev)
             if who in nccl_seen:
                 continue
             nccl_seen.add(who)
-        if found:
-            tier, _, cls, k = found[0]
-            if SHELL_TOOL.match(ev.head.body):
-                tier = max(tier, SYMPTOM)  # a script's `rm`/`cp` that failed and went on: a cause only if nothing else is
-            classed.append((tier, ev, cls, k))
-        elif ev.kind != "line" or is_errorish(ev):
-            unclassed.append(ev)
+        tier, _, cls, k = found[0]
+        if SHELL_TOOL.match(ev.head.body):
+            tier = max(tier, SYMPTOM)  # a script's `rm` or `cp` that failed and went on
+        classed.append(Candidate(tier, ev, cls, k))
 
-    causes = [c for c in classed if c[0] == CAUSE]
-    if causes:
-        return _class_reading(_first(causes))
+    for tier in (CAUSE, KILLED):
+        hits = [c for c in classed if c.tier == tier]
+        if hits:
+            return _class_reading(_first(hits))
+    symptoms = [c for c in classed if c.tier == SYMPTOM]
     own = [ev for ev in unclassed if ev.kind == "exception" and not ev.wrapper]
-    symptoms = [c for c in classed if c[0] == SYMPTOM]
+    if any(c.cls is not None and c.cls.name == "gpu_xid" for c in symptoms):
+        # A CUDA error no class knows, and the driver's Xid beside it: the Xid says what the GPU saw.
+        own = [ev for ev in own if "CUDA error" not in ev.text]
     if symptoms or own:
-        pool: list = symptoms + [(None, ev, None, 0) for ev in own]
-        pick = _first(pool)
-        return _class_reading(pick) if pick[2] is not None else _exception_reading(pick[1])
-    exits = [c for c in classed if c[0] == EXIT]
+        pick = _first(symptoms + [Candidate(SYMPTOM, ev, None) for ev in own])
+        return _class_reading(pick) if pick.cls is not None else _exception_reading(pick.event)
+    exits = [c for c in classed if c.tier == EXIT]
     if exits:
         return _class_reading(_first(exits))
     if unclassed:
@@ -183,25 +210,24 @@ def _nccl_process(ev: Event) -> str:
     return m.group(1) if m else f"stream:{ev.head.stream}"
 
 
-def _first(candidates: list) -> tuple:
+def _first(candidates: list[Candidate]) -> Candidate:
     """The candidate that happened first: by the ranks' own timestamps when every one has one
     (interleaved output is not in time order), else by position in the log."""
-    stamps = [c[1].ts for c in candidates]
+    stamps = [c.event.ts for c in candidates]
     if all(stamps) and len({len(s.split(" ")[0]) for s in stamps}) == 1:
-        return min(candidates, key=lambda c: (c[1].ts, c[1].n))
-    return min(candidates, key=lambda c: c[1].n)
+        return min(candidates, key=lambda c: (c.event.ts, c.event.n))
+    return min(candidates, key=lambda c: c.event.n)
 
 
-def _class_reading(hit: tuple) -> Reading:
-    _, ev, cls, k = hit
-    line = _shown(ev.lines[k].raw if ev.kind != "child" else ev.head.body)
-    return Reading("class", cls, line, _rank(ev, line), ev.site(), ev.etype, ev.lines[k].n)
+def _class_reading(hit: Candidate) -> Reading:
+    ev, line_read = hit.event, hit.event.lines[hit.k]
+    line = _shown(line_read.raw)
+    return Reading("class", hit.cls, line, _rank(ev, line), ev.site(), ev.etype, line_read.n)
 
 
 def _exception_reading(ev: Event) -> Reading:
     line = _shown(ev.head.raw)
-    message = ev.text
-    if ev.raised_in_own_code or ev.etype in USER_TYPES or USER_MESSAGES.search(message):
+    if ev.raised_in_own_code or ev.etype in USER_TYPES or USER_MESSAGES.search(ev.text):
         return Reading("user_code", None, line, _rank(ev, line), ev.site(), ev.etype, ev.n)
     return Reading("unknown", None, line, _rank(ev, line), ev.site(own=False), ev.etype, ev.n)
 

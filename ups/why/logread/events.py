@@ -230,41 +230,22 @@ def _starts_statement(body: str) -> bool:
 
 
 def _child_failed(lines: list[Line], i: int, consumed: set[int]) -> Event:
-    """torchrun's ChildFailedError block: its root cause's rank, exit code and traceback line
-    (the block's other failures came after it)."""
+    """torchrun's ChildFailedError block: its root cause's rank, exit code and traceback line.
+    The block's other failures came after the root cause (torchrun's SIGTERM to the rest)."""
+    ahead = lines[i + 1: i + 60]
+    root = next((k for k, line in enumerate(ahead) if "Root Cause" in line.raw), None)
+    if root is None or any(line.role == "header" or EXCEPTION.match(line.body) for line in ahead[:root]):
+        return Event("child", [lines[i]], etype="ChildFailedError", wrapper=True)  # no report of its own here
     block: list[Line] = []
-    root = False
-    for line in lines[i + 1: i + 60]:
-        if re.search(r"Root Cause", line.raw):
-            root = True
-            consumed.add(line.n)
-            continue
-        if not root:
-            if line.role in ("header", "frame") or EXCEPTION.match(line.body):
-                break
-            consumed.add(line.n)
-            continue
-        if re.match(r"^\s*={5,}", line.raw) and block:
-            consumed.add(line.n)
-            break
-        if line.role == "header" or EXCEPTION.match(line.body):
+    for line in ahead[root + 1:]:
+        if line.role == "header" or EXCEPTION.match(line.body) or (re.match(r"\s*={5,}", line.raw) and block):
             break
         block.append(line)
-        consumed.add(line.n)
+    consumed.update(line.n for line in ahead[: root + 1 + len(block)])
     said = " ".join(ln.raw.strip() for ln in block)
-    code = re.search(r"exitcode\s*:?\s*(-?\d+)", said)
     rank = re.search(r"\brank\s*:?\s*(\d+)|\brank(\d+) \(local", said)
-    trace = re.search(r"traceback\s*:\s*(.*?)(?:\s*={5,}|$)", said)
-    summary = []
-    if code:
-        summary.append(f"exitcode: {code.group(1)}")
-    if trace:
-        summary.append(trace.group(1))
-    head = lines[i]
-    shown = Line(head.n, head.raw, "; ".join(summary) or head.body, "content", head.level, head.rank, head.stream,
-                 head.ts, head.site)
     r = next((int(g) for g in rank.groups() if g is not None), None) if rank else None
-    return Event("child", [shown], etype="ChildFailedError", rank=r, wrapper=True)
+    return Event("child", [lines[i], *block], etype="ChildFailedError", rank=r, wrapper=True)
 
 
 def _link_wrappers(events: list[Event]) -> None:

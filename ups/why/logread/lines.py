@@ -16,7 +16,6 @@ Footers printed inside a line (a one-line CUDA error with its footer) are cut of
 
 from __future__ import annotations
 
-import functools
 import re
 from dataclasses import dataclass
 
@@ -32,6 +31,8 @@ _RANK_PREFIXES = (
 _OTHER_PREFIXES = (
     re.compile(r"\((?:\w+ )?pid=[^)]*\)\s?"),  # Ray workers
     re.compile(r"\[(?:stderr|stdout)\]\s?"),
+    re.compile(r">{1,3}\s"),  # a quote in a pasted report, an interpreter's prompt
+    re.compile(r"E {2,}(?=\S)"),  # pytest's failure lines
     re.compile(r"\[\d{1,7}\]\s"),  # a line or process number
     # Timestamps: ISO (also in brackets, kubectl --timestamps, Determined's "|| "), syslog,
     # dmesg (seconds since boot, or -T), yy-mm-dd and mm/dd forms.
@@ -82,6 +83,7 @@ _BOILERPLATE = re.compile(
     r"|^frame #\d+:|^< omitting python frames >|^C\+\+ CapturedTraceback:|^#\d+ \S+ from "
     r"|^\[?\s*\w+\s*\]?\s*\.{3,}\s*\[?(?:OKAY|NO|YES)\]?"  # ds_report tables
     r"|preparing to dump debug info"
+    r"|/proc/\d+/\S* failed: No such file"  # SLURM asking about a process that already ended
     # NCCL falls back when a plugin or an optional library is missing: not a failure.
     r"|NCCL WARN[^\n]*(?:plugin|libnccl-net|libibverbs|dlerror|dlopen|Could not find real path|No device found|"
     r"Unable to open device|NET/IB : No device)"
@@ -114,17 +116,13 @@ class Line:
     n: int  # index in the log
     raw: str  # as printed (for display)
     body: str  # prefixes and inline footers removed
-    role: str  # content | context | frame | source | header | chain | blank
+    role: str  # content | warning | context | frame | source | header | chain | blank
     level: str | None = None  # the logger's level word, if the line has one
     rank: int | None = None  # from a per-rank prefix
     stream: str = ""  # lines of one stream follow each other (a rank's, or the main output)
     ts: str | None = None  # a timestamp printed on the line
     site: str | None = None  # file:line the line's prefix names (glog, c10d, NCCL)
     nccl: str | None = None  # NCCL's level (INFO, WARN) when NCCL printed the line
-
-    @property
-    def is_frame(self) -> bool:
-        return self.role == "frame"
 
 
 def frame_site(body: str) -> tuple[str, int, str | None] | None:
@@ -182,83 +180,66 @@ def _level(body: str) -> tuple[str | None, str | None, str | None, str]:
 def read_lines(text: str) -> list[Line]:
     """The log's lines with their roles. Carriage returns (progress bars redrawn in place)
     end lines too."""
+    roles = _Roles()
     out: list[Line] = []
-    in_warning = False  # the lines a Python warning carries (its message, `warnings.warn(`)
-    after_frame = False  # the next line is the frame's source code
-    ipython = False
     for n, raw in enumerate(re.split(r"\r\n|\r|\n", text)):
         raw = raw.rstrip()
         body, rank, ts = _strip_prefixes(raw.strip())
         stream = f"rank{rank}" if rank is not None else ""
-        if not body.strip():
-            in_warning = after_frame = False
-            out.append(Line(n, raw, "", "blank", rank=rank, stream=stream))
-            continue
         bar = _PROGRESS.match(body)
         if bar and not HEADER.search(body[: bar.end()]):
             body = body[bar.end():].lstrip(" |")  # an error printed right after a progress bar
-            if not body.strip():
-                out.append(Line(n, raw, "", "context", rank=rank, stream=stream))
-                continue
-        level, nccl, site, body = _level(body) if not _EXCEPTION_LIKE.match(body) else (None, None, None, body)
-        body = body.strip()
-        add = functools.partial(_add, out, n, raw, body, level=level, rank=rank, stream=stream, ts=ts, site=site,
-                                nccl=nccl)
-
-        if HEADER.search(body):
-            in_warning = after_frame = False
-            ipython = bool(re.match(r"\S+\s{3,}Traceback", body))
-            add("header")
-            continue
-        if CHAIN.search(body):
-            in_warning = after_frame = False
-            add("chain")
-            continue
-        if frame_site(body) or FRAME.match(body):
-            after_frame = True
-            add("frame")
-            continue
-        if after_frame and not _looks_like_statement(body):
-            after_frame = False
-            add("source")
-            continue
-        after_frame = False
-        if ipython and _IPYTHON_CODE.match(body):
-            add("source")
-            continue
-        if _CARETS.match(body):
-            add("context")
-            continue
-        if nccl is None and level in QUIET_LEVELS:
-            add("context")
-            continue
-        if nccl == "INFO" or nccl == "TRACE":
-            add("context")
-            continue
-        if "arn" in body and _WARNING_LINE.search(body) and not _EXCEPTION_LIKE.match(body):
-            in_warning = True
-            add("context")
-            continue
-        if in_warning and not _looks_like_statement(body) and not _ERROR_WORDS.search(body):
-            add("context")
-            continue
-        in_warning = False
-        if _BOILERPLATE.search(body):
-            add("context")
-            continue
-        stripped = FOOTERS.sub("", body).strip(" .'\"")
-        if not stripped:
-            add("context")
-            continue
-        if nccl is None and level in WARNING_LEVELS:
-            add("warning", FOOTERS.sub("", body).strip())
-            continue
-        add("content", FOOTERS.sub("", body).strip())
+        level = nccl = site = None
+        if not _EXCEPTION_LIKE.match(body):
+            level, nccl, site, body = _level(body)
+        role, body = roles.of(body.strip(), level, nccl)
+        out.append(Line(n, raw, body, role, level, rank, stream, ts, site, nccl))
     return out
 
 
-def _add(out: list[Line], n: int, raw: str, body: str, role: str, new_body: str | None = None, **kw) -> None:
-    out.append(Line(n, raw, body if new_body is None else new_body, role, **kw))
+class _Roles:
+    """A line's role, from the line and the few before it (a frame's source line, a warning's
+    message lines, an IPython traceback's code)."""
+
+    def __init__(self) -> None:
+        self.in_warning = False  # the lines a Python warning carries (its message, `warnings.warn(`)
+        self.after_frame = False  # the next line is the frame's source code
+        self.ipython = False
+
+    def of(self, body: str, level: str | None, nccl: str | None) -> tuple[str, str]:
+        if not body:
+            self.in_warning = self.after_frame = False
+            return "blank", ""
+        if HEADER.search(body):
+            self.in_warning = self.after_frame = False
+            self.ipython = bool(re.match(r"\S+\s{3,}Traceback", body))
+            return "header", body
+        if CHAIN.search(body):
+            self.in_warning = self.after_frame = False
+            return "chain", body
+        if FRAME.match(body):
+            self.after_frame = True
+            return "frame", body
+        if self.after_frame and not _looks_like_statement(body):
+            self.after_frame = False
+            return "source", body
+        self.after_frame = False
+        if self.ipython and _IPYTHON_CODE.match(body):
+            return "source", body
+        if _CARETS.match(body) or nccl in ("INFO", "TRACE") or (nccl is None and level in QUIET_LEVELS):
+            return "context", body
+        if "arn" in body and _WARNING_LINE.search(body) and not _EXCEPTION_LIKE.match(body):
+            self.in_warning = True
+            return "context", body
+        if self.in_warning and not _looks_like_statement(body) and not _ERROR_WORDS.search(body):
+            return "context", body
+        self.in_warning = False
+        said = FOOTERS.sub("", body).strip()
+        if _BOILERPLATE.search(body) or not said.strip(" .'\""):
+            return "context", body
+        if nccl is None and level in WARNING_LEVELS:
+            return "warning", said
+        return "content", said
 
 
 _STATEMENT = re.compile(r"^(?:[\w.]*(?:Error|Exception)\b|terminate called|Traceback|\*\*\*|slurmstepd|srun:|Killed\b|"
