@@ -200,8 +200,10 @@ def decide(events: list[Event]) -> Reading:
         return _class_reading(_first(exits))
     if unclassed:
         ev = unclassed[-1]
-        line = _shown(ev.head.raw)
-        return Reading("unknown", None, line, _rank(ev, line), ev.site(own=False), ev.etype, ev.n)
+        # torchrun's report: its exit code line says more than "ChildFailedError:"
+        said = next((ln for ln in ev.lines if ev.kind == "child" and "exitcode" in ln.raw), ev.head)
+        line = _shown(said.raw)
+        return Reading("unknown", None, line, _rank(ev, line), ev.site(own=False), ev.etype, said.n)
     return Reading("none")
 
 

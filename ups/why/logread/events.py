@@ -106,7 +106,7 @@ def read_events(text: str) -> list[Event]:
 def parse(lines: list[Line]) -> list[Event]:
     events: list[Event] = []
     frames: dict[str, list[tuple[str, int, str | None]]] = {}  # each stream's open traceback
-    opened: dict[str, Line] = {}
+    opened: dict[str, Line] = {}  # each stream's open traceback's last frame line
     last_exception: dict[str, Event] = {}
     consumed: set[int] = set()
     for i, line in enumerate(lines):
@@ -121,7 +121,7 @@ def parse(lines: list[Line]) -> list[Event]:
             site = frame_site(line.body)
             if site:
                 frames.setdefault(stream, []).append(site)
-                opened.setdefault(stream, line)
+                opened[stream] = line
         elif line.role == "chain":
             if stream in last_exception:
                 last_exception[stream].cause_of_next = True
@@ -133,7 +133,7 @@ def parse(lines: list[Line]) -> list[Event]:
             event = _statement(lines, i, consumed)
             if event is None:
                 continue
-            if event.kind == "exception":
+            if event.kind == "exception" or event.etype == "ChildFailedError":  # its traceback ends here
                 event.frames = frames.pop(stream, [])
                 opened.pop(stream, None)
                 last_exception[stream] = event
@@ -145,7 +145,8 @@ def parse(lines: list[Line]) -> list[Event]:
 
 
 def _close(events: list[Event], frames: dict, opened: dict, stream: str) -> None:
-    """A traceback that ends without its exception (a paste cut short): an event of its own."""
+    """A traceback that ends without its exception (a paste cut short): an event of its own,
+    shown by its last frame."""
     fr = frames.pop(stream, [])
     head = opened.pop(stream, None)
     if fr and head is not None:
