@@ -366,7 +366,7 @@ SIGNS: tuple[Sign, ...] = (
     _s("rendezvous_timeout", r"Rendezvous\w*TimeoutError|RendezvousConnectionError|"
        r"Timed out initializing process group in store based barrier|client socket has timed out|"
        r"client socket has failed to connect to any network address|"
-       r"client socket has failed to connect to[^\n]*(?:timed out|errno: 110)|"
+       r"client socket has failed to connect to[^\n]*(?:timed out|errno: 11[03]|No route to host)|"
        r"Timed out after \d+ seconds waiting for clients|connect\(\) timed out|"
        r"DistStoreError[^\n]*(?:Timed out|timeout)|Socket Timeout|store->get\([^)]*\) got error: Wait timeout|"
        r"wait timeout after \d+ ?ms, keys:"),
@@ -376,7 +376,7 @@ SIGNS: tuple[Sign, ...] = (
     # c10d says a socket failed at WARNING level, then retries or gives up in an error line: when
     # a capture stops before that line, the warning is all there is.
     _s("address_in_use", r"failed to bind to \S+ \(errno: 98", SYMPTOM, on_warning=True),
-    _s("rendezvous_timeout", r"client socket has failed to connect to \S+ \(errno: 110", SYMPTOM, on_warning=True),
+    _s("rendezvous_timeout", r"client socket has failed to connect to \S+ \(errno: 11[03]", SYMPTOM, on_warning=True),
     # cuda_oom
     _s("cuda_oom", r"CUDA out of memory|CUDA error: out of memory|(?:cuda|torch)\.OutOfMemoryError|"
        r"CUBLAS_STATUS_ALLOC_FAILED|Cuda failure '?out of memory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation|"
