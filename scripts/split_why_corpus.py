@@ -65,7 +65,7 @@ def main() -> int:
     args = p.parse_args()
     records: list[dict] = []
     for path in args.raw:
-        for n, line in enumerate(path.read_text().splitlines(), 1):
+        for line in path.read_text().splitlines():
             if line.strip():
                 rec = json.loads(line)
                 rec["thread"] = thread_of(rec.get("thread") or rec["source"])

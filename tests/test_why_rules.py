@@ -473,7 +473,7 @@ def _(s: Scene) -> None:
           error="RuntimeError: Detected mismatch between collectives on ranks. Rank 1 is running collective: broadcast")
 
 
-@case(ended, "rank 0 failed: the module is not installed (a log class)", "module_not_found", who="rank 0",
+@case(ended, "rank 0 failed: the module is not installed (a log class)", "import_error", who="rank 0",
       words=("rank 0 failed: an import failed",))
 def _(s: Scene) -> None:
     s.ended("failed", failure={"rank": 0})

@@ -12,6 +12,7 @@ from ups.cli.common import (
     RunArgument,
     RunsDirOption,
     default_runs_dir,
+    fail,
     print_json,
     text_console,
 )
@@ -27,6 +28,10 @@ def why_cmd(
     remote: RemoteOption = None,
     remote_timeout: Annotated[float, typer.Option("--remote-timeout", help="Seconds to wait for each --remote node's first "
                                                                            "snapshot; a node silent longer is unreachable.")] = 10.0,
+    log: Annotated[str | None, typer.Option("--log", metavar="FILE",
+                                            help="Read a log of a run ups did not launch (a SLURM .out, a torchrun or "
+                                                 "kubectl log, a Lightning or HF Trainer capture; - for stdin) and say "
+                                                 "what failed: the class, the line, the rank and the fix.")] = None,
 ) -> None:
     """What is wrong with a run (or "nothing: healthy"), in one paragraph: who (rank, worker,
     pid, host), where (phase and the Python frame that matters, file:line), since when, the
@@ -40,10 +45,21 @@ def why_cmd(
     over SSH as `ups status --remote` reads it; a node that cannot be reached (or was never
     heard from) is named first.
 
+    A log of a run ups did not launch: --log FILE (- for stdin) reads it as an engineer
+    would (tracebacks and their causes, torchrun's report, NCCL, CUDA, kernel and SLURM lines;
+    INFO lines, warnings and footers never decide) and names the root cause: a failure class
+    with who, where and the fix, "your code raised X at file:line", or "no known class: the
+    last error was ..." (never a guess).
+
     Exit codes: 0 nothing wrong, 1 a problem named, 2 bad input. --json prints
     {"run_id", "state", "verdict": {"mode", "ok", "headline", "who", "where", "since",
-    "evidence", "next", "text"}}.
+    "evidence", "next", "text"}}; with --log, {"log", "failed", "kind", "class", "summary",
+    "line", "line_number", "rank", "site", "exception", "what", "who", "where", "fix"}.
     """
+    if log is not None:
+        if run or remote:
+            raise fail("--log reads a log file, not a run: give one or the other")
+        _why_log(log, json)
     from ups.runs.read import open_run
     from ups.runs.rundir import resolve_run
     from ups.why import diagnose_view
@@ -75,6 +91,55 @@ def why_cmd(
             console.print(Text(f"attempt {a.get('attempt')} ({a.get('ended', '?')}): "
                                f"{(a.get('verdict') or {}).get('headline', '?')}", style="dim"))
     raise typer.Exit(0 if verdict.ok else 1)
+
+
+def _why_log(source: str, as_json: bool) -> None:
+    """``ups why --log FILE``: the verdict on a log's text (ups.why.logread)."""
+    import sys
+
+    from ups.status.safeio import BadFile, read_log_file, read_log_stream
+    from ups.why.logread import read_log
+
+    try:
+        text = read_log_stream(sys.stdin.buffer) if source == "-" else read_log_file(source)
+    except FileNotFoundError:
+        raise fail(f"--log {source}: no such file") from None
+    except BadFile as exc:
+        raise fail(f"--log {source}: {exc}") from None
+    except OSError as exc:  # a folder on a platform where open() says so first, a permission
+        raise fail(f"--log {source}: unreadable ({exc.strerror or exc})") from None
+    reading = read_log(text)
+    cls = reading.cls
+    out = {"log": source, "failed": reading.failed, "kind": reading.kind, "class": reading.name,
+           "summary": reading.summary, "line": reading.line or None,
+           "line_number": None if reading.n is None else reading.n + 1, "rank": reading.rank, "site": reading.site,
+           "exception": reading.exception, "what": cls.what if cls else None, "who": cls.who if cls else None,
+           "where": cls.where if cls else None, "fix": reading.fix or None}
+    if as_json:
+        print_json(out)
+    else:
+        _print_log_reading(out)
+    raise typer.Exit(1 if reading.failed else 0)
+
+
+def _print_log_reading(out: dict) -> None:
+    """The reading as a few lines of plain text: outside text (the log's line) is shown as
+    text, its control characters made visible, never as markup."""
+    from rich.text import Text
+
+    from ups.status.printable import printable
+
+    console = text_console(soft_wrap=True)
+    head = f"{out['class']}: {out['summary']}" if out["class"] else out["summary"]
+    console.print(Text(printable(head), style="bold red" if out["failed"] else "green"))
+    if not out["failed"]:
+        return
+    rows = [("line", f"{out['line']}" + (f"  (line {out['line_number']} of the log)" if out["line_number"] else "")),
+            ("rank", "" if out["rank"] is None else str(out["rank"])), ("site", out["site"] or ""),
+            ("who", out["who"] or ""), ("look", out["where"] or ""), ("fix", out["fix"] or "")]
+    for label, value in rows:
+        if value:
+            console.print(Text.assemble((f"  {label}: ", "bold"), printable(value)))
 
 
 def _remote_view(runs_dir, run: str | None, remote: list[str], timeout: float):  # noqa: ANN001, ANN202

@@ -75,3 +75,13 @@ def sgr_only(text: str) -> str:
     text = _TOKENS.sub(lambda m: m.group(1) or "", text)
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     return text.translate(_STRIP)
+
+
+_SGR_TOKEN = re.compile(_SGR)
+
+
+def plain_text(text: str) -> str:
+    """Outside text to read, not to colour (a log ``ups why --log`` reads): every escape
+    sequence and control character removed, colours included; tabs and newlines stay, and a
+    carriage return (a progress bar redrawn in place) ends a line."""
+    return _SGR_TOKEN.sub("", sgr_only(text))

@@ -29,7 +29,7 @@ import stat
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ups.status.printable import printable, sgr_only
+from ups.status.printable import plain_text, printable, sgr_only
 
 READ_CHUNK = 1 << 16
 MAX_JSON_BYTES = 1 << 20  # records and manifests are ~1-10 KB: anything past 1 MiB is not ours
@@ -121,6 +121,56 @@ def read_tail(path: str | os.PathLike[str], max_bytes: int, start: int | None = 
         os.close(fd)
     text = b"".join(chunks).decode("utf-8", errors="replace")
     return sgr_only(text) if colours else printable(text, lines=True)
+
+
+MAX_LOG_BYTES = 8 << 20  # a log read as a whole (``ups why --log``): its last 8 MiB
+OPEN_LOG = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC  # a file the user names: a symlink to it is fine
+
+
+def read_log_file(path: str | os.PathLike[str], max_bytes: int = MAX_LOG_BYTES) -> str:
+    """A text log someone names (a SLURM .out, a torchrun capture): its last ``max_bytes`` as
+    text with every escape sequence and control character removed (colours too; tabs and
+    newlines stay, a carriage return ends a line). Never blocks: a FIFO, a device or a folder
+    is refused with the reason (BadFile), and so is binary data. FileNotFoundError passes."""
+    fd = open_regular(path, OPEN_LOG)
+    try:
+        size = os.fstat(fd).st_size
+        os.lseek(fd, max(0, size - max_bytes), os.SEEK_SET)
+        chunks, left = [], max_bytes
+        while left > 0 and (chunk := os.read(fd, min(READ_CHUNK, left))):
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as exc:
+        raise BadFile(f"unreadable ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
+    return decode_log(b"".join(chunks))
+
+
+def read_log_stream(stream: Any, max_bytes: int = MAX_LOG_BYTES) -> str:
+    """:func:`read_log_file` for a stream read to its end (standard input): its last ``max_bytes``."""
+    tail = bytearray()
+    try:
+        while chunk := stream.read(READ_CHUNK):
+            tail += chunk
+            if len(tail) > 2 * max_bytes:
+                del tail[: len(tail) - max_bytes]
+    except OSError as exc:
+        raise BadFile(f"unreadable ({exc.strerror or exc})") from None
+    return decode_log(bytes(tail[-max_bytes:]))
+
+
+def decode_log(data: bytes) -> str:
+    """Bytes of a text log as safe text; BadFile when they are not text (a NUL byte, or mostly
+    bytes that are not UTF-8: an archive, a core dump, a checkpoint)."""
+    head = data[:65536]
+    if b"\x00" in head:
+        raise BadFile("binary data (a NUL byte), not a text log")
+    text = data.decode("utf-8", errors="replace")
+    sample = text[:65536]
+    if sample and sample.count("\ufffd") > len(sample) // 10:
+        raise BadFile("binary data (not UTF-8 text), not a text log")
+    return plain_text(text)
 
 
 def try_tail(path: str | os.PathLike[str], max_bytes: int, start: int | None = None) -> str | None:

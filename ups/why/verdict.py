@@ -20,9 +20,9 @@ MODES = (
 
 
 def _log_classes() -> tuple[str, ...]:
-    from ups.why.classify import TABLE
+    from ups.why.logread.classes import CLASSES
 
-    return tuple(c.name for c in TABLE if c.name not in MODES)
+    return tuple(c.name for c in CLASSES if c.name not in MODES)
 
 
 MODES = MODES + _log_classes()

@@ -16,8 +16,8 @@ import re
 from ups.runs.view import ProcessView
 from ups.status.health import Health
 from ups.status.record import StatusRecord
-from ups.why.classify import classify as classify_text
 from ups.why.evidence import Evidence
+from ups.why.logread import Reading, read_log
 from ups.why.rules.collectives import MISMATCH, collective_mismatch, collective_timeout
 from ups.why.rules.common import ended_at, first_line, grep_lines, where_of
 from ups.why.rules.hardware import gpu_fault
@@ -30,12 +30,15 @@ from ups.why.rules.workers import (
 )
 from ups.why.verdict import Verdict, who_of
 
-# CUDA's words, and the CPU allocator's when a host allocation is refused.
+# A skipped step's note in the job's log (ups.jobs.train): CUDA's words, or the CPU allocator's.
 OOM = re.compile(r"out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|can't allocate memory|"
                  r"Cannot allocate memory", re.I)
-# torch.save's zip writer reports a short write (a full disk, a quota) as "unexpected pos".
+# The lines that show a write failed (ups.why.logread names the class; these are its evidence).
 DISK_FULL = re.compile(r"No space left on device|ENOSPC|\[Errno 28\]|file write failed|Disk quota exceeded|"
                        r"unexpected pos \d+ vs \d+")
+# The process's own words (its error, its exception) read as ups.why.logread reads a log.
+OUT_OF_MEMORY = ("cuda_oom", "host_oom")
+WRITE_FAILED = ("disk_full", "disk_quota")
 TRACEBACK_FILE = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)')
 RENDEZVOUS = re.compile(
     r"address already in use|EADDRINUSE|Connection refused|ECONNREFUSED|Rendezvous\w*Error|rendezvous|"
@@ -123,17 +126,18 @@ def classify_failure(ev: Evidence, record: StatusRecord | None, failure: dict) -
     timed_out = collective_timeout(ev, record, text)
     if timed_out is not None:
         return timed_out
-    if OOM.search(error) or (signal_name is None and record.state == "failed" and OOM.search(_exception_text(ev, record))):
-        line = error if OOM.search(error) else next(iter(grep_lines(text, OOM)[-1:]), "")
-        return oom_verdict(ev, record, fatal=True, error=line)
-    if DISK_FULL.search(error) or DISK_FULL.search(_exception_text(ev, record)):
+    said = read_log(error)
+    raised = read_log(_exception_text(ev, record))
+    if said.name in OUT_OF_MEMORY or (signal_name is None and record.state == "failed" and raised.name in OUT_OF_MEMORY):
+        return oom_verdict(ev, record, fatal=True, error=error if said.name in OUT_OF_MEMORY else raised.line)
+    if said.name in WRITE_FAILED or raised.name in WRITE_FAILED:
         return disk_full_verdict(ev, record, error + "\n" + _exception_text(ev, record))
     if DATALOADER_RESOURCES.search(error):
         return resources_verdict(ev, record, error)
     if signal_name in ("SIGKILL", "SIGTERM") and not _signalled_by_ups(ev, record):
         return outside_signal_verdict(ev, record, signal_name, failure)
-    logged = classify_text("\n".join((error, _exception_text(ev, record), log[-20_000:])))
-    if logged is not None:
+    logged = read_log("\n".join((error, _exception_text(ev, record), log[-20_000:])))
+    if logged.cls is not None:
         return log_class_verdict(ev, record, logged, failure)
     if signal_name:
         fatal = ev.stack(record, "fatal")
@@ -199,13 +203,15 @@ def outside_signal_verdict(ev: Evidence, record: StatusRecord, signal_name: str,
                    next=f"check the scheduler's log for a preemption or time limit; `ups relaunch {run}` resumes")
 
 
-def log_class_verdict(ev: Evidence, record: StatusRecord, m, failure: dict) -> Verdict:  # noqa: ANN001
-    """A failure the process's own words name (ups.why.classify): what, where, the fix."""
+def log_class_verdict(ev: Evidence, record: StatusRecord, reading: Reading, failure: dict) -> Verdict:
+    """A failure the process's own words name (ups.why.logread): what, where, the fix."""
+    assert reading.cls is not None
     section = ev.stack(record, "exception")
     where = where_of(ev, record, section)
-    where["site"] = record.error_site or where.get("site") or m.site
-    return Verdict(m.cls.name, f"{record.label} failed: {m.cls.what}", who=who_of(record), where=where,
-                   since=ended_at(ev, record), evidence=[first_line(m.line)] + _followers(failure), next=m.cls.fix)
+    where["site"] = record.error_site or where.get("site") or reading.site
+    return Verdict(reading.cls.name, f"{record.label} failed: {reading.cls.what}", who=who_of(record), where=where,
+                   since=ended_at(ev, record), evidence=[first_line(reading.line)] + _followers(failure),
+                   next=reading.cls.fix)
 
 
 def _exception_text(ev: Evidence, record: StatusRecord) -> str:

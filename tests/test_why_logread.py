@@ -1,0 +1,261 @@
+"""How `ups why` reads a log (ups.why.logread): its structure, on small texts built for each rule.
+
+The texts are shaped like real output (tracebacks, NCCL and torchrun lines, CUDA footers), but
+each checks one rule of the reading, so that a change that breaks a rule fails here by name:
+a footer never decides; an INFO line never decides; a warning never decides; the innermost
+cause wins; the first rank to fail wins; a symptom yields to its cause; an unknown text says
+it is unknown; the program's own error is "your code raised X at file:line". How right the
+reader is on real excerpts it was not tuned on is scripts/bench_why_corpus.py's figure.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from helpers import run_ups
+
+from ups.why.logread import BY_NAME, CLASSES, read_log
+
+FOOTER = """CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.
+For debugging consider passing CUDA_LAUNCH_BLOCKING=1
+Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.
+"""
+
+
+def tb(*frames: str, error: str) -> str:
+    """A traceback: frames as (path:line:function) strings, then the exception line."""
+    lines = ["Traceback (most recent call last):"]
+    for f in frames:
+        path, line, fn = f.split(":")
+        lines += [f'  File "{path}", line {line}, in {fn}', "    pass"]
+    return "\n".join(lines + [error]) + "\n"
+
+
+# -- footers, INFO lines and warnings are context ---------------------------------------------------
+def test_a_footer_never_decides():
+    # PyTorch prints the same footer under every CUDA error; it names device-side assertions.
+    ecc = read_log("RuntimeError: CUDA error: uncorrectable ECC error encountered\n" + FOOTER)
+    assert ecc.name == "gpu_ecc"
+    kernel = read_log("RuntimeError: CUDA error: no kernel image is available for execution on the device\n" + FOOTER)
+    assert kernel.name == "cuda_no_kernel_image"
+    # ... also when a capture joined it to the error's line
+    one_line = read_log("CUDA error: no kernel image is available for execution on the device " + FOOTER.replace("\n", " "))
+    assert one_line.name == "cuda_no_kernel_image"
+    alone = read_log(FOOTER)
+    assert alone.cls is None and not alone.failed
+
+
+def test_an_info_line_never_decides():
+    info = """node1:26023:26023 [0] NCCL INFO Bootstrap : Using eth0:172.17.2.7<0>
+node1:26023:26023 [0] NCCL INFO NET/Plugin: Plugin load returned 2 : libnccl-net.so: cannot open shared object file: No such file or directory : when loading libnccl-net.so
+node1:26023:26023 [0] NCCL INFO NET/Plugin: Using internal network plugin.
+[2024-04-18 10:46:28,089] [INFO] [comm.py:652:init_distributed] Out of memory checks disabled; No space left on device is not an error here
+08/07/2021 02:16:27 - INFO - __main__ -   Killed 0 stale workers
+"""
+    assert not read_log(info).failed
+    # ... and the error after them is what decides
+    failed = read_log(info + "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.1 GiB total capacity)\n")
+    assert failed.name == "cuda_oom" and failed.line.startswith("torch.OutOfMemoryError")
+
+
+def test_a_warning_never_decides():
+    warning = """/opt/venv/lib/python3.11/site-packages/torch/cuda/__init__.py:174: UserWarning: CUDA initialization: The NVIDIA driver on your system is too old (found version 11040).
+  return torch._C._cuda_getDeviceCount() > 0
+/opt/venv/lib/python3.11/site-packages/torchvision/io/image.py:13: UserWarning: Failed to load image Python extension: libc10_cuda.so: cannot open shared object file: No such file or directory
+  warn(
+[W socket.cpp:663] [c10d] The client socket cannot be initialized to connect to [localhost]:29500 (errno: 97 - Address family not supported by protocol).
+epoch 1 loss 0.41
+"""
+    assert not read_log(warning).failed
+
+
+# -- causes and their order -------------------------------------------------------------------------
+def test_the_innermost_cause_wins():
+    during = tb("/home/u/train.py:40:save", "/opt/venv/lib/python3.11/site-packages/torch/serialization.py:850:_save",
+                error="OSError: [Errno 28] No space left on device") + \
+        "\nDuring handling of the above exception, another exception occurred:\n\n" + \
+        tb("/home/u/train.py:44:save", error="RuntimeError: CUDA error: out of memory")
+    reading = read_log(during)
+    assert reading.name == "disk_full" and reading.site == "train.py:40"
+    direct = tb("/home/u/data.py:12:load", error="FileNotFoundError: [Errno 2] No such file or directory: 'shard-7.h5'") + \
+        "\nThe above exception was the direct cause of the following exception:\n\n" + \
+        tb("/home/u/train.py:9:main", error="RuntimeError: DataLoader worker (pid 4321) is killed by signal: Killed.")
+    assert read_log(direct).name == "file_missing"
+
+
+def test_the_first_rank_to_fail_wins_by_its_own_clock():
+    # Printed out of order (two ranks' output interleaved): rank 0's line comes second but
+    # its timestamp is earlier.
+    text = """[rank1]:[E626 06:24:44.903881913 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=808, OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600020 milliseconds before timing out.
+[rank0]:[E626 06:24:44.159932949 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=808, OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600030 milliseconds before timing out.
+"""
+    reading = read_log(text)
+    assert reading.name == "collective_timeout" and reading.rank == 0
+
+
+def test_a_symptom_yields_to_its_cause():
+    # rank 0 saw its peer go; rank 1 ran out of GPU memory first: the peer is the cause.
+    text = """[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:4005
+[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB (GPU 1; 79.1 GiB total capacity)
+"""
+    reading = read_log(text)
+    assert reading.name == "cuda_oom" and reading.rank == 1
+    # ... and to the program's own error, when that came first
+    own = tb("/home/u/train.py:30:main", error="[rank1]: ValueError: Expected input batch_size (16) to match target batch_size (8).")
+    assert read_log(own.replace('  File', '[rank1]:   File') + text.splitlines()[0] + "\n").kind == "user_code"
+    # ... but alone it is named
+    assert read_log(text.splitlines()[0]).name == "peer_lost"
+
+
+def test_a_more_specific_reading_of_one_event_wins():
+    dup = """torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:275, invalid usage (run with NCCL_DEBUG=WARN for details), NCCL version 2.20.5
+ncclInvalidUsage: This usually reflects invalid usage of NCCL library.
+Last error:
+Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 10
+"""
+    assert read_log(dup).name == "duplicate_gpu"
+    # NCCL writes no file but its shared-memory segments: its "No space left" is /dev/shm's.
+    shm = "node1:100:200 [0] include/shm.h:28 NCCL WARN Call to posix_fallocate failed : No space left on device\n"
+    assert read_log(shm).name == "shm_full"
+    assert read_log("OSError: [Errno 28] No space left on device: '/data/ckpt/model.pt'\n").name == "disk_full"
+
+
+# torchrun's report of a run whose rank 3 was SIGKILLed.
+CHILD = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+train.py FAILED
+------------------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2024-02-09_09:09:15
+  host      : node1
+  rank      : 3 (local_rank: 3)
+  exitcode  : -9 (pid: 170581)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 170581
+============================================================
+"""
+
+
+def test_how_a_process_ended_decides_only_when_nothing_says_more():
+    reading = read_log(CHILD)
+    assert reading.name == "oom_killed" and reading.rank == 3
+    said = read_log("RuntimeError: DataLoader worker (pid 4499) is killed by signal: Bus error.\n" + CHILD)
+    assert said.name == "shm_full" and said.rank == 3  # the rank torchrun names, the cause the worker's death says
+
+
+def test_a_rank_killed_explains_its_peers_errors_but_an_abort_does_not():
+    peer = "[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:4005\n"
+    child = CHILD.replace("exitcode  : -9", "exitcode  : {code}").replace("Signal 9 (SIGKILL)", "{signal}")
+    killed = read_log(peer + child.format(code=-11, signal="Signal 11 (SIGSEGV)"))
+    assert killed.name == "segfault" and killed.rank == 3  # rank 3 crashed; rank 0 only lost it
+    timeout = "[rank1]:[E ProcessGroupNCCL.cpp:607] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600013 milliseconds before timing out.\n"
+    aborted = read_log(timeout + child.format(code=-6, signal="Signal 6 (SIGABRT)"))
+    assert aborted.name == "collective_timeout" and aborted.rank == 1  # the watchdog's abort is how it ended, not why
+
+
+def test_the_first_nccl_warn_of_a_process_is_its_root():
+    text = """a100-22:183006:183220 [1] misc/socket.cc:518 NCCL WARN Net : Call to recv from 10.200.84.247<58355> failed : Broken pipe
+a100-22:183006:183220 [1] NCCL INFO misc/socket.cc:535 -> 6
+a100-22:183006:183220 [1] proxy.cc:1119 NCCL WARN [Proxy Service 9] Failed to execute operation Connect from rank 9, retcode 6
+"""
+    assert read_log(text).name == "peer_lost"  # the proxy's failed Connect follows from the peer gone
+    assert read_log(text.splitlines()[2]).name == "nccl_network"  # alone, it is the network
+
+
+# -- what no class knows ----------------------------------------------------------------------------
+def test_an_unknown_text_says_it_is_unknown():
+    text = tb("/home/u/train.py:50:main", "/opt/venv/lib/python3.11/site-packages/torch/cuda/__init__.py:300:_lazy_init",
+              error="RuntimeError: CUDA error: unspecified launch failure")
+    reading = read_log(text)
+    assert reading.kind == "unknown" and reading.cls is None and reading.failed
+    assert reading.summary == "no known class: the last error was `RuntimeError: CUDA error: unspecified launch failure`, at __init__.py:300"
+    assert read_log("ERROR: something nobody has seen before\n").summary.startswith("no known class: the last error was `ERROR:")
+
+
+def test_the_programs_own_error_is_your_code_raised():
+    text = tb("/home/u/train.py:57:main", "/home/u/model.py:12:forward",
+              "/opt/venv/lib/python3.11/site-packages/torch/nn/functional.py:3053:cross_entropy",
+              error="ValueError: Expected input batch_size (79) to match target batch_size (47).")
+    reading = read_log(text)
+    assert reading.kind == "user_code" and reading.cls is None
+    assert reading.summary == "your code raised ValueError at model.py:12"
+    assert "model.py:12" in reading.fix
+
+
+def test_nothing_failed_says_so():
+    reading = read_log("Epoch 1: 100%|██████████| 50/50 [00:05<00:00,  9.12it/s, loss=0.512]\n`Trainer.fit` stopped.\n")
+    assert reading.kind == "none" and not reading.failed and reading.summary == "no failure in this log"
+
+
+def test_every_class_says_what_who_where_and_the_fix():
+    assert len(CLASSES) == 32 and len(BY_NAME) == 32
+    for c in CLASSES:
+        assert c.what and c.who and c.where and c.fix, c.name
+        assert all(r in BY_NAME for r in c.refines), c.name
+
+
+# -- ups why --log: input that is not a log ----------------------------------------------------------
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # never read from: opening it must not wait for a writer
+    binary = tmp_path / "core"
+    binary.write_bytes(b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)) * 8)
+    for path, reason in ((tmp_path / "missing.log", "no such file"), (tmp_path, "a directory"), (fifo, "a FIFO"),
+                         (binary, "binary data")):
+        res = run_ups("why", "--log", str(path), timeout=30)
+        assert res.returncode == 2 and reason in res.stderr, (path, res.stderr)
+        assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("text, code", [("epoch 1 loss 0.4\n", 0), ("RuntimeError: CUDA error: out of memory\n", 1)])
+def test_stdin_is_read_with_a_dash(text: str, code: int):
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "ups", "why", "--log", "-", "--json"], input=text, capture_output=True,
+                         text=True, timeout=30)
+    assert res.returncode == code, res.stderr
+
+
+def test_the_logs_own_text_is_shown_as_text(tmp_path: Path):
+    # A log line with a terminal escape and Rich markup: shown, never acted on or interpreted.
+    log = tmp_path / "job.log"
+    log.write_text("RuntimeError: CUDA error: out of memory [bold]\x1b]0;pwned\x07[/bold] \x1b[2J\n")
+    res = run_ups("why", "--log", str(log), timeout=30)
+    assert res.returncode == 1, res.stderr
+    assert "\x1b" not in res.stdout and "\x07" not in res.stdout
+    assert "[bold]" in res.stdout and "cuda_oom" in res.stdout
+
+
+def test_a_signs_words_are_in_every_line_it_matches():
+    # The reader tries a sign only on lines holding one of the words every match of it holds
+    # (ups.why.logread.classes.required_words): a word wrongly taken as required would hide a
+    # class. Every line of the dev corpus, and this file's texts, say it is not.
+    import json
+
+    from ups.why.logread.classes import SIGNS, may_show_a_class
+
+    dev = Path(__file__).parent / "data" / "why_corpus" / "dev.jsonl"
+    texts = [json.loads(line)["text"] for line in dev.read_text().splitlines() if line.strip()]
+    texts.append(Path(__file__).read_text())
+    for text in texts:
+        for line in text.splitlines():
+            lowered = line.lower()
+            for sign in SIGNS:
+                if sign.pattern.search(line):
+                    assert sign.may_match(lowered) and may_show_a_class(lowered), (sign.cls, line)
+
+
+def test_required_words_of_a_pattern():
+    from ups.why.logread.classes import required_words
+
+    assert required_words(r"Watchdog caught collective operation timeout|WorkNCCL\([^)]*\) ran for \d+ ms") == (
+        "watchdog caught collective operation timeout", ") ran for")
+    assert required_words(r"spot (?:instance )?interruption") == ("interruption",)
+    assert required_words(r"ab+c|x?yz") is None  # "ab" is only certain up to its "a"; "yz" is too short

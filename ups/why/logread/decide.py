@@ -1,0 +1,249 @@
+"""The verdict on a log: the root-cause event, read the way an engineer reads it.
+
+1. Each event gets the classes its signs show (:mod:`ups.why.logread.classes`); a class that
+   refines another on the same event wins, then the event's strongest tier.
+2. The root cause is the *first* event, in time, that says what went wrong (``CAUSE``): the
+   innermost exception of a chain is printed first, and the first rank to fail is the one the
+   others follow (ranks' own timestamps order them when every candidate has one).
+3. Else a process killed by a signal it did not send itself (SIGKILL, SIGSEGV): its peers'
+   errors (a connection closed, a collective timed out) follow from it.
+4. Else a symptom (a peer gone, a collective timed out) and an exception no class knows
+   compete, first in time: a rank whose own code raised, before its peers saw it go, is the
+   cause.
+5. Then how a process ended otherwise (SIGABRT, SIGTERM), when nothing else says more.
+6. Otherwise the failure is unknown, and said to be: "no known class: the last error was
+   `<line>`" (an unknown is better than a wrong class). No error at all: nothing to say.
+
+An exception no class knows is "your code raised X at file:line" when the program's own code
+raised it, or when it is the kind of error programs raise about their own inputs (a
+ValueError, a shape mismatch, ...).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from typing import NamedTuple
+
+from ups.why.logread.classes import (
+    BY_NAME,
+    CAUSE,
+    EXIT,
+    KILLED,
+    SIGNS,
+    SYMPTOM,
+    LogClass,
+    may_show_a_class,
+)
+from ups.why.logread.events import Event, is_errorish, read_events
+
+# Exceptions a program raises about its own inputs and code (never an infrastructure class).
+USER_TYPES = frozenset((
+    "ValueError", "KeyError", "TypeError", "AttributeError", "IndexError", "AssertionError", "NameError",
+    "UnboundLocalError", "ZeroDivisionError", "NotImplementedError", "RecursionError", "StopIteration",
+    "JSONDecodeError", "UnicodeDecodeError", "UnicodeEncodeError", "SyntaxError", "IndentationError",
+))
+USER_MESSAGES = re.compile(
+    r"shapes cannot be multiplied|size mismatch|Error\(s\) in loading state_dict|Expected all tensors to be on the same "
+    r"device|does not require grad|Expected object of scalar type|expected scalar type|The size of tensor a|"
+    r"shape '\[[^\]]*\]' is invalid for input of size|Given groups=|Sizes of tensors must match|modified by an inplace "
+    r"operation|backward through the graph a second time|Input type .* and weight type .* should be the same|"
+    r"Expected \d+D|must match the size of tensor|Expected input batch_size|expected input\[", re.I)
+# A shell tool's complaint in a job script ("rm: cannot remove 'x': No such file or directory"):
+# scripts go on after them, so they explain a failure only when nothing else does.
+SHELL_TOOL = re.compile(r"^(?:/(?:usr/)?bin/)?(?:rm|ls|cp|mv|mkdir|rmdir|cat|ln|chmod|chown|find|du|df|tar|touch|tee|"
+                        r"module|source|wget|curl|git|fatal|bash|sh|zsh|sed|grep|awk|head|tail|cd)(?:\[\d+\])?:\s")
+# NCCL's return codes in its INFO trace (``file.cc:N -> 2``): 2 system error, 5 invalid usage, 6 remote error.
+NCCL_CODES = {2: "nccl_system_error", 5: "nccl_invalid_usage", 6: "peer_lost"}
+_RANK_WORDS = re.compile(r"\[Rank (\d+)\]|\bon rank:? (\d+)|\brank(\d+)\b|\blocal_rank:? (\d+)|\bRank (\d+) is running|"
+                         r"\brank (\d+)\b", re.I)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What a log says went wrong: a known class, the program's own error, an unknown error, or
+    nothing."""
+
+    kind: str  # class | user_code | unknown | none
+    cls: LogClass | None = None
+    line: str = ""  # the deciding line, as printed
+    rank: int | None = None
+    site: str | None = None  # file:line (the program's own frame where there is one)
+    exception: str | None = None  # the exception's type when the line is one
+    n: int | None = None  # the line's index in the log
+
+    @property
+    def name(self) -> str | None:
+        return self.cls.name if self.cls else None
+
+    @property
+    def failed(self) -> bool:
+        return self.kind != "none"
+
+    @property
+    def summary(self) -> str:
+        """The verdict in one sentence."""
+        at = f" at {self.site}" if self.site else ""
+        if self.kind == "class" and self.cls:
+            return self.cls.what
+        if self.kind == "user_code":
+            return f"your code raised {self.exception}{at}"
+        if self.kind == "unknown":
+            return f"no known class: the last error was `{self.line}`" + (f", at {self.site}" if self.site else "")
+        return "no failure in this log"
+
+    @property
+    def fix(self) -> str:
+        if self.cls:
+            return self.cls.fix
+        if self.kind == "user_code":
+            return f"fix the program{at_site(self.site)}: the exception's message says what was wrong with its input"
+        if self.kind == "unknown":
+            return "read the lines around it (and the first rank to fail); this is no failure class ups knows"
+        return ""
+
+
+def at_site(site: str | None) -> str:
+    return f" at {site}" if site else ""
+
+
+def read_log(text: str) -> Reading:
+    """The verdict on a log's text (a run's log, a process's error, a pasted excerpt)."""
+    events = read_events(text or "")
+    reading = decide(events)
+    if reading.failed and reading.rank is None:
+        # Output without per-rank prefixes: torchrun's report names the rank that failed first.
+        root = next((ev.rank for ev in events if ev.kind == "child" and ev.etype == "ChildFailedError"
+                     and ev.rank is not None), None)
+        if root is not None:
+            reading = replace(reading, rank=root)
+    return reading
+
+
+def classes_of(event: Event) -> list[tuple[int, int, LogClass, int]]:
+    """(tier, position, class, line index within the event) of every class the event shows,
+    refined: a class another one on the same event refines is dropped."""
+    found: dict[str, tuple[int, int, LogClass, int]] = {}
+    frames = "\n".join(f[0] for f in event.frames)
+    for k, line in enumerate(event.lines):
+        lowered = line.body.lower()
+        if not may_show_a_class(lowered):
+            continue
+        warning = line.role == "warning" and k == 0
+        for sign in SIGNS:
+            if (warning and not sign.on_warning) or not sign.may_match(lowered):
+                continue
+            if sign.unless_frames is not None and sign.unless_frames.search(frames):
+                continue
+            m = sign.pattern.search(line.body)
+            if m is None:
+                continue
+            hit = (sign.tier, k * 10_000 + m.start(), BY_NAME[sign.cls], k)
+            if sign.cls not in found or hit[:2] < found[sign.cls][:2]:
+                found[sign.cls] = hit
+    refined = {r for _, _, c, _ in found.values() for r in c.refines}
+    return sorted((h for name, h in found.items() if name not in refined), key=lambda h: h[:2])
+
+
+class Candidate(NamedTuple):
+    """An event that may be the root cause, with the class it shows (None: no class)."""
+
+    tier: int
+    event: Event
+    cls: LogClass | None
+    k: int = 0  # the line of the event the class was read on
+
+
+def decide(events: list[Event]) -> Reading:
+    classed: list[Candidate] = []
+    unclassed: list[Event] = []
+    nccl_seen: set[str] = set()  # processes whose first NCCL WARN with a class is read
+    for ev in events:
+        if ev.superseded:
+            continue
+        if ev.kind == "code":
+            cls = NCCL_CODES.get(ev.code or 0)
+            if cls:
+                classed.append(Candidate(EXIT, ev, BY_NAME[cls]))
+            continue
+        found = classes_of(ev)
+        if not found:
+            if ev.kind != "line" or is_errorish(ev):
+                unclassed.append(ev)
+            continue
+        if ev.head.nccl == "WARN":
+            # NCCL unwinds a failure through more WARN lines (a proxy that cannot connect, a
+            # socket closed): the process's first one is the root, the rest follow from it.
+            who = _nccl_process(ev)
+            if who in nccl_seen:
+                continue
+            nccl_seen.add(who)
+        tier, _, cls, k = found[0]
+        if SHELL_TOOL.match(ev.head.body):
+            tier = max(tier, SYMPTOM)  # a script's `rm` or `cp` that failed and went on
+        classed.append(Candidate(tier, ev, cls, k))
+
+    for tier in (CAUSE, KILLED):
+        hits = [c for c in classed if c.tier == tier]
+        if hits:
+            return _class_reading(_first(hits))
+    symptoms = [c for c in classed if c.tier == SYMPTOM]
+    own = [ev for ev in unclassed if ev.kind == "exception" and not ev.wrapper]
+    if any(c.cls is not None and c.cls.name == "gpu_xid" for c in symptoms):
+        # A CUDA error no class knows, and the driver's Xid beside it: the Xid says what the GPU saw.
+        own = [ev for ev in own if "CUDA error" not in ev.text]
+    if symptoms or own:
+        pick = _first(symptoms + [Candidate(SYMPTOM, ev, None) for ev in own])
+        return _class_reading(pick) if pick.cls is not None else _exception_reading(pick.event)
+    exits = [c for c in classed if c.tier == EXIT]
+    if exits:
+        return _class_reading(_first(exits))
+    if unclassed:
+        ev = unclassed[-1]
+        # torchrun's report: its exit code line says more than "ChildFailedError:"
+        said = next((ln for ln in ev.lines if ev.kind == "child" and "exitcode" in ln.raw), ev.head)
+        line = _shown(said.raw)
+        return Reading("unknown", None, line, _rank(ev, line), ev.site(own=False), ev.etype, said.n)
+    return Reading("none")
+
+
+def _nccl_process(ev: Event) -> str:
+    m = re.match(r"\s*(\S+?:\d+):\d+ \[\d+\]", ev.head.body)
+    return m.group(1) if m else f"stream:{ev.head.stream}"
+
+
+def _first(candidates: list[Candidate]) -> Candidate:
+    """The candidate that happened first: by the ranks' own timestamps when every one has one
+    (interleaved output is not in time order), else by position in the log."""
+    stamps = [c.event.ts for c in candidates]
+    if all(stamps) and len({len(s.split(" ")[0]) for s in stamps}) == 1:
+        return min(candidates, key=lambda c: (c.event.ts, c.event.n))
+    return min(candidates, key=lambda c: c.event.n)
+
+
+def _class_reading(hit: Candidate) -> Reading:
+    ev, line_read = hit.event, hit.event.lines[hit.k]
+    line = _shown(line_read.raw)
+    return Reading("class", hit.cls, line, _rank(ev, line), ev.site(), ev.etype, line_read.n)
+
+
+def _exception_reading(ev: Event) -> Reading:
+    line = _shown(ev.head.raw)
+    if ev.raised_in_own_code or ev.etype in USER_TYPES or USER_MESSAGES.search(ev.text):
+        return Reading("user_code", None, line, _rank(ev, line), ev.site(), ev.etype, ev.n)
+    return Reading("unknown", None, line, _rank(ev, line), ev.site(own=False), ev.etype, ev.n)
+
+
+def _rank(ev: Event, line: str) -> int | None:
+    if ev.rank is not None:
+        return ev.rank
+    for text in (line, ev.text):
+        m = _RANK_WORDS.search(text)
+        if m:
+            return next(int(g) for g in m.groups() if g is not None)
+    return None
+
+
+def _shown(raw: str, limit: int = 300) -> str:
+    line = raw.strip()
+    return line if len(line) <= limit else line[: limit - 1] + "…"

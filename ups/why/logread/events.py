@@ -1,0 +1,275 @@
+"""A log's lines become events: what happened, in order, with who (the rank) and where (the
+frame). The events an engineer looks for:
+
+* a Python exception: its final line with the message lines it carries ("Last error: ..."),
+  its traceback's frames, and whether it was the cause of the next one ("During handling of
+  the above exception", "The above exception was the direct cause");
+* a C++ exception that ended the process (``terminate called after throwing ... what():``);
+* torchrun's report of a failed child (``ChildFailedError``: its root cause's rank, exit code
+  and traceback line) and the agent's ``failed (exitcode: N) local_rank: R`` line;
+* any other line that may say what went wrong (NCCL WARN lines, CUDA errors, the kernel's
+  Xid and OOM-killer lines, SLURM's, DataLoader workers' deaths, a shell's "Killed");
+* a traceback cut off before its exception (a paste that ends early).
+
+Wrappers (``ChildFailedError``, ``CalledProcessError``, a DataLoader worker's "Caught X in
+DataLoader worker process N") report another process's failure: they are events, but the
+failure they wrap, when the log has it, is the one that counts.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from ups.why.logread.lines import Line, frame_site, read_lines, return_code
+
+EXCEPTION = re.compile(
+    r"^(?P<type>(?:[A-Za-z_][\w]*\.)*_?[A-Z]\w*?(?:Error|Exception|Exit|Interrupt|Failure|Fault|WouldBlock)(?:_\w+)?)"
+    r"(?::\s?(?P<msg>.*)|\s*[`'\"]?\s*$)"
+)
+TERMINATE = re.compile(r"terminate called after throwing an instance of '(?P<type>[^']+)'")
+WHAT = re.compile(r"^\s*what\(\):\s*(?P<msg>.*)")
+WRAPPERS = re.compile(r"(?:ChildFailedError|CalledProcessError|SystemExit|ProcessRaisedException|ProcessExitedException|"
+                      r"SubprocessError)$")
+WORKER_WRAPPER = re.compile(r"Caught (?P<type>\w+) in DataLoader worker process (?P<worker>\d+)")
+ELASTIC_FAILED = re.compile(r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<rank>\d+)")
+ERRORISH = re.compile(r"^(?:[\w./-]+: )?(?:error|fatal|ERROR|FATAL|CRITICAL)\b|\bError:|\bERROR\b|^Error\b|\bFAILED\b|"
+                      r"Traceback|\berror:|\bfailed\b|\bException\b")
+# A library's frame (not the program's own): installed packages, the standard library, torch.
+LIBRARY = re.compile(r"site-packages|dist-packages|[/\\]lib[/\\]python\d|[/\\]Lib[/\\]|<frozen|\.egg[/\\]|"
+                     r"[/\\]torch[/\\]|^/usr/lib/|[/\\]python\d\.\d+[/\\]|\\[Ll]ib\\|runpy\.py$|threading\.py$")
+MAX_CONTINUATION = 12
+
+
+@dataclass
+class Event:
+    kind: str  # exception | cpp | child | line | code | cut
+    lines: list[Line]  # its lines: the first is the one that starts it
+    etype: str | None = None  # the exception's type (its last dotted part)
+    frames: list[tuple[str, int, str | None]] = field(default_factory=list)  # its traceback, outermost first
+    rank: int | None = None
+    wrapper: bool = False  # reports another process's failure
+    cause_of_next: bool = False  # an exception chained into the next one
+    superseded: bool = False  # a wrapper whose wrapped failure the log also has
+    code: int | None = None  # an NCCL return code (kind "code")
+
+    @property
+    def n(self) -> int:
+        return self.lines[0].n
+
+    @property
+    def ts(self) -> str | None:
+        return self.lines[0].ts
+
+    @property
+    def text(self) -> str:
+        """What the event says: its lines' bodies (the deciding words may be on any)."""
+        return "\n".join(ln.body for ln in self.lines)
+
+    @property
+    def head(self) -> Line:
+        return self.lines[0]
+
+    def site(self, own: bool = True) -> str | None:
+        """``file:line`` where it was raised: the program's own innermost frame (``own``), else
+        the innermost; else a file:line its text or prefix names."""
+        frames = self.frames
+        if own:
+            mine = [f for f in frames if not LIBRARY.search(f[0])]
+            if mine:
+                return _short(mine[-1])
+        if frames:
+            return _short(frames[-1])
+        for ln in self.lines:
+            m = re.search(r"([\w.-]+\.(?:py|cc|cpp|cu|cuh|c|h|hpp)):(\d+)", ln.body)
+            if m:
+                return f"{m.group(1)}:{m.group(2)}"
+            if ln.site:
+                return ln.site.rsplit("/", 1)[-1]
+        return None
+
+    @property
+    def raised_in_own_code(self) -> bool:
+        return bool(self.frames) and not LIBRARY.search(self.frames[-1][0])
+
+
+def _short(frame: tuple[str, int, str | None]) -> str:
+    path = frame[0].replace("\\", "/").rsplit("/", 1)[-1]
+    return f"{path}:{frame[1]}"
+
+
+def read_events(text: str) -> list[Event]:
+    """The events of a log, in the order they were printed."""
+    return parse(read_lines(text))
+
+
+def parse(lines: list[Line]) -> list[Event]:
+    events: list[Event] = []
+    frames: dict[str, list[tuple[str, int, str | None]]] = {}  # each stream's open traceback
+    opened: dict[str, Line] = {}  # each stream's open traceback's last frame line
+    last_exception: dict[str, Event] = {}
+    consumed: set[int] = set()
+    for i, line in enumerate(lines):
+        if line.n in consumed:
+            continue
+        stream = line.stream
+        if line.role == "header":
+            _close(events, frames, opened, stream)
+            frames[stream] = []
+            opened[stream] = line
+        elif line.role == "frame":
+            site = frame_site(line.body)
+            if site:
+                frames.setdefault(stream, []).append(site)
+                opened[stream] = line
+        elif line.role == "chain":
+            if stream in last_exception:
+                last_exception[stream].cause_of_next = True
+        elif line.role == "context":
+            code = return_code(line)
+            if code is not None:
+                events.append(Event("code", [line], rank=line.rank, code=code))
+        elif line.role in ("content", "warning"):
+            event = _statement(lines, i, consumed)
+            if event is None:
+                continue
+            if event.kind == "exception" or event.etype == "ChildFailedError":  # its traceback ends here
+                event.frames = frames.pop(stream, [])
+                opened.pop(stream, None)
+                last_exception[stream] = event
+            events.append(event)
+    for stream in list(opened):
+        _close(events, frames, opened, stream)
+    _link_wrappers(events)
+    return events
+
+
+def _close(events: list[Event], frames: dict, opened: dict, stream: str) -> None:
+    """A traceback that ends without its exception (a paste cut short): an event of its own,
+    shown by its last frame."""
+    fr = frames.pop(stream, [])
+    head = opened.pop(stream, None)
+    if fr and head is not None:
+        events.append(Event("cut", [head], frames=fr, rank=head.rank))
+
+
+def _statement(lines: list[Line], i: int, consumed: set[int]) -> Event | None:
+    line = lines[i]
+    body = line.body
+    m = TERMINATE.search(body)
+    if m:
+        carried = _carried(lines, i, consumed, what=True)
+        return Event("cpp", [line, *carried], etype=m.group("type").rsplit("::", 1)[-1], rank=line.rank)
+    m = EXCEPTION.match(body) if line.role == "content" else None
+    if m:
+        etype = m.group("type").rsplit(".", 1)[-1]
+        if etype.endswith("ChildFailedError"):
+            return _child_failed(lines, i, consumed)
+        carried = _carried(lines, i, consumed)
+        event = Event("exception", [line, *carried], etype=etype, rank=line.rank)
+        event.wrapper = bool(WRAPPERS.search(etype) or WORKER_WRAPPER.search(m.group("msg") or ""))
+        return event
+    m = ELASTIC_FAILED.search(body)
+    if m:
+        return Event("child", [line], rank=int(m.group("rank")), wrapper=True)
+    return Event("line", [line, *_nccl_detail(lines, i, consumed)], rank=line.rank)
+
+
+_DETAIL = re.compile(r"^(?:nccl[A-Z]\w*:|Last error:)")
+
+
+def _nccl_detail(lines: list[Line], i: int, consumed: set[int]) -> list[Line]:
+    """NCCL's error explained under the line that reports it ("ncclInvalidUsage: ...",
+    "Last error:" and the line after it): the reason belongs to the error, even when the
+    error's own line is garbled (two ranks' output interleaved)."""
+    stream = lines[i].stream
+    out: list[Line] = []
+    last_error = False
+    for line in lines[i + 1: i + 1 + MAX_CONTINUATION]:
+        if line.stream != stream:
+            continue
+        if line.role == "content" and (_DETAIL.match(line.body) or last_error):
+            out.append(line)
+            consumed.add(line.n)
+            last_error = line.body.startswith("Last error:") and not line.body[len("Last error:"):].strip()
+            continue
+        break
+    return out
+
+
+def _carried(lines: list[Line], i: int, consumed: set[int], *, what: bool = False) -> list[Line]:
+    """The lines that carry on an exception's message (NCCL's "Last error:" and what follows,
+    a driver message over several lines), in the same stream."""
+    stream = lines[i].stream
+    out: list[Line] = []
+    for line in lines[i + 1:]:
+        if len(out) >= MAX_CONTINUATION:
+            break
+        if line.stream != stream:
+            continue
+        if what and not out:
+            if WHAT.match(line.body):
+                out.append(line)
+                consumed.add(line.n)
+                continue
+            break
+        if line.role != "content" or EXCEPTION.match(line.body) or TERMINATE.search(line.body):
+            break
+        if line.level is not None or _starts_statement(line.body):
+            break
+        out.append(line)
+        consumed.add(line.n)
+    return out
+
+
+_STARTS = re.compile(r"^(?:slurmstepd|srun:|Killed\b|Segmentation fault|Bus error|Aborted|NVRM:|\*\*\*|"
+                     r"ERROR:|terminate called|Fatal Python error|.*\bfailed \(exitcode:)")
+
+
+def _starts_statement(body: str) -> bool:
+    return bool(_STARTS.match(body))
+
+
+def _child_failed(lines: list[Line], i: int, consumed: set[int]) -> Event:
+    """torchrun's ChildFailedError block: its root cause's rank, exit code and traceback line.
+    The block's other failures came after the root cause (torchrun's SIGTERM to the rest)."""
+    ahead = lines[i + 1: i + 60]
+    root = next((k for k, line in enumerate(ahead) if "Root Cause" in line.raw), None)
+    if root is None or any(line.role == "header" or EXCEPTION.match(line.body) for line in ahead[:root]):
+        return Event("child", [lines[i]], etype="ChildFailedError", wrapper=True)  # no report of its own here
+    block: list[Line] = []
+    for line in ahead[root + 1:]:
+        if line.role == "header" or EXCEPTION.match(line.body) or (re.match(r"\s*={5,}", line.raw) and block):
+            break
+        block.append(line)
+    consumed.update(line.n for line in ahead[: root + 1 + len(block)])
+    said = " ".join(ln.raw.strip() for ln in block)
+    rank = re.search(r"\brank\s*:?\s*(\d+)|\brank(\d+) \(local", said)
+    r = next((int(g) for g in rank.groups() if g is not None), None) if rank else None
+    return Event("child", [lines[i], *block], etype="ChildFailedError", rank=r, wrapper=True)
+
+
+def _link_wrappers(events: list[Event]) -> None:
+    """A DataLoader worker's "Caught X in DataLoader worker process N" is followed by the
+    worker's own traceback and exception: that one is the failure, the wrapper only says
+    where it came from."""
+    for k, ev in enumerate(events):
+        if ev.kind != "exception" or not ev.wrapper:
+            continue
+        m = WORKER_WRAPPER.search(ev.text)
+        if not m:
+            continue
+        inner = next((e for e in events[k + 1:] if e.kind == "exception" and e.etype == ev.etype
+                      and e.head.stream == ev.head.stream and not e.wrapper), None)
+        if inner is not None:
+            ev.superseded = True
+
+
+def is_errorish(event: Event) -> bool:
+    """An unclassed line that still reads as an error (a failure the classes do not know)."""
+    if event.kind != "line":
+        return True
+    line = event.head
+    if line.role == "warning":
+        return False
+    return line.level in ("ERROR", "CRITICAL", "FATAL", "E", "F") or bool(ERRORISH.search(line.body))

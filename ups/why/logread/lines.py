@@ -1,0 +1,262 @@
+"""One line of a log, as an engineer reads it: who printed it (a rank's prefix, a timestamp, a
+logger's level) and what role it plays. Roles:
+
+* ``context``: never decides anything. INFO and DEBUG lines (NCCL's ``NCCL INFO`` dumps,
+  which print "cannot open shared object file" in healthy runs), WARNING lines, Python
+  warnings and the lines they carry, boilerplate footers (CUDA's "Compile with
+  `TORCH_USE_CUDA_DSA`", "CUDA_LAUNCH_BLOCKING=1"), banners, progress bars, C++ frame dumps;
+* ``frame`` and ``source``: a Python traceback's ``File "...", line N`` and the code under it;
+* ``header`` (``Traceback (most recent call last):``) and ``chain`` (``During handling of the
+  above exception`` / ``The above exception was the direct cause``);
+* ``content``: everything else, the lines that may say what went wrong.
+
+Footers printed inside a line (a one-line CUDA error with its footer) are cut off the line's
+``body``; the ``raw`` text is kept for display.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# -- prefixes: who printed the line ---------------------------------------------------------------
+# Each is tried at the start of the line, again and again, until none matches.
+_RANK_PREFIXES = (
+    re.compile(r"\[rank(?P<rank>\d+)\]:\s?"),  # torchrun's per-rank output (torch >= 2.2)
+    re.compile(r"\[default(?P<rank>\d+)\]:\s?"),  # torchrun --tee (older)
+    re.compile(r"\[\d+,(?P<rank>\d+)\]<(?:stdout|stderr)>:\s?"),  # mpirun --tag-output
+    re.compile(r"\[RANK (?P<rank>\d+)\]\s?"),
+    re.compile(r"(?P<rank>\d{1,5}): (?=\S)"),  # srun --label
+)
+_OTHER_PREFIXES = (
+    re.compile(r"\((?:\w+ )?pid=[^)]*\)\s?"),  # Ray workers
+    re.compile(r"\[(?:stderr|stdout)\]\s?"),
+    re.compile(r">{1,3}\s"),  # a quote in a pasted report, an interpreter's prompt
+    re.compile(r"E {2,}(?=\S)"),  # pytest's failure lines
+    re.compile(r"\[\d{1,7}\]\s"),  # a line or process number
+    # Timestamps: ISO (also in brackets, kubectl --timestamps, Determined's "|| "), syslog,
+    # dmesg (seconds since boot, or -T), yy-mm-dd and mm/dd forms.
+    re.compile(r"\[?\d{4}-\d\d-\d\d[ T]\d\d:\d\d(?::\d\d)?(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?(?:\s*\w{6,8} \|\|)?:?\s"),
+    re.compile(r"[A-Z][a-z]{2} +\d{1,2} \d\d:\d\d:\d\d(?: [\w.-]+ (?=kernel:|\w+\[\d+\]:))?\s*"),
+    re.compile(r"kernel:\s"),
+    re.compile(r"\[\s*\d+\.\d+\]\s?"),
+    re.compile(r"\[[A-Z][a-z]{2} [A-Z][a-z]{2} +\d+ \d\d:\d\d:\d\d \d{4}\]\s?"),
+    re.compile(r"\d\d-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\s*:?\s"),
+    re.compile(r"\d\d/\d\d(?:/\d{4})? \d\d:\d\d:\d\d(?:[.,]\d+)?\s"),
+    re.compile(r"\d\d:\d\d:\d\d(?:[.,]\d+)?\s"),
+)
+TIMESTAMP = re.compile(r"(?:(?P<date>\d{4}-\d\d-\d\d)[ T]|[IWEF](?P<md>\d{3,4}) )(?P<time>\d\d:\d\d:\d\d(?:[.,]\d+)?)")
+
+# -- levels --------------------------------------------------------------------------------------
+# glog (``E0325 20:57:27.620 2606 api.py:869]``) and c10d (``[W socket.cpp:426]``,
+# ``[E626 06:24:44.903 ProcessGroupNCCL.cpp:616]``): the level is the first letter.
+_GLOG = re.compile(r"\[?(?P<lvl>[IWEF])(?:\d{4})?(?: ?\d\d:\d\d:\d\d\.\d+)?(?:\s+\d+)?\s+(?P<site>[\w./-]+\.\w+:\d+)\]\s?")
+_NCCL = re.compile(r"(?:\S+:\d+:\d+ )?(?:\[\d+\] )?(?:[\w./-]+\.\w+:\d+ )?NCCL (?P<lvl>INFO|WARN|TRACE|ERROR)\b")
+# A logger's level word near the start: "INFO:", "[INFO]", "- INFO -", "| INFO |", "[INFO|x.py:3]".
+_LEVEL = re.compile(r"^.{0,60}?(?:^|[\s\[|(:*-])(?P<lvl>INFO|DEBUG|TRACE|WARNING|WARN|ERROR|CRITICAL|FATAL)(?=[\s\]\[|:)*-]|$)")
+_TF_LEVEL = re.compile(r"(?P<lvl>[IWEF]) (?:tensorflow|external|torch)/")
+
+QUIET_LEVELS = frozenset(("INFO", "DEBUG", "TRACE", "I"))
+WARNING_LEVELS = frozenset(("WARNING", "WARN", "W"))
+ERROR_LEVELS = frozenset(("ERROR", "CRITICAL", "FATAL", "E", "F"))
+
+# -- boilerplate ---------------------------------------------------------------------------------
+FOOTERS = re.compile(
+    r"CUDA kernel errors might be asynchronously reported at some other API call,?\s*so the stacktrace below might be incorrect\.?"
+    r"|For debugging,? consider passing CUDA_LAUNCH_BLOCKING=1\.?"
+    r"|Compile with .?TORCH_USE_CUDA_DSA.? to enable device-side assertions?\.?"
+    r"|Device-side assertion tracking was not enabled by user\.?"
+    r"|\(?run with NCCL_DEBUG=(?:INFO|WARN) for details\)?"
+    r"|Details are lost due to multiprocessing\.\s*Rerunning with num_workers=0 may give better error trace\.?"
+    r"|To enable traceback see: \S+"
+    r"|See inner exception for details\.?",
+    re.I,
+)
+# Whole lines that are boilerplate whatever their level.
+_BOILERPLATE = re.compile(
+    r"^\**$|^[-=_~*#]{3,}\s*$"
+    r"|Setting OMP_NUM_THREADS environment variable"
+    r"|master_addr is only used for static rdzv_backend"
+    r"|Some NCCL operations have failed or timed out"
+    r"|To avoid data inconsistency, we are taking the entire process down"
+    r"|^Exception raised from .* \(most recent call first\):?"
+    r"|^frame #\d+:|^< omitting python frames >|^C\+\+ CapturedTraceback:|^#\d+ \S+ from "
+    r"|^\[?\s*\w+\s*\]?\s*\.{3,}\s*\[?(?:OKAY|NO|YES)\]?"  # ds_report tables
+    r"|preparing to dump debug info"
+    r"|/proc/\d+/\S* failed: No such file"  # SLURM asking about a process that already ended
+    # NCCL falls back when a plugin or an optional library is missing: not a failure.
+    r"|NCCL WARN[^\n]*(?:plugin|libnccl-net|libibverbs|dlerror|dlopen|Could not find real path|No device found|"
+    r"Unable to open device|NET/IB : No device)"
+    r"|^Exception \(either an error or timeout\) detected by watchdog",
+    re.I,
+)
+_WARNING_LINE = re.compile(r"(?:^|[\s:(\]])(?:[A-Z]\w*)?Warning:|\bwarning:|^\s*warnings?\.warn\(|^\s*_?warn(?:ings\.warn)?\(")
+_EXCEPTION_LIKE = re.compile(r"^[\w.]*(?:Error|Exception)\b:?")
+# An error right under a warning is not the warning's message.
+_ERROR_WORDS = re.compile(r"\b(?:[Ee]rror|ERROR|FAILED|Killed|Segmentation fault|out of memory|Traceback)\b")
+_PROGRESS = re.compile(r"^.*?\d+/\d+\s*\[[\d:<?]+[^\]]*\]")  # tqdm: "42%|████ | 21/50 [00:03<00:04, 7.1it/s]"
+_CARETS = re.compile(r"^[\s^~]+$")
+
+# -- tracebacks ----------------------------------------------------------------------------------
+HEADER = re.compile(r"Traceback \(most recent call last\):?")
+CHAIN = re.compile(r"During handling of the above exception, another exception occurred|"
+                   r"The above exception was the direct cause of the following exception")
+FRAME = re.compile(
+    r'^\s*File "(?P<path>[^"]*)", line (?P<line>\d+)(?:,? in (?P<fn>\S+))?'  # CPython (faulthandler: no comma)
+    r"|^\s*File (?P<jpath>[^,\s]+\.py):(?P<jline>\d+)(?:, in (?P<jfn>\S+?)\(\))?"  # IPython
+    r"|^\s*(?P<cpath>\S+\.py):(?P<cline>\d+) \((?P<cfn>\w+)\)\s*$"
+    r"|^\s*at (?P<apath>\S+\.py):(?P<aline>\d+) in (?P<afn>\w+)\s*$"  # cleo / pretty tracebacks
+    r"|^\s*(?P<ipath><ipython-input-[^>]+>|Cell In\[\d+\]) in <?\w+>?|^\s*Cell In\[\d+\], line \d+"
+)
+_IPYTHON_CODE = re.compile(r"^\s*(?:-*>\s*)?\d+\s")
+
+
+@dataclass(frozen=True)
+class Line:
+    n: int  # index in the log
+    raw: str  # as printed (for display)
+    body: str  # prefixes and inline footers removed
+    role: str  # content | warning | context | frame | source | header | chain | blank
+    level: str | None = None  # the logger's level word, if the line has one
+    rank: int | None = None  # from a per-rank prefix
+    stream: str = ""  # lines of one stream follow each other (a rank's, or the main output)
+    ts: str | None = None  # a timestamp printed on the line
+    site: str | None = None  # file:line the line's prefix names (glog, c10d, NCCL)
+    nccl: str | None = None  # NCCL's level (INFO, WARN) when NCCL printed the line
+
+
+def frame_site(body: str) -> tuple[str, int, str | None] | None:
+    """(path, line, function) of a traceback frame line."""
+    m = FRAME.match(body)
+    if not m:
+        return None
+    for p, n, f in (("path", "line", "fn"), ("jpath", "jline", "jfn"), ("cpath", "cline", "cfn"), ("apath", "aline", "afn")):
+        if m.group(n) is not None:
+            return m.group(p), int(m.group(n)), m.group(f)
+    return None
+
+
+_RANK_PREFIX = re.compile("|".join(f"(?:{p.pattern.replace('?P<rank>', f'?P<rank{k}>')})"
+                                   for k, p in enumerate(_RANK_PREFIXES)))
+_OTHER_PREFIX = re.compile("|".join(f"(?:{p.pattern})" for p in _OTHER_PREFIXES))
+
+
+def _strip_prefixes(text: str) -> tuple[str, int | None, str | None]:
+    rank, ts = None, None
+    t = TIMESTAMP.search(text, 0, 60)
+    if t:
+        ts = (t.group("date") or t.group("md") or "") + " " + t.group("time").replace(",", ".")
+    while text:
+        m = _RANK_PREFIX.match(text)
+        if m:
+            if rank is None:
+                rank = int(next(g for g in m.groups() if g is not None))
+        else:
+            m = _OTHER_PREFIX.match(text)
+        if not m or m.end() == 0:
+            break
+        text = text[m.end():]
+    return text, rank, ts
+
+
+def _level(body: str) -> tuple[str | None, str | None, str | None, str]:
+    """(level, nccl level, site, body without a glog/c10d prefix)."""
+    m = _NCCL.match(body) if "NCCL " in body else None
+    if m:
+        site = re.search(r"([\w./-]+\.\w+:\d+) NCCL", body)
+        return m.group("lvl"), m.group("lvl"), site.group(1) if site else None, body
+    m = _GLOG.match(body)
+    if m:
+        return m.group("lvl"), None, m.group("site"), body[m.end():]
+    m = _TF_LEVEL.match(body)
+    if m:
+        return m.group("lvl"), None, None, body
+    m = _LEVEL.match(body)
+    if m:
+        return m.group("lvl"), None, None, body
+    return None, None, None, body
+
+
+def read_lines(text: str) -> list[Line]:
+    """The log's lines with their roles. Carriage returns (progress bars redrawn in place)
+    end lines too."""
+    roles = _Roles()
+    out: list[Line] = []
+    for n, raw in enumerate(re.split(r"\r\n|\r|\n", text)):
+        raw = raw.rstrip()
+        body, rank, ts = _strip_prefixes(raw.strip())
+        stream = f"rank{rank}" if rank is not None else ""
+        bar = _PROGRESS.match(body)
+        if bar and not HEADER.search(body[: bar.end()]):
+            body = body[bar.end():].lstrip(" |")  # an error printed right after a progress bar
+        level = nccl = site = None
+        if not _EXCEPTION_LIKE.match(body):
+            level, nccl, site, body = _level(body)
+        role, body = roles.of(body.strip(), level, nccl)
+        out.append(Line(n, raw, body, role, level, rank, stream, ts, site, nccl))
+    return out
+
+
+class _Roles:
+    """A line's role, from the line and the few before it (a frame's source line, a warning's
+    message lines, an IPython traceback's code)."""
+
+    def __init__(self) -> None:
+        self.in_warning = False  # the lines a Python warning carries (its message, `warnings.warn(`)
+        self.after_frame = False  # the next line is the frame's source code
+        self.ipython = False
+
+    def of(self, body: str, level: str | None, nccl: str | None) -> tuple[str, str]:
+        if not body:
+            self.in_warning = self.after_frame = False
+            return "blank", ""
+        if HEADER.search(body):
+            self.in_warning = self.after_frame = False
+            self.ipython = bool(re.match(r"\S+\s{3,}Traceback", body))
+            return "header", body
+        if CHAIN.search(body):
+            self.in_warning = self.after_frame = False
+            return "chain", body
+        if FRAME.match(body):
+            self.after_frame = True
+            return "frame", body
+        if self.after_frame and not _looks_like_statement(body):
+            self.after_frame = False
+            return "source", body
+        self.after_frame = False
+        if self.ipython and _IPYTHON_CODE.match(body):
+            return "source", body
+        if _CARETS.match(body) or nccl in ("INFO", "TRACE") or (nccl is None and level in QUIET_LEVELS):
+            return "context", body
+        if "arn" in body and _WARNING_LINE.search(body) and not _EXCEPTION_LIKE.match(body):
+            self.in_warning = True
+            return "context", body
+        if self.in_warning and not _looks_like_statement(body) and not _ERROR_WORDS.search(body):
+            return "context", body
+        self.in_warning = False
+        said = FOOTERS.sub("", body).strip()
+        if _BOILERPLATE.search(body) or not said.strip(" .'\""):
+            return "context", body
+        if nccl is None and level in WARNING_LEVELS:
+            return "warning", said
+        return "content", said
+
+
+_STATEMENT = re.compile(r"^(?:[\w.]*(?:Error|Exception)\b|terminate called|Traceback|\*\*\*|slurmstepd|srun:|Killed\b|"
+                        r"Segmentation fault|Bus error|Aborted|NVRM:)")
+
+
+def _looks_like_statement(body: str) -> bool:
+    """A line that starts something new (an exception, a death notice), not a line carried
+    by the one before it."""
+    return bool(_STATEMENT.match(body)) or _LEVEL.match(body) is not None
+
+
+def return_code(line: Line) -> int | None:
+    """NCCL's ``NCCL INFO file.cc:N -> K``: the error code K a failing call returned (2: system
+    error, 5: invalid usage, 6: remote error). INFO lines never decide; this is a code, not
+    a message, and is read only when nothing else in the log says more."""
+    if line.nccl != "INFO":
+        return None
+    m = re.search(r"\.\w+:\d+ -> (\d+)\b", line.raw)
+    return int(m.group(1)) if m and m.group(1) != "0" else None
