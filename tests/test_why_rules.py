@@ -706,6 +706,17 @@ def _(s: Scene) -> None:
     s.stack(w.name, dump(("/home/u/prep.py", 33, "slow_transform"), ("/home/u/prep.py", 20, "__getitem__")))
 
 
+@case(stuck_workers, "a worker asleep in __getitem__ after it wrote and closed fault.txt: asleep there, not reading it",
+      "worker_stuck", who="rank 0 / worker 1",
+      words=("rank 0 / worker 1 is stuck in __getitem__ while fetching 17",),
+      evidence=("kernel: blocked in clock_nanosleep()",))
+def _(s: Scene) -> None:
+    s.add("rank", 0, **RUNNING, phase="data")
+    w = s.add("worker", 0, worker=1, **STALLED, phase="fetch", item="17", metrics={"file": "/tmp/run/fault.txt"})
+    s.stack(w.name, dump(("/home/u/train.py", 41, "__getitem__"),))
+    s.facts["procs"] = {w.pid: ProcFacts("S", "hrtimer_nanosleep", "clock_nanosleep", None, 1024, 12)}
+
+
 @case(stuck_workers, "a worker gone at the end of an epoch while its rank goes on: nothing wrong", None, then="healthy")
 def _(s: Scene) -> None:
     s.add("rank", 0, **RUNNING)

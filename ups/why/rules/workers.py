@@ -147,6 +147,11 @@ def waits_on_worker(ev: Evidence, rank: ProcessView) -> ProcessView | None:
     return sorted(fetching, key=lambda p: (-p.verdict.health.severity, p.record.phase_at))[0]
 
 
+READ_CALLS = ("read", "pread64", "readv", "open", "openat")
+SLEEP_CALLS = ("clock_nanosleep", "nanosleep", "futex", "poll", "ppoll", "select", "pselect6", "epoll_wait",
+               "epoll_pwait", "epoll_pwait2", "wait4")
+
+
 def stuck_workers(ev: Evidence) -> Verdict | None:
     workers = [p for p in ev.processes("worker") if p.record.state == "running"
                and p.verdict.health in (Health.STALLED, Health.UNRESPONSIVE)]
@@ -164,9 +169,12 @@ def worker_verdict(ev: Evidence, p: ProcessView, peers: list[ProcessView] = ()) 
     frames = section.stack if section else ()
     facts = ev.proc(r)
     io_frame = next((f for f in frames if any(k in f.file for k in IO_FRAMES)), None)
-    blocked_io = (facts is not None and facts.syscall in ("read", "pread64", "readv", "open", "openat")) \
-        or r.phase in ("data.open", "read") or bool(r.metrics.get("file"))  # our precompute's own phases
-    file = r.metrics.get("file") or (facts.fd_path if facts else None)
+    # "Where" is what the worker does now (its stack, its kernel wait), never the last file it
+    # touched: a worker asleep in its own code after closing a file is not reading that file.
+    asleep = facts is not None and facts.syscall in SLEEP_CALLS and facts.state != "D"
+    blocked_io = io_frame is not None or (facts is not None and (facts.syscall in READ_CALLS or facts.state == "D")) \
+        or (r.phase in ("data.open", "read") and not asleep)  # our precompute's own phases
+    file = (facts.fd_path if facts else None) or (r.metrics.get("file") if blocked_io else None)
     if r.item and "#" in r.item and not file:
         file = r.item.split("#")[0]  # our precompute names the shard in its item
     ev_lines = [f"{r.label}: {p.verdict.reason}"]
