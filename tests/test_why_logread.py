@@ -168,6 +168,20 @@ a100-22:183006:183220 [1] proxy.cc:1119 NCCL WARN [Proxy Service 9] Failed to ex
     assert read_log(text.splitlines()[2]).name == "nccl_network"  # alone, it is the network
 
 
+# -- how lines are read -----------------------------------------------------------------------------
+def test_a_hard_wrapped_line_is_read_as_one():
+    said = ("[rank6]:[F ProcessGroupNCCL.cpp:1169] [PG 0 Rank 6] ProcessGroupNCCL's watchdog got stuck for 600 seconds "
+            "without making progress in monitoring enqueued collectives. This typically indicates a NCCL/CUDA API hang.")
+    wrapped = "\n".join(said[k:k + 104] for k in range(0, len(said), 104))
+    assert "600 second\n" in wrapped and wrapped.count("\n") == 2  # the wrap cuts the sign's words
+    reading = read_log(wrapped + "\nsrun: error: node1: task 6: Aborted\n")
+    assert reading.name == "nccl_heartbeat" and reading.rank == 6 and reading.n == 0
+    # Lines of one width that each start a line of their own (a rank's, NCCL's) stay lines.
+    same = ["[rank0]: RuntimeError: CUDA error: an illegal memory access was encountered",
+            "[rank1]: RuntimeError: CUDA error: an illegal memory access was encountered"]
+    assert read_log("\n".join(same) + "\n").rank == 0
+
+
 # -- what no class knows ----------------------------------------------------------------------------
 def test_an_unknown_text_says_it_is_unknown():
     text = tb("/home/u/train.py:50:main", "/opt/venv/lib/python3.11/site-packages/torch/cuda/__init__.py:300:_lazy_init",

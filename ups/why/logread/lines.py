@@ -11,11 +11,14 @@ logger's level) and what role it plays. Roles:
 * ``content``: everything else, the lines that may say what went wrong.
 
 Footers printed inside a line (a one-line CUDA error with its footer) are cut off the line's
-``body``; the ``raw`` text is kept for display.
+``body``; the ``raw`` text is kept for display. A line a terminal or a paste hard-wrapped at a
+fixed width (several lines of one length, cut inside words, none starting a line of its own)
+is read as the one line it was printed as.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 
@@ -177,12 +180,54 @@ def _level(body: str) -> tuple[str | None, str | None, str | None, str]:
     return None, None, None, body
 
 
+_NCCL_PREFIX = re.compile(r"\S+:\d+:\d+ \[\d+\] ")
+WRAP_WIDTH = 60  # narrower lines of one length are too common to be read as a wrap
+
+
+def _starts_a_line(text: str) -> bool:
+    """A physical line that is a line of its own, not the rest of the one before it: indented,
+    or with a prefix (a rank, a timestamp, NCCL's host:pid:tid), a level, a traceback's line or
+    an exception."""
+    if not text or text[0].isspace():
+        return True
+    if _strip_prefixes(text)[0] != text or _NCCL_PREFIX.match(text) or _GLOG.match(text):
+        return True
+    level = _LEVEL.match(text)
+    return bool(HEADER.match(text) or FRAME.match(text) or _EXCEPTION_LIKE.match(text) or _STATEMENT.match(text)
+                or (level and level.start("lvl") < 3))
+
+
+def unwrap(physical: list[str]) -> list[tuple[int, str]]:
+    """(index of its first physical line, text) of each printed line. A run of two or more
+    distinct lines of one width (at least WRAP_WIDTH) and the shorter line after them are one
+    line a terminal wrapped when none of them but the first starts a line of its own and the
+    wrap cuts a word somewhere (``...stuck for 600 second`` / ``s without making progress``)."""
+    out: list[tuple[int, str]] = []
+    k = 0
+    while k < len(physical):
+        width = len(physical[k])
+        j = k
+        while j + 1 < len(physical) and len(physical[j + 1]) == width:
+            j += 1
+        if width >= WRAP_WIDTH and j > k and j + 1 < len(physical):
+            group = physical[k: j + 2]
+            if (len(set(group[:-1])) == len(group) - 1 and 0 < len(group[-1]) <= width
+                    and not any(_starts_a_line(g) for g in group[1:])
+                    and any(a[-1:].isalnum() and b[:1].isalnum() for a, b in itertools.pairwise(group))):
+                out.append((k, "".join(group)))
+                k = j + 2
+                continue
+        out.extend((m, physical[m]) for m in range(k, j + 1))
+        k = j + 1
+    return out
+
+
 def read_lines(text: str) -> list[Line]:
     """The log's lines with their roles. Carriage returns (progress bars redrawn in place)
-    end lines too."""
+    end lines too; a hard-wrapped line is one line (:func:`unwrap`), numbered by its first."""
     roles = _Roles()
     out: list[Line] = []
-    for n, raw in enumerate(re.split(r"\r\n|\r|\n", text)):
+    for n, raw in unwrap(re.split(r"\r\n|\r|\n", text)):
         raw = raw.rstrip()
         body, rank, ts = _strip_prefixes(raw.strip())
         stream = f"rank{rank}" if rank is not None else ""
