@@ -182,6 +182,16 @@ def test_a_hard_wrapped_line_is_read_as_one():
     assert read_log("\n".join(same) + "\n").rank == 0
 
 
+def test_a_launchers_host_label_is_a_prefix_only_before_another():
+    # pdsh / DeepSpeed's launcher label each line with its host; NCCL's own prefix follows.
+    trace = "".join(f"worker-1: worker-1:10793:11394 [1] NCCL INFO {site} -> 2\n"
+                    for site in ("bootstrap.cc:270", "init.cc:1303", "group.cc:64"))
+    assert read_log(trace).name == "nccl_system_error"  # a return code is read on NCCL's INFO lines
+    assert read_log("worker-1: worker-1:10793:11394 [1] NCCL INFO Bootstrap : Using eth0\n").kind == "none"
+    # "Word: " before words is a message, not a label
+    assert read_log("Error: disk quota exceeded while writing the checkpoint\n").name == "disk_quota"
+
+
 # -- what no class knows ----------------------------------------------------------------------------
 def test_an_unknown_text_says_it_is_unknown():
     text = tb("/home/u/train.py:50:main", "/opt/venv/lib/python3.11/site-packages/torch/cuda/__init__.py:300:_lazy_init",

@@ -33,6 +33,11 @@ _RANK_PREFIXES = (
 )
 _OTHER_PREFIXES = (
     re.compile(r"\((?:\w+ )?pid=[^)]*\)\s?"),  # Ray workers
+    # pdsh / DeepSpeed's multi-node launcher / mpirun with a host label ("worker-1: "): taken as
+    # a prefix only before another prefix a log line starts with (NCCL's host:pid:tid, a rank's,
+    # a timestamp, a traceback), never before words ("Error: ...").
+    re.compile(r"[A-Za-z][\w.-]*: (?=\S+:\d+:\d+ \[\d+\] |\[rank\d+\]|\[default\d+\]|\[\d{4}-\d\d-\d\d|"
+               r"\d{4}-\d\d-\d\d[ T]|Traceback \(|\s*File \")"),
     re.compile(r"\[(?:stderr|stdout)\]\s?"),
     re.compile(r">{1,3}\s"),  # a quote in a pasted report, an interpreter's prompt
     re.compile(r"E {2,}(?=\S)"),  # pytest's failure lines
