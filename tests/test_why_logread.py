@@ -142,6 +142,20 @@ Root Cause (first observed failure):
 """
 
 
+def test_where_an_error_was_raised_says_which_device_is_full():
+    error = "OSError: [Errno 28] No space left on device"
+    semaphore = tb("/home/u/train.py:80:main", "/usr/lib/python3.10/multiprocessing/context.py:68:Lock",
+                   "/usr/lib/python3.10/multiprocessing/synchronize.py:57:__init__", error=error)
+    assert read_log(semaphore).name == "shm_full"  # a POSIX semaphore lives in /dev/shm
+    save = tb("/home/u/train.py:80:main", "/opt/venv/lib/python3.11/site-packages/torch/serialization.py:850:_save",
+              error=error)
+    assert read_log(save).name == "disk_full"
+    # a frame further out does not say where it was raised
+    outer = tb("/usr/lib/python3.10/multiprocessing/process.py:108:run", "/home/u/train.py:80:main",
+               "/opt/venv/lib/python3.11/site-packages/torch/serialization.py:850:_save", error=error)
+    assert read_log(outer).name == "disk_full"
+
+
 def test_how_a_process_ended_decides_only_when_nothing_says_more():
     reading = read_log(CHILD)
     assert reading.name == "oom_killed" and reading.rank == 3

@@ -45,6 +45,7 @@ class Sign:
     on_warning: bool = False  # also read on WARNING lines (torchrun's "Received 15 death signal")
     unless_frames: re.Pattern[str] | None = None  # not when the event's traceback has such a frame
     words: tuple[str, ...] | None = None  # one of them is in every match (lowercase); None: no such words
+    in_frames: re.Pattern[str] | None = None  # only when the error was raised there (its innermost frames)
 
     def may_match(self, lowered: str) -> bool:
         """False when the line cannot match: none of the words every match holds is in it (a
@@ -52,9 +53,10 @@ class Sign:
         return self.words is None or any(w in lowered for w in self.words)
 
 
-def _s(cls: str, pattern: str, tier: int = CAUSE, *, on_warning: bool = False, unless_frames: str | None = None) -> Sign:
+def _s(cls: str, pattern: str, tier: int = CAUSE, *, on_warning: bool = False, unless_frames: str | None = None,
+       in_frames: str | None = None) -> Sign:
     return Sign(cls, re.compile(pattern, re.I), tier, on_warning, re.compile(unless_frames) if unless_frames else None,
-                required_words(pattern))
+                required_words(pattern), re.compile(in_frames) if in_frames else None)
 
 
 _LITERAL_ESCAPES = set(".()[]{}*+?|^$\\/-'\"`<>:=,;!@#%&~ ")
@@ -399,6 +401,10 @@ SIGNS: tuple[Sign, ...] = (
        r"unable to write to file </torch_|unable to allocate shared memory|unable to mmap \d+ bytes from file </torch_|killed by signal: Bus error|"
        r"bus error encountered in worker|insufficient shared memory|shared memory segment[^\n]*No space left|"
        r"Error while creating shared memory segment"),
+    # Where the error was raised says which device is full: POSIX semaphores and shared memory
+    # segments (multiprocessing's Lock, SharedMemory; torch's shared tensors) live in /dev/shm.
+    _s("shm_full", r"No space left on device|\bENOSPC\b|\[Errno 28\]",
+       in_frames=r"multiprocessing[/\\](?:synchronize|shared_memory|heap)\.py|torch[/\\]multiprocessing[/\\]"),
     _s("shm_full", _exit("-7", "135") + r"|Signal 7 \(SIGBUS\)|\bSIGBUS\b|^Bus error\b", KILLED),
     # cuda_illegal_memory_access
     _s("cuda_illegal_memory_access", r"illegal memory access|cudaErrorIllegalAddress|CUDA_ERROR_ILLEGAL_ADDRESS|"

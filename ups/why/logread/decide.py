@@ -125,6 +125,7 @@ def classes_of(event: Event) -> list[tuple[int, int, LogClass, int]]:
     refined: a class another one on the same event refines is dropped."""
     found: dict[str, tuple[int, int, LogClass, int]] = {}
     frames = "\n".join(f[0] for f in event.frames)
+    innermost = "\n".join(f[0] for f in event.frames[-2:])
     for k, line in enumerate(event.lines):
         lowered = line.body.lower()
         if not may_show_a_class(lowered):
@@ -134,6 +135,8 @@ def classes_of(event: Event) -> list[tuple[int, int, LogClass, int]]:
             if (warning and not sign.on_warning) or not sign.may_match(lowered):
                 continue
             if sign.unless_frames is not None and sign.unless_frames.search(frames):
+                continue
+            if sign.in_frames is not None and not sign.in_frames.search(innermost):
                 continue
             m = sign.pattern.search(line.body)
             if m is None:
