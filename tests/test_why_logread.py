@@ -171,6 +171,14 @@ def test_a_rank_killed_explains_its_peers_errors_but_an_abort_does_not():
     timeout = "[rank1]:[E ProcessGroupNCCL.cpp:607] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600013 milliseconds before timing out.\n"
     aborted = read_log(timeout + child.format(code=-6, signal="Signal 6 (SIGABRT)"))
     assert aborted.name == "collective_timeout" and aborted.rank == 1  # the watchdog's abort is how it ended, not why
+    # faulthandler's report of the abort comes before the error that caused it, and still does not decide
+    fatal = read_log("Fatal Python error: Aborted\n\nExtension modules: numpy.core._multiarray_umath, torch._C\n"
+                     "[E ProcessGroupNCCL.cpp:916] [Rank 0] NCCL watchdog thread terminated with exception: "
+                     "CUDA error: an illegal memory access was encountered\n")
+    assert fatal.name == "cuda_illegal_memory_access"
+    assert read_log("Fatal Python error: Aborted\n").name == "segfault"  # alone, how it ended is all there is
+    assert read_log("Fatal Python error: Segmentation fault\n\nThread 0x7f (most recent call first):\n"
+                    "RuntimeError: DataLoader worker (pid 4499) exited unexpectedly\n").name == "segfault"
 
 
 def test_the_first_nccl_warn_of_a_process_is_its_root():

@@ -465,10 +465,11 @@ SIGNS: tuple[Sign, ...] = (
     # segfault: a crash report is the cause; an exit code or an abort after a C++ exception is
     # only how the process ended.
     _s("segfault", r"Segmentation fault|segmentation fault encountered in worker|killed by signal: Segmentation|"
-       r"Fatal Python error: (?:Segmentation|Aborted)|\bSIGSEGV\b received|double free or corruption|"
+       r"Fatal Python error: Segmentation|\bSIGSEGV\b received|double free or corruption|"
        r"free\(\): invalid|malloc\(\): corrupted|corrupted size vs\. prev_size"),
     _s("segfault", _exit("-11", "139") + r"|Signal 11 \(SIGSEGV\)|\bSIGSEGV\b", KILLED),
-    _s("segfault", _exit("-6", "134") + r"|Signal 6 \(SIGABRT\)|\bSIGABRT\b|^Aborted\b|killed by signal: Aborted", EXIT),
+    _s("segfault", _exit("-6", "134") + r"|Signal 6 \(SIGABRT\)|\bSIGABRT\b|^Aborted\b|killed by signal: Aborted|"
+       r"Fatal Python error: Aborted", EXIT),
     # job_terminated
     _s("job_terminated", r"CANCELLED AT \S+ DUE TO|STEPD TERMINATED ON|Received (?:\d+|Signals\.\w+|SIG\w+) death signal|"
        r"got signal: (?:15|1|2|Signals\.SIG(?:TERM|HUP|INT))\b|DUE TO PREEMPTION|\bwas preempted\b|preemption notice|"
