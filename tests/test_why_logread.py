@@ -234,6 +234,18 @@ def test_the_programs_own_error_is_your_code_raised():
     assert "model.py:12" in reading.fix
 
 
+def test_a_workers_error_whose_traceback_is_cut_is_the_one_its_wrapper_names():
+    text = tb("/home/u/train.py:270:train", "/opt/venv/lib/python3.11/site-packages/torch/_utils.py:394:reraise",
+              error="KeyError: Caught KeyError in DataLoader worker process 0.")
+    text += ('Original Traceback (most recent call last):\n'
+             '  File "/opt/venv/lib/python3.11/site-packages/torch/utils/data/_utils/worker.py", line 178, in _worker_loop\n'
+             '    data = fetcher.fetch(index)\n'
+             '  File "/home/u/data/coco.py", line 91, in __getitem__\n'
+             '    target = self.label_map[obj["category_id"]]\n')
+    reading = read_log(text)
+    assert reading.kind == "user_code" and reading.exception == "KeyError" and reading.site == "coco.py:91"
+
+
 def test_nothing_failed_says_so():
     reading = read_log("Epoch 1: 100%|██████████| 50/50 [00:05<00:00,  9.12it/s, loss=0.512]\n`Trainer.fit` stopped.\n")
     assert reading.kind == "none" and not reading.failed and reading.summary == "no failure in this log"

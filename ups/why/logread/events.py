@@ -252,17 +252,22 @@ def _child_failed(lines: list[Line], i: int, consumed: set[int]) -> Event:
 def _link_wrappers(events: list[Event]) -> None:
     """A DataLoader worker's "Caught X in DataLoader worker process N" is followed by the
     worker's own traceback and exception: that one is the failure, the wrapper only says
-    where it came from."""
+    where it came from. When the worker's traceback is cut before its exception (a paste that
+    ends early), the wrapper stands for it: the worker raised X, at the traceback's frames."""
     for k, ev in enumerate(events):
         if ev.kind != "exception" or not ev.wrapper:
             continue
         m = WORKER_WRAPPER.search(ev.text)
         if not m:
             continue
-        inner = next((e for e in events[k + 1:] if e.kind == "exception" and e.etype == ev.etype
-                      and e.head.stream == ev.head.stream and not e.wrapper), None)
+        later = [e for e in events[k + 1:] if e.head.stream == ev.head.stream]
+        inner = next((e for e in later if e.kind == "exception" and e.etype == ev.etype and not e.wrapper), None)
         if inner is not None:
             ev.superseded = True
+            continue
+        cut = next((e for e in later if e.kind in ("exception", "cut")), None)
+        if cut is not None and cut.kind == "cut":
+            ev.frames, ev.wrapper, cut.superseded = cut.frames, False, True
 
 
 def is_errorish(event: Event) -> bool:
