@@ -246,6 +246,31 @@ def test_a_workers_error_whose_traceback_is_cut_is_the_one_its_wrapper_names():
     assert reading.kind == "user_code" and reading.exception == "KeyError" and reading.site == "coco.py:91"
 
 
+SERIALIZATION = "/opt/venv/lib/python3.11/site-packages/torch/serialization.py"
+
+
+def test_a_cut_traceback_is_read_by_the_raise_it_stopped_at():
+    frames = ["/home/u/pretrain.py:77:get_model", f"{SERIALIZATION}:613:_load", f"{SERIALIZATION}:115:validate_cuda_device"]
+    text = tb(*frames, error="").replace("    pass\n\n", "    raise RuntimeError('Attempting to deserialize object on a CUDA '\n")
+    reading = read_log(text)
+    assert reading.name == "checkpoint_cuda_on_cpu" and reading.line.startswith("raise RuntimeError(")
+    own = tb("/home/u/train.py:12:main", "/home/u/data.py:40:load", error="").replace(
+        "    pass\n\n", "    raise ValueError(f'bad split {name}: '\n")
+    said = read_log(own)
+    assert said.kind == "user_code" and said.exception == "ValueError" and said.site == "data.py:40"
+
+
+def test_a_cut_traceback_is_read_by_where_it_stopped_only_when_nothing_says_more():
+    cut = tb("/home/u/fishing.py:143:main", f"{SERIALIZATION}:853:_load",
+             f"{SERIALIZATION}:175:default_restore_location", error="").rstrip("\n")
+    assert read_log(cut).name == "checkpoint_cuda_on_cpu"
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.1 GiB total capacity)\n"
+    assert read_log(cut + "\n" + oom).name == "cuda_oom"
+    elsewhere = tb("/home/u/train.py:143:main", "/opt/venv/lib/python3.11/site-packages/torch/nn/modules/module.py:1511:_call_impl",
+                   error="").rstrip("\n")
+    assert read_log(elsewhere).kind == "unknown"
+
+
 def test_nothing_failed_says_so():
     reading = read_log("Epoch 1: 100%|██████████| 50/50 [00:05<00:00,  9.12it/s, loss=0.512]\n`Trainer.fit` stopped.\n")
     assert reading.kind == "none" and not reading.failed and reading.summary == "no failure in this log"

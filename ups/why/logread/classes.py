@@ -451,7 +451,7 @@ SIGNS: tuple[Sign, ...] = (
        r"inline_container\.cc[^\n]*file not found|storage has wrong (?:byte )?size"),
     _s("checkpoint_corrupt", r"Ran out of input", unless_frames=r"multiprocessing|spawn\.py|reduction\.py|queues\.py"),
     # checkpoint_cuda_on_cpu
-    _s("checkpoint_cuda_on_cpu", r"Attempting to deserialize object on a CUDA device"),
+    _s("checkpoint_cuda_on_cpu", r"Attempting to deserialize object on a CUDA\b"),
     # file_missing
     _s("file_missing", r"FileNotFoundError|No such file or directory|\[Errno 2\]|can't open file|"
        r"errno = 2, error message = 'No such file|does not appear to have a file named|\bno file named [\w.]+|"
@@ -477,6 +477,36 @@ SIGNS: tuple[Sign, ...] = (
     _s("job_terminated", _exit("-15", "143") + r"|Signal 15 \(SIGTERM\)|^Terminated\s*$|tasks? [\d,-]+: Terminated|"
        r"srun: Job step aborted|CANCELLED AT \S+", EXIT),
 )
+
+
+
+@dataclass(frozen=True)
+class FrameSign:
+    """A traceback cut off before its exception (a paste that stops early, the message being in
+    the thread's title) is read by where it stopped: a library function whose failures are of
+    one class. Weak (``EXIT``): only when nothing else in the log says more."""
+
+    cls: str
+    path: re.Pattern[str]
+    function: re.Pattern[str]
+    tier: int = EXIT
+
+
+FRAME_SIGNS: tuple[FrameSign, ...] = (
+    # torch.load restoring a storage onto the device it was saved from: the CUDA check
+    # (validate_cuda_device) is what fails in these frames on a machine without CUDA.
+    FrameSign("checkpoint_cuda_on_cpu", re.compile(r"torch[/\\]serialization\.py$"),
+              re.compile(r"^(?:validate_cuda_device|_cuda_deserialize|default_restore_location)$")),
+)
+
+
+def frame_class(frames: list[tuple[str, int, str | None]]) -> FrameSign | None:
+    """The frame sign the innermost frame of a cut traceback shows."""
+    if not frames:
+        return None
+    path, _, fn = frames[-1]
+    return next((f for f in FRAME_SIGNS if fn and f.path.search(path) and f.function.match(fn)), None)
+
 
 # Every word some sign needs: a line with none of them shows no class (most lines of a log).
 ALL_WORDS = tuple(sorted({w for sign in SIGNS for w in sign.words or ()}, key=len))

@@ -33,6 +33,7 @@ from ups.why.logread.classes import (
     SIGNS,
     SYMPTOM,
     LogClass,
+    frame_class,
     may_show_a_class,
 )
 from ups.why.logread.events import Event, is_errorish, read_events
@@ -170,6 +171,11 @@ def decide(events: list[Event]) -> Reading:
                 classed.append(Candidate(EXIT, ev, BY_NAME[cls]))
             continue
         found = classes_of(ev)
+        if not found and ev.kind == "cut":
+            where = frame_class(ev.frames)
+            if where is not None:
+                classed.append(Candidate(where.tier, ev, BY_NAME[where.cls]))
+                continue
         if not found:
             if ev.kind != "line" or is_errorish(ev):
                 unclassed.append(ev)

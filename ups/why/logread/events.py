@@ -107,6 +107,7 @@ def parse(lines: list[Line]) -> list[Event]:
     events: list[Event] = []
     frames: dict[str, list[tuple[str, int, str | None]]] = {}  # each stream's open traceback
     opened: dict[str, Line] = {}  # each stream's open traceback's last frame line
+    source: dict[str, Line] = {}  # the code under each stream's last frame
     last_exception: dict[str, Event] = {}
     consumed: set[int] = set()
     for i, line in enumerate(lines):
@@ -114,7 +115,7 @@ def parse(lines: list[Line]) -> list[Event]:
             continue
         stream = line.stream
         if line.role == "header":
-            _close(events, frames, opened, stream)
+            _close(events, frames, opened, source, stream)
             frames[stream] = []
             opened[stream] = line
         elif line.role == "frame":
@@ -122,6 +123,10 @@ def parse(lines: list[Line]) -> list[Event]:
             if site:
                 frames.setdefault(stream, []).append(site)
                 opened[stream] = line
+                source.pop(stream, None)
+        elif line.role == "source":
+            if stream in opened and stream not in source:
+                source[stream] = line
         elif line.role == "chain":
             if stream in last_exception:
                 last_exception[stream].cause_of_next = True
@@ -136,21 +141,37 @@ def parse(lines: list[Line]) -> list[Event]:
             if event.kind == "exception" or event.etype == "ChildFailedError":  # its traceback ends here
                 event.frames = frames.pop(stream, [])
                 opened.pop(stream, None)
+                source.pop(stream, None)
                 last_exception[stream] = event
             events.append(event)
     for stream in list(opened):
-        _close(events, frames, opened, stream)
+        _close(events, frames, opened, source, stream)
     _link_wrappers(events)
     return events
 
 
-def _close(events: list[Event], frames: dict, opened: dict, stream: str) -> None:
+# A statement that raises: ``raise RuntimeError('Attempting to deserialize object on a CUDA '``.
+RAISE = re.compile(r"^raise (?P<type>(?:[A-Za-z_]\w*\.)*[A-Z]\w*)\s*\(\s*(?P<msg>.*)")
+_LITERAL = re.compile(r"""[rbfu]?(?P<q>['"])(?P<s>(?:\\.|(?!(?P=q)).)*)(?P=q)?""")
+
+
+def _close(events: list[Event], frames: dict, opened: dict, source: dict, stream: str) -> None:
     """A traceback that ends without its exception (a paste cut short): an event of its own,
-    shown by its last frame."""
+    shown by its last frame. When the code of its innermost frame is a ``raise X("...")``, that
+    statement is the exception it was cut before: its type, and the message its literal starts."""
     fr = frames.pop(stream, [])
     head = opened.pop(stream, None)
-    if fr and head is not None:
-        events.append(Event("cut", [head], frames=fr, rank=head.rank))
+    code = source.pop(stream, None)
+    if not fr or head is None:
+        return
+    m = RAISE.match(code.body) if code is not None else None
+    if m:
+        said = " ".join(lit.group("s") for lit in _LITERAL.finditer(m.group("msg")))
+        line = Line(code.n, code.raw, f"{m.group('type')}: {said}".rstrip(), "content", rank=code.rank,
+                    stream=code.stream, ts=code.ts)
+        events.append(Event("exception", [line], etype=m.group("type").rsplit(".", 1)[-1], frames=fr, rank=head.rank))
+        return
+    events.append(Event("cut", [head], frames=fr, rank=head.rank))
 
 
 def _statement(lines: list[Line], i: int, consumed: set[int]) -> Event | None:
