@@ -71,6 +71,16 @@ epoch 1 loss 0.41
     assert not read_log(warning).failed
 
 
+def test_an_error_the_program_says_it_caught_never_decides():
+    notice = "A matching Triton is not available, some optimizations will not be enabled.\nError caught was: No module named 'triton'\n"
+    assert not read_log(notice).failed
+    assert read_log("Ignoring exception: [Errno 28] No space left on device\nepoch 2 loss 0.3\n").kind == "none"
+    # Python's "Exception ignored in:" prints the exception on a line of its own: that one is read
+    unraisable = "Exception ignored in: <_io.TextIOWrapper name='<stdout>' mode='w'>\nOSError: [Errno 122] Disk quota exceeded\n"
+    assert read_log(unraisable).name == "disk_quota"
+    assert read_log("ModuleNotFoundError: No module named 'triton'\n").name == "import_error"
+
+
 # -- causes and their order -------------------------------------------------------------------------
 def test_the_innermost_cause_wins():
     during = tb("/home/u/train.py:40:save", "/opt/venv/lib/python3.11/site-packages/torch/serialization.py:850:_save",

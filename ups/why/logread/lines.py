@@ -102,6 +102,12 @@ _WARNING_LINE = re.compile(r"(?:^|[\s:(\]])(?:[A-Z]\w*)?Warning:|\bwarning:|^\s*
 _EXCEPTION_LIKE = re.compile(r"^[\w.]*(?:Error|Exception)\b:?")
 # An error right under a warning is not the warning's message.
 _ERROR_WORDS = re.compile(r"\b(?:[Ee]rror|ERROR|FAILED|Killed|Segmentation fault|out of memory|Traceback)\b")
+# A program saying it caught an error and goes on ("Error caught was: No module named 'triton'",
+# "Ignoring exception: ..."): what it caught is a notice, like a warning. Python's own
+# "Exception ignored in: <obj>" is not this: the exception it prints follows on lines of its own.
+_HANDLED = re.compile(r"^(?:[\w-]+ ){0,3}?(?:errors?|exceptions?) (?:was |were )?(?:caught|ignored|suppressed|handled)"
+                      r"(?: (?:was|is|were))?:|^(?:caught|ignor(?:ed|ing)|suppress(?:ed|ing)) (?:an? |the )?"
+                      r"(?:errors?|exceptions?):", re.I)
 _PROGRESS = re.compile(r"^.*?\d+/\d+\s*\[[\d:<?]+[^\]]*\]")  # tqdm: "42%|████ | 21/50 [00:03<00:04, 7.1it/s]"
 _CARETS = re.compile(r"^[\s^~]+$")
 
@@ -287,7 +293,7 @@ class _Roles:
         said = FOOTERS.sub("", body).strip()
         if _BOILERPLATE.search(body) or not said.strip(" .'\""):
             return "context", body
-        if nccl is None and level in WARNING_LEVELS:
+        if (nccl is None and level in WARNING_LEVELS) or _HANDLED.match(said):
             return "warning", said
         return "content", said
 
