@@ -224,6 +224,32 @@ def test_a_launchers_host_label_is_a_prefix_only_before_another():
     assert read_log("Error: disk quota exceeded while writing the checkpoint\n").name == "disk_quota"
 
 
+# Libraries' message templates, filled in as they print them (not any one thread's words).
+TEMPLATES = [
+    ("collective_mismatch", "horovod.common.exceptions.HorovodInternalError: Mismatched ALLGATHER tensor shapes: One rank sent a "
+                            "tensor of rank 2, but another rank sent a tensor of rank 3."),
+    ("collective_mismatch", "tensorflow.python.framework.errors_impl.FailedPreconditionError: Mismatched data types: One rank had "
+                            "type float32, but another rank had type float16."),
+    ("collective_mismatch", "accelerate.utils.operations.DistributedOperationException: Cannot apply desired operation due to "
+                            "shape mismatches. All shapes across devices must be valid."),
+    ("gpu_lost", "kernel: NVRM: GPU0 nvCheckOkFailedNoLog: Check failed: GPU lost from the bus [NV_ERR_GPU_IS_LOST] (0x0000000F)"),
+    ("job_terminated", "Job deleted at request of root@headnode.local"),
+    ("oom_killed", "=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES\n=   PID 4211 RUNNING AT node3\n=   EXIT CODE: 9\n"
+                   "=   CLEANING UP REMAINING PROCESSES"),
+]
+
+
+@pytest.mark.parametrize(("name", "text"), TEMPLATES, ids=[f"{n}:{k}" for k, (n, _) in enumerate(TEMPLATES)])
+def test_a_librarys_message_template_is_named(name: str, text: str):
+    assert read_log(text + "\n").name == name
+
+
+def test_an_autograd_dtype_error_is_the_programs_own():
+    reading = read_log(tb("/home/u/train.py:88:main", "/opt/venv/lib/python3.11/site-packages/torch/autograd/__init__.py:266:backward",
+                          error="RuntimeError: Found dtype Long but expected Float"))
+    assert reading.kind == "user_code" and reading.exception == "RuntimeError"
+
+
 # -- what no class knows ----------------------------------------------------------------------------
 def test_an_unknown_text_says_it_is_unknown():
     text = tb("/home/u/train.py:50:main", "/opt/venv/lib/python3.11/site-packages/torch/cuda/__init__.py:300:_lazy_init",

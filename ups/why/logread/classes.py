@@ -333,7 +333,11 @@ SIGNS: tuple[Sign, ...] = (
     _s("collective_mismatch", r"Detected mismatch between collectives|Collectives differ in the following aspects|"
        r"Mismatched collective|collective mismatch|op\.preamble\.length <= op\.nbytes|"
        r"ranks entered different collectives|doesn't match expected size|"
-       r"appears not to match (?:sizes|strides) of the same param in process|expects same model across all ranks"),
+       r"appears not to match (?:sizes|strides) of the same param in process|expects same model across all ranks|"
+       # Horovod's coordinator: "Mismatched ALLREDUCE tensor shapes: One rank sent ..., but another rank sent ..."
+       r"Mismatched [^:\n]{1,60}: One rank (?:had|did|sent|specified)[^\n]*but another rank|"
+       # accelerate's gather/reduce checks the shapes of every process first
+       r"Cannot apply desired operation due to shape mismatches"),
     # collective_timeout
     _s("collective_timeout", r"Watchdog caught collective operation timeout|"
        r"WorkNCCL\([^)]*\) ran for \d+ milliseconds before timing out|"
@@ -394,7 +398,8 @@ SIGNS: tuple[Sign, ...] = (
        r"Killed process \d+ \("),
     # ... or only the exit code says it (how it ended)
     _s("oom_killed", _exit("-9", "137") + r"|Signal 9 \(SIGKILL\)|\bsignal 9\b|\bSIGKILL\b|"
-       r"^Killed\s*$|\d+ Killed\s+\S|signal: killed\b|task \d+: Killed", KILLED),
+       r"^Killed\s*$|\d+ Killed\s+\S|signal: killed\b|task \d+: Killed|"
+       r"^=+\s+EXIT CODE: (?:9|137)\s*$", KILLED),  # MPICH/Intel MPI's "BAD TERMINATION" box
     # shm_full
     # NCCL writes no file but its shared-memory segments: its "No space left" is /dev/shm's.
     _s("shm_full", r"NCCL WARN[^\n]*No space left on device|/dev/shm\b[^\n]*(?:No space left|failed|error)|No space left[^\n]*/dev/shm|"
@@ -426,7 +431,8 @@ SIGNS: tuple[Sign, ...] = (
     # cuda_device_busy
     _s("cuda_device_busy", r"busy or unavailable|cudaErrorDevicesUnavailable|CUDA_ERROR_DEVICE_UNAVAILABLE"),
     # gpu_lost
-    _s("gpu_lost", r"fallen off the bus|\bGPU is lost\b|GpuIsLost|NVML_ERROR_GPU_IS_LOST|"
+    _s("gpu_lost", r"fallen off the bus|\bGPU is lost\b|GpuIsLost|NVML_ERROR_GPU_IS_LOST|NV_ERR_GPU_IS_LOST|"
+       r"GPU lost from the bus|"
        r"Unable to determine the device handle for GPU|\bXid\b[^\n]*?:\s*79\b|\bXid[ :]+79\b"),
     # gpu_ecc
     _s("gpu_ecc", r"uncorrectable ECC error|ECC error encountered|cudaErrorECCUncorrectable|CUDA_ERROR_ECC_UNCORRECTABLE|"
@@ -473,7 +479,8 @@ SIGNS: tuple[Sign, ...] = (
     # job_terminated
     _s("job_terminated", r"CANCELLED AT \S+ DUE TO|STEPD TERMINATED ON|Received (?:\d+|Signals\.\w+|SIG\w+) death signal|"
        r"got signal: (?:15|1|2|Signals\.SIG(?:TERM|HUP|INT))\b|DUE TO PREEMPTION|\bwas preempted\b|preemption notice|"
-       r"Force Terminated job|spot (?:instance )?interruption|Received SIGTERM", on_warning=True),
+       r"Force Terminated job|spot (?:instance )?interruption|Received SIGTERM|"
+       r"Job deleted at request of \S+|\bjob preempted\b", on_warning=True),  # PBS/Torque's notice
     _s("job_terminated", _exit("-15", "143") + r"|Signal 15 \(SIGTERM\)|^Terminated\s*$|tasks? [\d,-]+: Terminated|"
        r"srun: Job step aborted|CANCELLED AT \S+", EXIT),
 )

@@ -49,7 +49,8 @@ USER_MESSAGES = re.compile(
     r"device|does not require grad|Expected object of scalar type|expected scalar type|The size of tensor a|"
     r"shape '\[[^\]]*\]' is invalid for input of size|Given groups=|Sizes of tensors must match|modified by an inplace "
     r"operation|backward through the graph a second time|Input type .* and weight type .* should be the same|"
-    r"Expected \d+D|must match the size of tensor|Expected input batch_size|expected input\[", re.I)
+    r"Expected \d+D|must match the size of tensor|Expected input batch_size|expected input\[|"
+    r"Found dtype \w+ but expected \w+", re.I)
 # A shell tool's complaint in a job script ("rm: cannot remove 'x': No such file or directory"):
 # scripts go on after them, so they explain a failure only when nothing else does.
 SHELL_TOOL = re.compile(r"^(?:/(?:usr/)?bin/)?(?:rm|ls|cp|mv|mkdir|rmdir|cat|ln|chmod|chown|find|du|df|tar|touch|tee|"
