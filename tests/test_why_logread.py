@@ -224,6 +224,21 @@ def test_a_launchers_host_label_is_a_prefix_only_before_another():
     assert read_log("Error: disk quota exceeded while writing the checkpoint\n").name == "disk_quota"
 
 
+def test_nccls_explanation_is_read_across_blank_lines():
+    text = ("torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.cpp:93, invalid usage "
+            "(run with NCCL_DEBUG=WARN for details), NCCL version 2.20.5\nncclInvalidUsage: This usually reflects invalid usage "
+            "of NCCL library.\nLast error:\nDuplicate GPU detected : rank 1 and rank 0 both on CUDA device 1000\n")
+    assert read_log(text).name == "duplicate_gpu"
+    assert read_log(text.replace("\n", "\n\n")).name == "duplicate_gpu"  # a paste that double-spaces lines
+
+
+def test_srun_labels_a_tracebacks_indented_lines_too():
+    text = "\n".join(f"3: {line}" for line in tb("/home/u/train.py:12:main", "/home/u/data.py:40:load",
+                                                 error="ValueError: bad split 'tes'").splitlines())
+    reading = read_log(text)
+    assert reading.kind == "user_code" and reading.rank == 3 and reading.site == "data.py:40"
+
+
 # Libraries' message templates, filled in as they print them (not any one thread's words).
 TEMPLATES = [
     ("collective_mismatch", "horovod.common.exceptions.HorovodInternalError: Mismatched ALLGATHER tensor shapes: One rank sent a "

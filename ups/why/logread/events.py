@@ -207,7 +207,7 @@ def _nccl_detail(lines: list[Line], i: int, consumed: set[int]) -> list[Line]:
     out: list[Line] = []
     last_error = False
     for line in lines[i + 1: i + 1 + MAX_CONTINUATION]:
-        if line.stream != stream:
+        if line.stream != stream or line.role == "blank":  # a paste may double-space NCCL's lines
             continue
         if line.role == "content" and (_DETAIL.match(line.body) or last_error):
             out.append(line)
@@ -223,10 +223,12 @@ def _carried(lines: list[Line], i: int, consumed: set[int], *, what: bool = Fals
     a driver message over several lines), in the same stream."""
     stream = lines[i].stream
     out: list[Line] = []
-    for line in lines[i + 1:]:
+    for k, line in enumerate(lines[i + 1:], i + 1):
         if len(out) >= MAX_CONTINUATION:
             break
         if line.stream != stream:
+            continue
+        if line.role == "blank" and _detail_follows(lines, k, out[-1] if out else lines[i]):
             continue
         if what and not out:
             if WHAT.match(line.body):
@@ -241,6 +243,15 @@ def _carried(lines: list[Line], i: int, consumed: set[int], *, what: bool = Fals
         out.append(line)
         consumed.add(line.n)
     return out
+
+
+def _detail_follows(lines: list[Line], k: int, last: Line) -> bool:
+    """Blank lines at ``k`` inside NCCL's explanation of an error (a paste that double-spaces
+    lines): the line before is an empty "Last error:", or the next one is NCCL's detail."""
+    if last.body.strip() == "Last error:":
+        return True
+    after = next((ln for ln in lines[k + 1: k + 4] if ln.role != "blank" and ln.stream == last.stream), None)
+    return after is not None and after.role == "content" and bool(_DETAIL.match(after.body))
 
 
 _STARTS = re.compile(r"^(?:slurmstepd|srun:|Killed\b|Segmentation fault|Bus error|Aborted|NVRM:|\*\*\*|"

@@ -29,7 +29,7 @@ _RANK_PREFIXES = (
     re.compile(r"\[default(?P<rank>\d+)\]:\s?"),  # torchrun --tee (older)
     re.compile(r"\[\d+,(?P<rank>\d+)\]<(?:stdout|stderr)>:\s?"),  # mpirun --tag-output
     re.compile(r"\[RANK (?P<rank>\d+)\]\s?"),
-    re.compile(r"(?P<rank>\d{1,5}): (?=\S)"),  # srun --label
+    re.compile(r"(?P<rank>\d{1,5}): (?=\s*\S)"),  # srun --label (its indented lines too: a traceback's frames)
 )
 _OTHER_PREFIXES = (
     re.compile(r"\((?:\w+ )?pid=[^)]*\)\s?"),  # Ray workers
