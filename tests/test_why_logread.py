@@ -214,6 +214,24 @@ def test_a_hard_wrapped_line_is_read_as_one():
     assert read_log("\n".join(same) + "\n").rank == 0
 
 
+def test_a_paste_wrapped_at_one_width_is_read_unwrapped():
+    lines = [f"[rank{r}]:[E ProcessGroupNCCL.cpp:1182] [Rank {r}] NCCL watchdog thread terminated with exception: [Rank {r}] "
+             f"Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1{r}, OpType=ALLREDUCE, NumelIn=112, "
+             f"NumelOut=112, Timeout(ms)=1800000) ran for 1800010 milliseconds before timing out." for r in range(3)]
+    wrapped = "\n".join(line[k:k + 90] for line in lines for k in range(0, len(line), 90))
+    reading = read_log(wrapped)
+    assert reading.name == "collective_timeout" and reading.rank == 0
+
+
+def test_the_rest_of_a_wrapped_info_line_is_still_context():
+    info = ("node1:26023:26023 [0] NCCL INFO NET/Plugin : Plugin load (libnccl-net.so) returned 2 : libnccl-net.so: cannot o\n"
+            "pen shared object file: No such file or directory\n"
+            "node1:26023:26023 [0] NCCL INFO NET/Plugin : No plugin found, using internal implementation\n")
+    assert not read_log(info).failed
+    after = info + "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error\n"
+    assert read_log(after).name == "nccl_system_error"
+
+
 def test_a_launchers_host_label_is_a_prefix_only_before_another():
     # pdsh / DeepSpeed's launcher label each line with its host; NCCL's own prefix follows.
     trace = "".join(f"worker-1: worker-1:10793:11394 [1] NCCL INFO {site} -> 2\n"

@@ -208,12 +208,38 @@ def _starts_a_line(text: str) -> bool:
                 or (level and level.start("lvl") < 3))
 
 
+def _log_width(physical: list[str]) -> int | None:
+    """The width a whole paste was wrapped at: its longest lines, when at least three distinct
+    ones share that length (at least WRAP_WIDTH), most are followed by the rest of a line (a
+    line that does not start one of its own), and a third of those wraps cut inside a word."""
+    width = max((len(x) for x in physical), default=0)
+    if width < WRAP_WIDTH:
+        return None
+    at = [k for k, x in enumerate(physical) if len(x) == width]
+    if len({physical[k] for k in at}) < 3:
+        return None
+    follows = [k for k in at if k + 1 < len(physical) and physical[k + 1] and not _starts_a_line(physical[k + 1])]
+    cut = [k for k in follows if physical[k][-1].isalnum() and physical[k + 1][0].isalnum()]
+    return width if len(follows) * 2 > len(at) and len(cut) * 3 >= len(follows) else None
+
+
 def unwrap(physical: list[str]) -> list[tuple[int, str]]:
     """(index of its first physical line, text) of each printed line. A run of two or more
     distinct lines of one width (at least WRAP_WIDTH) and the shorter line after them are one
     line a terminal wrapped when none of them but the first starts a line of its own and the
     wrap cuts a word somewhere (``...stuck for 600 second`` / ``s without making progress``)."""
     out: list[tuple[int, str]] = []
+    wrapped_at = _log_width(physical)
+    if wrapped_at:
+        k = 0
+        while k < len(physical):
+            j = k
+            while (len(physical[j]) == wrapped_at and j + 1 < len(physical) and physical[j + 1]
+                   and not _starts_a_line(physical[j + 1])):
+                j += 1
+            out.append((k, "".join(physical[k: j + 1])))
+            k = j + 1
+        return out
     k = 0
     while k < len(physical):
         width = len(physical[k])
@@ -249,8 +275,24 @@ def read_lines(text: str) -> list[Line]:
         if not _EXCEPTION_LIKE.match(body):
             level, nccl, site, body = _level(body)
         role, body = roles.of(body.strip(), level, nccl)
+        if role in ("content", "warning") and out and _rest_of_quiet_line(out[-1], raw):
+            role, stream, rank = "context", out[-1].stream, out[-1].rank
         out.append(Line(n, raw, body, role, level, rank, stream, ts, site, nccl))
     return out
+
+
+def _rest_of_quiet_line(prev: Line, raw: str) -> bool:
+    """``raw`` is the rest of an INFO line a terminal wrapped (too few lines of one width to
+    tell the paste's width): the INFO line is long and stops on a character, and ``raw`` goes
+    on lowercase or with punctuation, with nothing that starts a line of its own."""
+    quiet = prev.nccl in ("INFO", "TRACE") or (prev.nccl is None and prev.level in QUIET_LEVELS)
+    return (quiet and prev.role == "context" and len(prev.raw) >= WRAP_WIDTH and prev.raw[-1:].strip() != ""
+            and raw[:1].strip() != "" and not raw[:1].isupper() and not raw[:1].isdigit()
+            and not _OWN_WORDS.match(raw) and not _starts_a_line(raw))
+
+
+# Lines that start lowercase and still stand alone: NCCL's error names, a C++ exception's what().
+_OWN_WORDS = re.compile(r"(?:nccl[A-Z]\w*|what\(\)|[\w.]+\(\)):")
 
 
 class _Roles:
