@@ -71,6 +71,16 @@ epoch 1 loss 0.41
     assert not read_log(warning).failed
 
 
+def test_an_error_the_program_says_it_caught_never_decides():
+    notice = "A matching Triton is not available, some optimizations will not be enabled.\nError caught was: No module named 'triton'\n"
+    assert not read_log(notice).failed
+    assert read_log("Ignoring exception: [Errno 28] No space left on device\nepoch 2 loss 0.3\n").kind == "none"
+    # Python's "Exception ignored in:" prints the exception on a line of its own: that one is read
+    unraisable = "Exception ignored in: <_io.TextIOWrapper name='<stdout>' mode='w'>\nOSError: [Errno 122] Disk quota exceeded\n"
+    assert read_log(unraisable).name == "disk_quota"
+    assert read_log("ModuleNotFoundError: No module named 'triton'\n").name == "import_error"
+
+
 # -- causes and their order -------------------------------------------------------------------------
 def test_the_innermost_cause_wins():
     during = tb("/home/u/train.py:40:save", "/opt/venv/lib/python3.11/site-packages/torch/serialization.py:850:_save",
@@ -142,6 +152,20 @@ Root Cause (first observed failure):
 """
 
 
+def test_where_an_error_was_raised_says_which_device_is_full():
+    error = "OSError: [Errno 28] No space left on device"
+    semaphore = tb("/home/u/train.py:80:main", "/usr/lib/python3.10/multiprocessing/context.py:68:Lock",
+                   "/usr/lib/python3.10/multiprocessing/synchronize.py:57:__init__", error=error)
+    assert read_log(semaphore).name == "shm_full"  # a POSIX semaphore lives in /dev/shm
+    save = tb("/home/u/train.py:80:main", "/opt/venv/lib/python3.11/site-packages/torch/serialization.py:850:_save",
+              error=error)
+    assert read_log(save).name == "disk_full"
+    # a frame further out does not say where it was raised
+    outer = tb("/usr/lib/python3.10/multiprocessing/process.py:108:run", "/home/u/train.py:80:main",
+               "/opt/venv/lib/python3.11/site-packages/torch/serialization.py:850:_save", error=error)
+    assert read_log(outer).name == "disk_full"
+
+
 def test_how_a_process_ended_decides_only_when_nothing_says_more():
     reading = read_log(CHILD)
     assert reading.name == "oom_killed" and reading.rank == 3
@@ -157,6 +181,14 @@ def test_a_rank_killed_explains_its_peers_errors_but_an_abort_does_not():
     timeout = "[rank1]:[E ProcessGroupNCCL.cpp:607] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600013 milliseconds before timing out.\n"
     aborted = read_log(timeout + child.format(code=-6, signal="Signal 6 (SIGABRT)"))
     assert aborted.name == "collective_timeout" and aborted.rank == 1  # the watchdog's abort is how it ended, not why
+    # faulthandler's report of the abort comes before the error that caused it, and still does not decide
+    fatal = read_log("Fatal Python error: Aborted\n\nExtension modules: numpy.core._multiarray_umath, torch._C\n"
+                     "[E ProcessGroupNCCL.cpp:916] [Rank 0] NCCL watchdog thread terminated with exception: "
+                     "CUDA error: an illegal memory access was encountered\n")
+    assert fatal.name == "cuda_illegal_memory_access"
+    assert read_log("Fatal Python error: Aborted\n").name == "segfault"  # alone, how it ended is all there is
+    assert read_log("Fatal Python error: Segmentation fault\n\nThread 0x7f (most recent call first):\n"
+                    "RuntimeError: DataLoader worker (pid 4499) exited unexpectedly\n").name == "segfault"
 
 
 def test_the_first_nccl_warn_of_a_process_is_its_root():
@@ -166,6 +198,89 @@ a100-22:183006:183220 [1] proxy.cc:1119 NCCL WARN [Proxy Service 9] Failed to ex
 """
     assert read_log(text).name == "peer_lost"  # the proxy's failed Connect follows from the peer gone
     assert read_log(text.splitlines()[2]).name == "nccl_network"  # alone, it is the network
+
+
+# -- how lines are read -----------------------------------------------------------------------------
+def test_a_hard_wrapped_line_is_read_as_one():
+    said = ("[rank6]:[F ProcessGroupNCCL.cpp:1169] [PG 0 Rank 6] ProcessGroupNCCL's watchdog got stuck for 600 seconds "
+            "without making progress in monitoring enqueued collectives. This typically indicates a NCCL/CUDA API hang.")
+    wrapped = "\n".join(said[k:k + 104] for k in range(0, len(said), 104))
+    assert "600 second\n" in wrapped and wrapped.count("\n") == 2  # the wrap cuts the sign's words
+    reading = read_log(wrapped + "\nsrun: error: node1: task 6: Aborted\n")
+    assert reading.name == "nccl_heartbeat" and reading.rank == 6 and reading.n == 0
+    # Lines of one width that each start a line of their own (a rank's, NCCL's) stay lines.
+    same = ["[rank0]: RuntimeError: CUDA error: an illegal memory access was encountered",
+            "[rank1]: RuntimeError: CUDA error: an illegal memory access was encountered"]
+    assert read_log("\n".join(same) + "\n").rank == 0
+
+
+def test_a_paste_wrapped_at_one_width_is_read_unwrapped():
+    lines = [f"[rank{r}]:[E ProcessGroupNCCL.cpp:1182] [Rank {r}] NCCL watchdog thread terminated with exception: [Rank {r}] "
+             f"Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1{r}, OpType=ALLREDUCE, NumelIn=112, "
+             f"NumelOut=112, Timeout(ms)=1800000) ran for 1800010 milliseconds before timing out." for r in range(3)]
+    wrapped = "\n".join(line[k:k + 90] for line in lines for k in range(0, len(line), 90))
+    reading = read_log(wrapped)
+    assert reading.name == "collective_timeout" and reading.rank == 0
+
+
+def test_the_rest_of_a_wrapped_info_line_is_still_context():
+    info = ("node1:26023:26023 [0] NCCL INFO NET/Plugin : Plugin load (libnccl-net.so) returned 2 : libnccl-net.so: cannot o\n"
+            "pen shared object file: No such file or directory\n"
+            "node1:26023:26023 [0] NCCL INFO NET/Plugin : No plugin found, using internal implementation\n")
+    assert not read_log(info).failed
+    after = info + "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error\n"
+    assert read_log(after).name == "nccl_system_error"
+
+
+def test_a_launchers_host_label_is_a_prefix_only_before_another():
+    # pdsh / DeepSpeed's launcher label each line with its host; NCCL's own prefix follows.
+    trace = "".join(f"worker-1: worker-1:10793:11394 [1] NCCL INFO {site} -> 2\n"
+                    for site in ("bootstrap.cc:270", "init.cc:1303", "group.cc:64"))
+    assert read_log(trace).name == "nccl_system_error"  # a return code is read on NCCL's INFO lines
+    assert read_log("worker-1: worker-1:10793:11394 [1] NCCL INFO Bootstrap : Using eth0\n").kind == "none"
+    # "Word: " before words is a message, not a label
+    assert read_log("Error: disk quota exceeded while writing the checkpoint\n").name == "disk_quota"
+
+
+def test_nccls_explanation_is_read_across_blank_lines():
+    text = ("torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.cpp:93, invalid usage "
+            "(run with NCCL_DEBUG=WARN for details), NCCL version 2.20.5\nncclInvalidUsage: This usually reflects invalid usage "
+            "of NCCL library.\nLast error:\nDuplicate GPU detected : rank 1 and rank 0 both on CUDA device 1000\n")
+    assert read_log(text).name == "duplicate_gpu"
+    assert read_log(text.replace("\n", "\n\n")).name == "duplicate_gpu"  # a paste that double-spaces lines
+
+
+def test_srun_labels_a_tracebacks_indented_lines_too():
+    text = "\n".join(f"3: {line}" for line in tb("/home/u/train.py:12:main", "/home/u/data.py:40:load",
+                                                 error="ValueError: bad split 'tes'").splitlines())
+    reading = read_log(text)
+    assert reading.kind == "user_code" and reading.rank == 3 and reading.site == "data.py:40"
+
+
+# Libraries' message templates, filled in as they print them (not any one thread's words).
+TEMPLATES = [
+    ("collective_mismatch", "horovod.common.exceptions.HorovodInternalError: Mismatched ALLGATHER tensor shapes: One rank sent a "
+                            "tensor of rank 2, but another rank sent a tensor of rank 3."),
+    ("collective_mismatch", "tensorflow.python.framework.errors_impl.FailedPreconditionError: Mismatched data types: One rank had "
+                            "type float32, but another rank had type float16."),
+    ("collective_mismatch", "accelerate.utils.operations.DistributedOperationException: Cannot apply desired operation due to "
+                            "shape mismatches. All shapes across devices must be valid."),
+    ("gpu_lost", "kernel: NVRM: GPU0 nvCheckOkFailedNoLog: Check failed: GPU lost from the bus [NV_ERR_GPU_IS_LOST] (0x0000000F)"),
+    ("job_terminated", "Job deleted at request of root@headnode.local"),
+    ("oom_killed", "=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES\n=   PID 4211 RUNNING AT node3\n=   EXIT CODE: 9\n"
+                   "=   CLEANING UP REMAINING PROCESSES"),
+]
+
+
+@pytest.mark.parametrize(("name", "text"), TEMPLATES, ids=[f"{n}:{k}" for k, (n, _) in enumerate(TEMPLATES)])
+def test_a_librarys_message_template_is_named(name: str, text: str):
+    assert read_log(text + "\n").name == name
+
+
+def test_an_autograd_dtype_error_is_the_programs_own():
+    reading = read_log(tb("/home/u/train.py:88:main", "/opt/venv/lib/python3.11/site-packages/torch/autograd/__init__.py:266:backward",
+                          error="RuntimeError: Found dtype Long but expected Float"))
+    assert reading.kind == "user_code" and reading.exception == "RuntimeError"
 
 
 # -- what no class knows ----------------------------------------------------------------------------
@@ -186,6 +301,43 @@ def test_the_programs_own_error_is_your_code_raised():
     assert reading.kind == "user_code" and reading.cls is None
     assert reading.summary == "your code raised ValueError at model.py:12"
     assert "model.py:12" in reading.fix
+
+
+def test_a_workers_error_whose_traceback_is_cut_is_the_one_its_wrapper_names():
+    text = tb("/home/u/train.py:270:train", "/opt/venv/lib/python3.11/site-packages/torch/_utils.py:394:reraise",
+              error="KeyError: Caught KeyError in DataLoader worker process 0.")
+    text += ('Original Traceback (most recent call last):\n'
+             '  File "/opt/venv/lib/python3.11/site-packages/torch/utils/data/_utils/worker.py", line 178, in _worker_loop\n'
+             '    data = fetcher.fetch(index)\n'
+             '  File "/home/u/data/coco.py", line 91, in __getitem__\n'
+             '    target = self.label_map[obj["category_id"]]\n')
+    reading = read_log(text)
+    assert reading.kind == "user_code" and reading.exception == "KeyError" and reading.site == "coco.py:91"
+
+
+SERIALIZATION = "/opt/venv/lib/python3.11/site-packages/torch/serialization.py"
+
+
+def test_a_cut_traceback_is_read_by_the_raise_it_stopped_at():
+    frames = ["/home/u/pretrain.py:77:get_model", f"{SERIALIZATION}:613:_load", f"{SERIALIZATION}:115:validate_cuda_device"]
+    text = tb(*frames, error="").replace("    pass\n\n", "    raise RuntimeError('Attempting to deserialize object on a CUDA '\n")
+    reading = read_log(text)
+    assert reading.name == "checkpoint_cuda_on_cpu" and reading.line.startswith("raise RuntimeError(")
+    own = tb("/home/u/train.py:12:main", "/home/u/data.py:40:load", error="").replace(
+        "    pass\n\n", "    raise ValueError(f'bad split {name}: '\n")
+    said = read_log(own)
+    assert said.kind == "user_code" and said.exception == "ValueError" and said.site == "data.py:40"
+
+
+def test_a_cut_traceback_is_read_by_where_it_stopped_only_when_nothing_says_more():
+    cut = tb("/home/u/fishing.py:143:main", f"{SERIALIZATION}:853:_load",
+             f"{SERIALIZATION}:175:default_restore_location", error="").rstrip("\n")
+    assert read_log(cut).name == "checkpoint_cuda_on_cpu"
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.1 GiB total capacity)\n"
+    assert read_log(cut + "\n" + oom).name == "cuda_oom"
+    elsewhere = tb("/home/u/train.py:143:main", "/opt/venv/lib/python3.11/site-packages/torch/nn/modules/module.py:1511:_call_impl",
+                   error="").rstrip("\n")
+    assert read_log(elsewhere).kind == "unknown"
 
 
 def test_nothing_failed_says_so():

@@ -45,6 +45,7 @@ class Sign:
     on_warning: bool = False  # also read on WARNING lines (torchrun's "Received 15 death signal")
     unless_frames: re.Pattern[str] | None = None  # not when the event's traceback has such a frame
     words: tuple[str, ...] | None = None  # one of them is in every match (lowercase); None: no such words
+    in_frames: re.Pattern[str] | None = None  # only when the error was raised there (its innermost frames)
 
     def may_match(self, lowered: str) -> bool:
         """False when the line cannot match: none of the words every match holds is in it (a
@@ -52,9 +53,10 @@ class Sign:
         return self.words is None or any(w in lowered for w in self.words)
 
 
-def _s(cls: str, pattern: str, tier: int = CAUSE, *, on_warning: bool = False, unless_frames: str | None = None) -> Sign:
+def _s(cls: str, pattern: str, tier: int = CAUSE, *, on_warning: bool = False, unless_frames: str | None = None,
+       in_frames: str | None = None) -> Sign:
     return Sign(cls, re.compile(pattern, re.I), tier, on_warning, re.compile(unless_frames) if unless_frames else None,
-                required_words(pattern))
+                required_words(pattern), re.compile(in_frames) if in_frames else None)
 
 
 _LITERAL_ESCAPES = set(".()[]{}*+?|^$\\/-'\"`<>:=,;!@#%&~ ")
@@ -331,7 +333,11 @@ SIGNS: tuple[Sign, ...] = (
     _s("collective_mismatch", r"Detected mismatch between collectives|Collectives differ in the following aspects|"
        r"Mismatched collective|collective mismatch|op\.preamble\.length <= op\.nbytes|"
        r"ranks entered different collectives|doesn't match expected size|"
-       r"appears not to match (?:sizes|strides) of the same param in process|expects same model across all ranks"),
+       r"appears not to match (?:sizes|strides) of the same param in process|expects same model across all ranks|"
+       # Horovod's coordinator: "Mismatched ALLREDUCE tensor shapes: One rank sent ..., but another rank sent ..."
+       r"Mismatched [^:\n]{1,60}: One rank (?:had|did|sent|specified)[^\n]*but another rank|"
+       # accelerate's gather/reduce checks the shapes of every process first
+       r"Cannot apply desired operation due to shape mismatches"),
     # collective_timeout
     _s("collective_timeout", r"Watchdog caught collective operation timeout|"
        r"WorkNCCL\([^)]*\) ran for \d+ milliseconds before timing out|"
@@ -392,13 +398,18 @@ SIGNS: tuple[Sign, ...] = (
        r"Killed process \d+ \("),
     # ... or only the exit code says it (how it ended)
     _s("oom_killed", _exit("-9", "137") + r"|Signal 9 \(SIGKILL\)|\bsignal 9\b|\bSIGKILL\b|"
-       r"^Killed\s*$|\d+ Killed\s+\S|signal: killed\b|task \d+: Killed", KILLED),
+       r"^Killed\s*$|\d+ Killed\s+\S|signal: killed\b|task \d+: Killed|"
+       r"^=+\s+EXIT CODE: (?:9|137)\s*$", KILLED),  # MPICH/Intel MPI's "BAD TERMINATION" box
     # shm_full
     # NCCL writes no file but its shared-memory segments: its "No space left" is /dev/shm's.
     _s("shm_full", r"NCCL WARN[^\n]*No space left on device|/dev/shm\b[^\n]*(?:No space left|failed|error)|No space left[^\n]*/dev/shm|"
        r"unable to write to file </torch_|unable to allocate shared memory|unable to mmap \d+ bytes from file </torch_|killed by signal: Bus error|"
        r"bus error encountered in worker|insufficient shared memory|shared memory segment[^\n]*No space left|"
        r"Error while creating shared memory segment"),
+    # Where the error was raised says which device is full: POSIX semaphores and shared memory
+    # segments (multiprocessing's Lock, SharedMemory; torch's shared tensors) live in /dev/shm.
+    _s("shm_full", r"No space left on device|\bENOSPC\b|\[Errno 28\]",
+       in_frames=r"multiprocessing[/\\](?:synchronize|shared_memory|heap)\.py|torch[/\\]multiprocessing[/\\]"),
     _s("shm_full", _exit("-7", "135") + r"|Signal 7 \(SIGBUS\)|\bSIGBUS\b|^Bus error\b", KILLED),
     # cuda_illegal_memory_access
     _s("cuda_illegal_memory_access", r"illegal memory access|cudaErrorIllegalAddress|CUDA_ERROR_ILLEGAL_ADDRESS|"
@@ -420,7 +431,8 @@ SIGNS: tuple[Sign, ...] = (
     # cuda_device_busy
     _s("cuda_device_busy", r"busy or unavailable|cudaErrorDevicesUnavailable|CUDA_ERROR_DEVICE_UNAVAILABLE"),
     # gpu_lost
-    _s("gpu_lost", r"fallen off the bus|\bGPU is lost\b|GpuIsLost|NVML_ERROR_GPU_IS_LOST|"
+    _s("gpu_lost", r"fallen off the bus|\bGPU is lost\b|GpuIsLost|NVML_ERROR_GPU_IS_LOST|NV_ERR_GPU_IS_LOST|"
+       r"GPU lost from the bus|"
        r"Unable to determine the device handle for GPU|\bXid\b[^\n]*?:\s*79\b|\bXid[ :]+79\b"),
     # gpu_ecc
     _s("gpu_ecc", r"uncorrectable ECC error|ECC error encountered|cudaErrorECCUncorrectable|CUDA_ERROR_ECC_UNCORRECTABLE|"
@@ -445,7 +457,7 @@ SIGNS: tuple[Sign, ...] = (
        r"inline_container\.cc[^\n]*file not found|storage has wrong (?:byte )?size"),
     _s("checkpoint_corrupt", r"Ran out of input", unless_frames=r"multiprocessing|spawn\.py|reduction\.py|queues\.py"),
     # checkpoint_cuda_on_cpu
-    _s("checkpoint_cuda_on_cpu", r"Attempting to deserialize object on a CUDA device"),
+    _s("checkpoint_cuda_on_cpu", r"Attempting to deserialize object on a CUDA\b"),
     # file_missing
     _s("file_missing", r"FileNotFoundError|No such file or directory|\[Errno 2\]|can't open file|"
        r"errno = 2, error message = 'No such file|does not appear to have a file named|\bno file named [\w.]+|"
@@ -459,17 +471,49 @@ SIGNS: tuple[Sign, ...] = (
     # segfault: a crash report is the cause; an exit code or an abort after a C++ exception is
     # only how the process ended.
     _s("segfault", r"Segmentation fault|segmentation fault encountered in worker|killed by signal: Segmentation|"
-       r"Fatal Python error: (?:Segmentation|Aborted)|\bSIGSEGV\b received|double free or corruption|"
+       r"Fatal Python error: Segmentation|\bSIGSEGV\b received|double free or corruption|"
        r"free\(\): invalid|malloc\(\): corrupted|corrupted size vs\. prev_size"),
     _s("segfault", _exit("-11", "139") + r"|Signal 11 \(SIGSEGV\)|\bSIGSEGV\b", KILLED),
-    _s("segfault", _exit("-6", "134") + r"|Signal 6 \(SIGABRT\)|\bSIGABRT\b|^Aborted\b|killed by signal: Aborted", EXIT),
+    _s("segfault", _exit("-6", "134") + r"|Signal 6 \(SIGABRT\)|\bSIGABRT\b|^Aborted\b|killed by signal: Aborted|"
+       r"Fatal Python error: Aborted", EXIT),
     # job_terminated
     _s("job_terminated", r"CANCELLED AT \S+ DUE TO|STEPD TERMINATED ON|Received (?:\d+|Signals\.\w+|SIG\w+) death signal|"
        r"got signal: (?:15|1|2|Signals\.SIG(?:TERM|HUP|INT))\b|DUE TO PREEMPTION|\bwas preempted\b|preemption notice|"
-       r"Force Terminated job|spot (?:instance )?interruption|Received SIGTERM", on_warning=True),
+       r"Force Terminated job|spot (?:instance )?interruption|Received SIGTERM|"
+       r"Job deleted at request of \S+|\bjob preempted\b", on_warning=True),  # PBS/Torque's notice
     _s("job_terminated", _exit("-15", "143") + r"|Signal 15 \(SIGTERM\)|^Terminated\s*$|tasks? [\d,-]+: Terminated|"
        r"srun: Job step aborted|CANCELLED AT \S+", EXIT),
 )
+
+
+
+@dataclass(frozen=True)
+class FrameSign:
+    """A traceback cut off before its exception (a paste that stops early, the message being in
+    the thread's title) is read by where it stopped: a library function whose failures are of
+    one class. Weak (``EXIT``): only when nothing else in the log says more."""
+
+    cls: str
+    path: re.Pattern[str]
+    function: re.Pattern[str]
+    tier: int = EXIT
+
+
+FRAME_SIGNS: tuple[FrameSign, ...] = (
+    # torch.load restoring a storage onto the device it was saved from: the CUDA check
+    # (validate_cuda_device) is what fails in these frames on a machine without CUDA.
+    FrameSign("checkpoint_cuda_on_cpu", re.compile(r"torch[/\\]serialization\.py$"),
+              re.compile(r"^(?:validate_cuda_device|_cuda_deserialize|default_restore_location)$")),
+)
+
+
+def frame_class(frames: list[tuple[str, int, str | None]]) -> FrameSign | None:
+    """The frame sign the innermost frame of a cut traceback shows."""
+    if not frames:
+        return None
+    path, _, fn = frames[-1]
+    return next((f for f in FRAME_SIGNS if fn and f.path.search(path) and f.function.match(fn)), None)
+
 
 # Every word some sign needs: a line with none of them shows no class (most lines of a log).
 ALL_WORDS = tuple(sorted({w for sign in SIGNS for w in sign.words or ()}, key=len))

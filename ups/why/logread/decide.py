@@ -33,6 +33,7 @@ from ups.why.logread.classes import (
     SIGNS,
     SYMPTOM,
     LogClass,
+    frame_class,
     may_show_a_class,
 )
 from ups.why.logread.events import Event, is_errorish, read_events
@@ -48,7 +49,8 @@ USER_MESSAGES = re.compile(
     r"device|does not require grad|Expected object of scalar type|expected scalar type|The size of tensor a|"
     r"shape '\[[^\]]*\]' is invalid for input of size|Given groups=|Sizes of tensors must match|modified by an inplace "
     r"operation|backward through the graph a second time|Input type .* and weight type .* should be the same|"
-    r"Expected \d+D|must match the size of tensor|Expected input batch_size|expected input\[", re.I)
+    r"Expected \d+D|must match the size of tensor|Expected input batch_size|expected input\[|"
+    r"Found dtype \w+ but expected \w+", re.I)
 # A shell tool's complaint in a job script ("rm: cannot remove 'x': No such file or directory"):
 # scripts go on after them, so they explain a failure only when nothing else does.
 SHELL_TOOL = re.compile(r"^(?:/(?:usr/)?bin/)?(?:rm|ls|cp|mv|mkdir|rmdir|cat|ln|chmod|chown|find|du|df|tar|touch|tee|"
@@ -125,6 +127,7 @@ def classes_of(event: Event) -> list[tuple[int, int, LogClass, int]]:
     refined: a class another one on the same event refines is dropped."""
     found: dict[str, tuple[int, int, LogClass, int]] = {}
     frames = "\n".join(f[0] for f in event.frames)
+    innermost = "\n".join(f[0] for f in event.frames[-2:])
     for k, line in enumerate(event.lines):
         lowered = line.body.lower()
         if not may_show_a_class(lowered):
@@ -134,6 +137,8 @@ def classes_of(event: Event) -> list[tuple[int, int, LogClass, int]]:
             if (warning and not sign.on_warning) or not sign.may_match(lowered):
                 continue
             if sign.unless_frames is not None and sign.unless_frames.search(frames):
+                continue
+            if sign.in_frames is not None and not sign.in_frames.search(innermost):
                 continue
             m = sign.pattern.search(line.body)
             if m is None:
@@ -167,6 +172,11 @@ def decide(events: list[Event]) -> Reading:
                 classed.append(Candidate(EXIT, ev, BY_NAME[cls]))
             continue
         found = classes_of(ev)
+        if not found and ev.kind == "cut":
+            where = frame_class(ev.frames)
+            if where is not None:
+                classed.append(Candidate(where.tier, ev, BY_NAME[where.cls]))
+                continue
         if not found:
             if ev.kind != "line" or is_errorish(ev):
                 unclassed.append(ev)

@@ -107,6 +107,7 @@ def parse(lines: list[Line]) -> list[Event]:
     events: list[Event] = []
     frames: dict[str, list[tuple[str, int, str | None]]] = {}  # each stream's open traceback
     opened: dict[str, Line] = {}  # each stream's open traceback's last frame line
+    source: dict[str, Line] = {}  # the code under each stream's last frame
     last_exception: dict[str, Event] = {}
     consumed: set[int] = set()
     for i, line in enumerate(lines):
@@ -114,7 +115,7 @@ def parse(lines: list[Line]) -> list[Event]:
             continue
         stream = line.stream
         if line.role == "header":
-            _close(events, frames, opened, stream)
+            _close(events, frames, opened, source, stream)
             frames[stream] = []
             opened[stream] = line
         elif line.role == "frame":
@@ -122,6 +123,10 @@ def parse(lines: list[Line]) -> list[Event]:
             if site:
                 frames.setdefault(stream, []).append(site)
                 opened[stream] = line
+                source.pop(stream, None)
+        elif line.role == "source":
+            if stream in opened and stream not in source:
+                source[stream] = line
         elif line.role == "chain":
             if stream in last_exception:
                 last_exception[stream].cause_of_next = True
@@ -136,21 +141,37 @@ def parse(lines: list[Line]) -> list[Event]:
             if event.kind == "exception" or event.etype == "ChildFailedError":  # its traceback ends here
                 event.frames = frames.pop(stream, [])
                 opened.pop(stream, None)
+                source.pop(stream, None)
                 last_exception[stream] = event
             events.append(event)
     for stream in list(opened):
-        _close(events, frames, opened, stream)
+        _close(events, frames, opened, source, stream)
     _link_wrappers(events)
     return events
 
 
-def _close(events: list[Event], frames: dict, opened: dict, stream: str) -> None:
+# A statement that raises: ``raise RuntimeError('Attempting to deserialize object on a CUDA '``.
+RAISE = re.compile(r"^raise (?P<type>(?:[A-Za-z_]\w*\.)*[A-Z]\w*)\s*\(\s*(?P<msg>.*)")
+_LITERAL = re.compile(r"""[rbfu]?(?P<q>['"])(?P<s>(?:\\.|(?!(?P=q)).)*)(?P=q)?""")
+
+
+def _close(events: list[Event], frames: dict, opened: dict, source: dict, stream: str) -> None:
     """A traceback that ends without its exception (a paste cut short): an event of its own,
-    shown by its last frame."""
+    shown by its last frame. When the code of its innermost frame is a ``raise X("...")``, that
+    statement is the exception it was cut before: its type, and the message its literal starts."""
     fr = frames.pop(stream, [])
     head = opened.pop(stream, None)
-    if fr and head is not None:
-        events.append(Event("cut", [head], frames=fr, rank=head.rank))
+    code = source.pop(stream, None)
+    if not fr or head is None:
+        return
+    m = RAISE.match(code.body) if code is not None else None
+    if m:
+        said = " ".join(lit.group("s") for lit in _LITERAL.finditer(m.group("msg")))
+        line = Line(code.n, code.raw, f"{m.group('type')}: {said}".rstrip(), "content", rank=code.rank,
+                    stream=code.stream, ts=code.ts)
+        events.append(Event("exception", [line], etype=m.group("type").rsplit(".", 1)[-1], frames=fr, rank=head.rank))
+        return
+    events.append(Event("cut", [head], frames=fr, rank=head.rank))
 
 
 def _statement(lines: list[Line], i: int, consumed: set[int]) -> Event | None:
@@ -186,7 +207,7 @@ def _nccl_detail(lines: list[Line], i: int, consumed: set[int]) -> list[Line]:
     out: list[Line] = []
     last_error = False
     for line in lines[i + 1: i + 1 + MAX_CONTINUATION]:
-        if line.stream != stream:
+        if line.stream != stream or line.role == "blank":  # a paste may double-space NCCL's lines
             continue
         if line.role == "content" and (_DETAIL.match(line.body) or last_error):
             out.append(line)
@@ -202,10 +223,12 @@ def _carried(lines: list[Line], i: int, consumed: set[int], *, what: bool = Fals
     a driver message over several lines), in the same stream."""
     stream = lines[i].stream
     out: list[Line] = []
-    for line in lines[i + 1:]:
+    for k, line in enumerate(lines[i + 1:], i + 1):
         if len(out) >= MAX_CONTINUATION:
             break
         if line.stream != stream:
+            continue
+        if line.role == "blank" and _detail_follows(lines, k, out[-1] if out else lines[i]):
             continue
         if what and not out:
             if WHAT.match(line.body):
@@ -220,6 +243,15 @@ def _carried(lines: list[Line], i: int, consumed: set[int], *, what: bool = Fals
         out.append(line)
         consumed.add(line.n)
     return out
+
+
+def _detail_follows(lines: list[Line], k: int, last: Line) -> bool:
+    """Blank lines at ``k`` inside NCCL's explanation of an error (a paste that double-spaces
+    lines): the line before is an empty "Last error:", or the next one is NCCL's detail."""
+    if last.body.strip() == "Last error:":
+        return True
+    after = next((ln for ln in lines[k + 1: k + 4] if ln.role != "blank" and ln.stream == last.stream), None)
+    return after is not None and after.role == "content" and bool(_DETAIL.match(after.body))
 
 
 _STARTS = re.compile(r"^(?:slurmstepd|srun:|Killed\b|Segmentation fault|Bus error|Aborted|NVRM:|\*\*\*|"
@@ -252,17 +284,22 @@ def _child_failed(lines: list[Line], i: int, consumed: set[int]) -> Event:
 def _link_wrappers(events: list[Event]) -> None:
     """A DataLoader worker's "Caught X in DataLoader worker process N" is followed by the
     worker's own traceback and exception: that one is the failure, the wrapper only says
-    where it came from."""
+    where it came from. When the worker's traceback is cut before its exception (a paste that
+    ends early), the wrapper stands for it: the worker raised X, at the traceback's frames."""
     for k, ev in enumerate(events):
         if ev.kind != "exception" or not ev.wrapper:
             continue
         m = WORKER_WRAPPER.search(ev.text)
         if not m:
             continue
-        inner = next((e for e in events[k + 1:] if e.kind == "exception" and e.etype == ev.etype
-                      and e.head.stream == ev.head.stream and not e.wrapper), None)
+        later = [e for e in events[k + 1:] if e.head.stream == ev.head.stream]
+        inner = next((e for e in later if e.kind == "exception" and e.etype == ev.etype and not e.wrapper), None)
         if inner is not None:
             ev.superseded = True
+            continue
+        cut = next((e for e in later if e.kind in ("exception", "cut")), None)
+        if cut is not None and cut.kind == "cut":
+            ev.frames, ev.wrapper, cut.superseded = cut.frames, False, True
 
 
 def is_errorish(event: Event) -> bool:

@@ -11,11 +11,14 @@ logger's level) and what role it plays. Roles:
 * ``content``: everything else, the lines that may say what went wrong.
 
 Footers printed inside a line (a one-line CUDA error with its footer) are cut off the line's
-``body``; the ``raw`` text is kept for display.
+``body``; the ``raw`` text is kept for display. A line a terminal or a paste hard-wrapped at a
+fixed width (several lines of one length, cut inside words, none starting a line of its own)
+is read as the one line it was printed as.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 
@@ -26,10 +29,15 @@ _RANK_PREFIXES = (
     re.compile(r"\[default(?P<rank>\d+)\]:\s?"),  # torchrun --tee (older)
     re.compile(r"\[\d+,(?P<rank>\d+)\]<(?:stdout|stderr)>:\s?"),  # mpirun --tag-output
     re.compile(r"\[RANK (?P<rank>\d+)\]\s?"),
-    re.compile(r"(?P<rank>\d{1,5}): (?=\S)"),  # srun --label
+    re.compile(r"(?P<rank>\d{1,5}): (?=\s*\S)"),  # srun --label (its indented lines too: a traceback's frames)
 )
 _OTHER_PREFIXES = (
     re.compile(r"\((?:\w+ )?pid=[^)]*\)\s?"),  # Ray workers
+    # pdsh / DeepSpeed's multi-node launcher / mpirun with a host label ("worker-1: "): taken as
+    # a prefix only before another prefix a log line starts with (NCCL's host:pid:tid, a rank's,
+    # a timestamp, a traceback), never before words ("Error: ...").
+    re.compile(r"[A-Za-z][\w.-]*: (?=\S+:\d+:\d+ \[\d+\] |\[rank\d+\]|\[default\d+\]|\[\d{4}-\d\d-\d\d|"
+               r"\d{4}-\d\d-\d\d[ T]|Traceback \(|\s*File \")"),
     re.compile(r"\[(?:stderr|stdout)\]\s?"),
     re.compile(r">{1,3}\s"),  # a quote in a pasted report, an interpreter's prompt
     re.compile(r"E {2,}(?=\S)"),  # pytest's failure lines
@@ -94,6 +102,12 @@ _WARNING_LINE = re.compile(r"(?:^|[\s:(\]])(?:[A-Z]\w*)?Warning:|\bwarning:|^\s*
 _EXCEPTION_LIKE = re.compile(r"^[\w.]*(?:Error|Exception)\b:?")
 # An error right under a warning is not the warning's message.
 _ERROR_WORDS = re.compile(r"\b(?:[Ee]rror|ERROR|FAILED|Killed|Segmentation fault|out of memory|Traceback)\b")
+# A program saying it caught an error and goes on ("Error caught was: No module named 'triton'",
+# "Ignoring exception: ..."): what it caught is a notice, like a warning. Python's own
+# "Exception ignored in: <obj>" is not this: the exception it prints follows on lines of its own.
+_HANDLED = re.compile(r"^(?:[\w-]+ ){0,3}?(?:errors?|exceptions?) (?:was |were )?(?:caught|ignored|suppressed|handled)"
+                      r"(?: (?:was|is|were))?:|^(?:caught|ignor(?:ed|ing)|suppress(?:ed|ing)) (?:an? |the )?"
+                      r"(?:errors?|exceptions?):", re.I)
 _PROGRESS = re.compile(r"^.*?\d+/\d+\s*\[[\d:<?]+[^\]]*\]")  # tqdm: "42%|████ | 21/50 [00:03<00:04, 7.1it/s]"
 _CARETS = re.compile(r"^[\s^~]+$")
 
@@ -177,12 +191,80 @@ def _level(body: str) -> tuple[str | None, str | None, str | None, str]:
     return None, None, None, body
 
 
+_NCCL_PREFIX = re.compile(r"\S+:\d+:\d+ \[\d+\] ")
+WRAP_WIDTH = 60  # narrower lines of one length are too common to be read as a wrap
+
+
+def _starts_a_line(text: str) -> bool:
+    """A physical line that is a line of its own, not the rest of the one before it: indented,
+    or with a prefix (a rank, a timestamp, NCCL's host:pid:tid), a level, a traceback's line or
+    an exception."""
+    if not text or text[0].isspace():
+        return True
+    if _strip_prefixes(text)[0] != text or _NCCL_PREFIX.match(text) or _GLOG.match(text):
+        return True
+    level = _LEVEL.match(text)
+    return bool(HEADER.match(text) or FRAME.match(text) or _EXCEPTION_LIKE.match(text) or _STATEMENT.match(text)
+                or (level and level.start("lvl") < 3))
+
+
+def _log_width(physical: list[str]) -> int | None:
+    """The width a whole paste was wrapped at: its longest lines, when at least three distinct
+    ones share that length (at least WRAP_WIDTH), most are followed by the rest of a line (a
+    line that does not start one of its own), and a third of those wraps cut inside a word."""
+    width = max((len(x) for x in physical), default=0)
+    if width < WRAP_WIDTH:
+        return None
+    at = [k for k, x in enumerate(physical) if len(x) == width]
+    if len({physical[k] for k in at}) < 3:
+        return None
+    follows = [k for k in at if k + 1 < len(physical) and physical[k + 1] and not _starts_a_line(physical[k + 1])]
+    cut = [k for k in follows if physical[k][-1].isalnum() and physical[k + 1][0].isalnum()]
+    return width if len(follows) * 2 > len(at) and len(cut) * 3 >= len(follows) else None
+
+
+def unwrap(physical: list[str]) -> list[tuple[int, str]]:
+    """(index of its first physical line, text) of each printed line. A run of two or more
+    distinct lines of one width (at least WRAP_WIDTH) and the shorter line after them are one
+    line a terminal wrapped when none of them but the first starts a line of its own and the
+    wrap cuts a word somewhere (``...stuck for 600 second`` / ``s without making progress``)."""
+    out: list[tuple[int, str]] = []
+    wrapped_at = _log_width(physical)
+    if wrapped_at:
+        k = 0
+        while k < len(physical):
+            j = k
+            while (len(physical[j]) == wrapped_at and j + 1 < len(physical) and physical[j + 1]
+                   and not _starts_a_line(physical[j + 1])):
+                j += 1
+            out.append((k, "".join(physical[k: j + 1])))
+            k = j + 1
+        return out
+    k = 0
+    while k < len(physical):
+        width = len(physical[k])
+        j = k
+        while j + 1 < len(physical) and len(physical[j + 1]) == width:
+            j += 1
+        if width >= WRAP_WIDTH and j > k and j + 1 < len(physical):
+            group = physical[k: j + 2]
+            if (len(set(group[:-1])) == len(group) - 1 and 0 < len(group[-1]) <= width
+                    and not any(_starts_a_line(g) for g in group[1:])
+                    and any(a[-1:].isalnum() and b[:1].isalnum() for a, b in itertools.pairwise(group))):
+                out.append((k, "".join(group)))
+                k = j + 2
+                continue
+        out.extend((m, physical[m]) for m in range(k, j + 1))
+        k = j + 1
+    return out
+
+
 def read_lines(text: str) -> list[Line]:
     """The log's lines with their roles. Carriage returns (progress bars redrawn in place)
-    end lines too."""
+    end lines too; a hard-wrapped line is one line (:func:`unwrap`), numbered by its first."""
     roles = _Roles()
     out: list[Line] = []
-    for n, raw in enumerate(re.split(r"\r\n|\r|\n", text)):
+    for n, raw in unwrap(re.split(r"\r\n|\r|\n", text)):
         raw = raw.rstrip()
         body, rank, ts = _strip_prefixes(raw.strip())
         stream = f"rank{rank}" if rank is not None else ""
@@ -193,8 +275,24 @@ def read_lines(text: str) -> list[Line]:
         if not _EXCEPTION_LIKE.match(body):
             level, nccl, site, body = _level(body)
         role, body = roles.of(body.strip(), level, nccl)
+        if role in ("content", "warning") and out and _rest_of_quiet_line(out[-1], raw):
+            role, stream, rank = "context", out[-1].stream, out[-1].rank
         out.append(Line(n, raw, body, role, level, rank, stream, ts, site, nccl))
     return out
+
+
+def _rest_of_quiet_line(prev: Line, raw: str) -> bool:
+    """``raw`` is the rest of an INFO line a terminal wrapped (too few lines of one width to
+    tell the paste's width): the INFO line is long and stops on a character, and ``raw`` goes
+    on lowercase or with punctuation, with nothing that starts a line of its own."""
+    quiet = prev.nccl in ("INFO", "TRACE") or (prev.nccl is None and prev.level in QUIET_LEVELS)
+    return (quiet and prev.role == "context" and len(prev.raw) >= WRAP_WIDTH and prev.raw[-1:].strip() != ""
+            and raw[:1].strip() != "" and not raw[:1].isupper() and not raw[:1].isdigit()
+            and not _OWN_WORDS.match(raw) and not _starts_a_line(raw))
+
+
+# Lines that start lowercase and still stand alone: NCCL's error names, a C++ exception's what().
+_OWN_WORDS = re.compile(r"(?:nccl[A-Z]\w*|what\(\)|[\w.]+\(\)):")
 
 
 class _Roles:
@@ -237,7 +335,7 @@ class _Roles:
         said = FOOTERS.sub("", body).strip()
         if _BOILERPLATE.search(body) or not said.strip(" .'\""):
             return "context", body
-        if nccl is None and level in WARNING_LEVELS:
+        if (nccl is None and level in WARNING_LEVELS) or _HANDLED.match(said):
             return "warning", said
         return "content", said
 
