@@ -142,7 +142,7 @@ class DeviceFlag:
         if self.cuda and torch.cuda.is_current_stream_capturing():
             return
         scratch = self.scratch
-        torch.mul(loss.reshape(()), 0.0, out=scratch)
+        torch.mul(loss.detach().reshape(()), 0.0, out=scratch)
         torch.nan_to_num(scratch, nan=FLAG_BASE - step, posinf=0.0, neginf=0.0, out=scratch)
         torch.maximum(self.mark, scratch, out=self.mark)
         now = time.monotonic()

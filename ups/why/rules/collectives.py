@@ -345,13 +345,23 @@ def collectives(ev: Evidence) -> Verdict | None:
             ev_lines.append("waiting through them: " + "; ".join(f"{p.record.label} in {coll_text(p.record.collective)}"
                                                                  for p in through[:4]))
         ev_lines.append(f"{r.label} is in no collective: {stuck.verdict.reason}")
-        group = group_text(c)
-        return Verdict("rank_stuck_peers_wait",
-                       f"{r.label} is stuck in its own code while {waits(waiting)} for it in {op_text(c)}"
-                       + (f" on {group}" if group else ""),
+        return Verdict("rank_stuck_peers_wait", f"{r.label} is stuck in its own code while {_waiting_in(waiting)}",
                        who=who_of(r), where=where, since=max(r.progress_at, r.phase_at), evidence=ev_lines,
                        next=f"ups kill {run}  (after fixing {where.get('site') or 'the loop'})")
     return None
+
+
+def _waiting_in(waiting: list[ProcessView]) -> str:
+    """``rank 0 waits for it in all_reduce (TP …) on mesh dim 'tp' [0, 1] and rank 3 in
+    all_gather_single on mesh dim 'dp' [1, 3]``: the waiters by what they wait in."""
+    by: dict[str, list[ProcessView]] = {}
+    for p in waiting:
+        c = p.record.collective
+        group = group_text(c)
+        by.setdefault(op_text(c) + (f" on {group}" if group else ""), []).append(p)
+    parts = list(by.items())
+    first = f"{waits(parts[0][1])} for it in {parts[0][0]}"
+    return first + "".join(f" and {label_list(v)} in {k}" for k, v in parts[1:3])
 
 
 def _is_tie(inside: list[ProcessView]) -> bool:
