@@ -126,7 +126,7 @@ if __name__ == "__main__":
             losses = []
             output = schedule.step(target=y.to(device), losses=losses)
             if step % 10 == 0:
-                print(f"step {step} losses: {[round(l.item(), 4) for l in losses]}", flush=True)
+                print(f"step {step} losses: {[round(loss.item(), 4) for loss in losses]}", flush=True)
         optimizer.step()
     if rank == 1:
         print(f"done {steps} steps", flush=True)
