@@ -11,8 +11,11 @@ Phases (the record's ``phase``), from well-known calls, in the main thread:
                        ``model.train()`` or the next optimizer step
 ``checkpoint``         inside ``torch.save`` to a file
 ``load``               inside ``torch.load`` from a file
-``collective:<op>``    inside a blocking ``torch.distributed`` collective; the record's
-                       ``collective`` says op, per-rank sequence number and call site
+``collective:<op>``    inside a blocking ``torch.distributed`` collective, or waiting for an
+                       async one (``Work.wait``, a functional collective's ``wait_tensor``);
+                       the record's ``collective`` says op, sequence number in its group,
+                       group (name, description, global ranks), call site, framework
+                       context ("FSDP unshard of layers.3") and whether the call site is new
 =====================  =====================================================================
 
 Progress: optimizer steps (torch's global optimizer step hook) once any optimizer stepped,
@@ -64,7 +67,7 @@ _FUNCTIONAL = (
     "all_to_all_single", "broadcast", "all_reduce_coalesced", "all_gather_into_tensor_coalesced",
     "reduce_scatter_tensor_coalesced",
 )
-PENDING_KEPT = 512  # async works issued and not yet waited (bounded: a program that never waits)
+PENDING_KEPT = 64  # async works issued and not yet waited (bounded: a program that never waits; each keeps its buffers alive)
 
 
 class _Tracking:
