@@ -12,6 +12,12 @@
   collective) weighs most.
 - typical_step_ratio_paired_median: the same loop with a 4x wider model (~20-30 ms a step
   on this box; a real model's GPU step is longer still), the same ABBA method and control.
+- fsdp2_step_ratio_paired_median: the same ABBA method on an FSDP2 loop (fully_shard on 4
+  blocks and the root, AdamW, clip_grad_norm_ over DTensor grads; 2 ranks of a gloo group on
+  this box, each its own process, toggling the hooks at the same steps), rank 0's CPU time, with fsdp2_collectives_per_step and fsdp2_added_us_per_collective
+  (the step's added CPU time over the collectives seen in it). collective_added_us: one
+  collective in a micro-loop (an async all_gather_single + Work.wait, as FSDP2 issues it, and
+  a plain all_reduce), instrumented minus bare.
 - startup_added_ms: `python -c pass` started with the instrumentation's environment minus
   the same without (median of 25 alternating runs each): what every Python process of a job
   pays, torch or not. Target <= 30 ms. Measured on a copy of the package with its bytecode
@@ -44,6 +50,7 @@ sys.path.insert(0, str(REPO))
 # typical one (~20-30 ms, still far shorter than a GPU step of a real model).
 SMALL = (128, 150, 16)
 TYPICAL = (512, 12, 12)
+FSDP2 = (20, 8)  # FSDP2 loop: steps per block, block pairs
 STARTS = 25
 
 
@@ -150,6 +157,93 @@ print(json.dumps({"ratio": statistics.median(ratios), "control": statistics.medi
 """
 
 
+FSDP2_BENCH = r"""
+import json, statistics, sys, time
+import torch, torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+from ups.instrument import boot, torch_hooks
+
+torch.manual_seed(0)
+torch.set_num_threads(1)
+BLOCK, PAIRS, RANK, STORE = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+dist.init_process_group("gloo", init_method=f"file://{STORE}", rank=RANK, world_size=2)
+DIM = 64
+model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.LayerNorm(DIM), torch.nn.Linear(DIM, 4 * DIM), torch.nn.GELU(),
+                                                  torch.nn.Linear(4 * DIM, DIM)) for _ in range(4)])
+for block in model:
+    fully_shard(block)
+fully_shard(model)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+x, y = torch.randn(8, 32, DIM), torch.randn(8, 32, DIM)
+rep = boot.state.rep
+
+def block(n):
+    out = []
+    for _ in range(n):
+        t = time.process_time()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+        out.append(time.process_time() - t)
+    return statistics.median(out)
+
+def micro(n):
+    # one collective as FSDP2 issues it (async all_gather_single + Work.wait), and a plain all_reduce
+    a, b = torch.zeros(64), torch.zeros(128)
+    t = time.process_time()
+    for _ in range(n):
+        dist.all_gather_single(b, a, async_op=True).wait()
+        dist.all_reduce(a)
+    return (time.process_time() - t) / (2 * n)
+
+def condition(on, fn, n):
+    torch_hooks.set_enabled(on)
+    return fn(n)
+
+assert rep is not None, "the instrumentation did not start"
+block(BLOCK)
+seq0 = rep._coll_seq
+block(BLOCK)
+per_step = (rep._coll_seq - seq0) / BLOCK
+ratios, control, on_ms, off_ms, coll_on, coll_off = [], [], [], [], [], []
+for k in range(PAIRS):
+    order = (True, False) if k % 2 == 0 else (False, True)
+    res, mic = {}, {}
+    for on in order:
+        res[on] = condition(on, block, BLOCK)
+        mic[on] = condition(on, micro, 200)
+    ratios.append(res[True] / res[False])
+    on_ms.append(res[True] * 1000)
+    off_ms.append(res[False] * 1000)
+    coll_on.append(mic[True] * 1e6)
+    coll_off.append(mic[False] * 1e6)
+    if k % 2 == 0:
+        control.append(condition(False, block, BLOCK) / condition(False, block, BLOCK))
+torch_hooks.set_enabled(True)
+print(json.dumps({"ratio": statistics.median(ratios), "control": statistics.median(control),
+                  "control_spread": statistics.median(abs(c - 1) for c in control),
+                  "on_ms": statistics.median(on_ms), "off_ms": statistics.median(off_ms),
+                  "collectives_per_step": per_step,
+                  "coll_us_on": statistics.median(coll_on), "coll_us_off": statistics.median(coll_off)}))
+"""
+
+
+def fsdp2_bench(steps: int, pairs: int, run_dir: str, root: Path) -> dict:
+    """Two ranks (processes) of one gloo group, each toggling the hooks at the same steps
+    (the schedule is the same on both); rank 0's figures."""
+    store = Path(run_dir) / "fsdp2.store"
+    ranks = [subprocess.Popen([sys.executable, "-c", FSDP2_BENCH, str(steps), str(pairs), str(r), str(store)],
+                              env={**child_env(run_dir, root), "RANK": str(r), "WORLD_SIZE": "2"},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    outs = [p.communicate(timeout=900) for p in ranks]
+    for p, (_, err) in zip(ranks, outs, strict=True):
+        if p.returncode:
+            raise RuntimeError(f"FSDP2 bench rank failed: {err[-2000:]}")
+    return json.loads(outs[0][0].strip().splitlines()[-1])
+
+
 def step_bench(width: int, steps: int, pairs: int, run_dir: str, root: Path) -> dict:
     res = subprocess.run([sys.executable, "-c", STEP_BENCH, str(steps), str(pairs), str(width)], env=child_env(run_dir, root),
                          capture_output=True, text=True, check=True)
@@ -165,6 +259,7 @@ def main() -> None:
         raw_on, raw_off = startup_ms("pass", str(run), package_copy(Path(tmp) / "raw", compiled=False), no_bytecode=True)
         t_on, t_off = startup_ms("import torch", str(run), compiled)
         step, typical = (step_bench(width, steps, pairs, str(run), compiled) for width, steps, pairs in (SMALL, TYPICAL))
+        fsdp2 = fsdp2_bench(*FSDP2, str(run), compiled)
     print(json.dumps({
         "step_ratio_paired_median": round(step["ratio"], 4),
         "control_ratio_off_over_off": round(step["control"], 4),
@@ -175,6 +270,13 @@ def main() -> None:
         "typical_step_ratio_paired_median": round(typical["ratio"], 4),
         "typical_control_median_abs_deviation": round(typical["control_spread"], 4),
         "typical_step_ms_off": round(typical["off_ms"], 2),
+        "fsdp2_step_ratio_paired_median": round(fsdp2["ratio"], 4),
+        "fsdp2_control_median_abs_deviation": round(fsdp2["control_spread"], 4),
+        "fsdp2_step_ms_off": round(fsdp2["off_ms"], 2),
+        "fsdp2_collectives_per_step": fsdp2["collectives_per_step"],
+        "fsdp2_added_us_per_collective": round((fsdp2["on_ms"] - fsdp2["off_ms"]) * 1000 / max(fsdp2["collectives_per_step"], 1), 1),
+        "collective_us_on": round(fsdp2["coll_us_on"], 1),
+        "collective_added_us": round(fsdp2["coll_us_on"] - fsdp2["coll_us_off"], 1),
         "steps_seen_by_record": step["record_step"],
         "collectives_seen_by_record": step["coll_seq"],
         "startup_ms_on": round(on, 1),
@@ -182,7 +284,8 @@ def main() -> None:
         "startup_added_ms": round(on - off, 1),
         "startup_added_ms_no_bytecode": round(raw_on - raw_off, 1),
         "torch_import_added_ms": round(t_on - t_off, 1),
-        "targets": {"step_ratio_paired_median": 1.01, "typical_step_ratio_paired_median": 1.01, "startup_added_ms": 30},
+        "targets": {"step_ratio_paired_median": 1.01, "typical_step_ratio_paired_median": 1.01, "startup_added_ms": 30,
+                    "fsdp2_step_ratio_paired_median": 1.01},
     }))
 
 

@@ -101,6 +101,58 @@ def test_capture_reads_losses_off_the_training_thread_and_finds_the_first_nan():
     assert batch_size({"input_ids": torch.zeros(4, 128, dtype=torch.long)}) == (4, 512)
 
 
+def test_first_nonfinite_loss_is_kept_at_capture_however_many_losses_pass_between_reads():
+    """Issue 29: the heartbeat thread reads a bounded queue of losses; a loop faster than that
+    queue per heartbeat dropped the first NaN. Every CPU loss is checked when it is captured."""
+    torch = pytest.importorskip("torch")
+    from ups.instrument.metrics import PENDING_KEPT, Capture
+
+    cap = Capture()
+    for step in range(10 * PENDING_KEPT):  # ten queues' worth between two reads
+        value = float("nan") if step >= 70 else 1.0
+        cap.note_loss(torch.tensor(value, requires_grad=True) * 1, step)
+    out = cap.sample()
+    assert out["loss_nonfinite"]["step"] == 70 and out["loss_nonfinite"]["value"] == "nan"
+    cap.note_loss(torch.tensor(float("-inf")), 10 * PENDING_KEPT)
+    assert cap.sample()["loss_nonfinite"]["step"] == 70  # the first one stays
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "float64"])
+def test_device_flag_keeps_the_first_nonfinite_step_exactly(dtype):
+    """The CUDA path's arithmetic (ups.instrument.metrics.DeviceFlag), run on CPU tensors here
+    (no GPU in this project's CI; scripts/gpu_check.sh runs the CUDA test below): the mark
+    only grows, so a late read still gives the first non-finite step, exact up to 2**24."""
+    torch = pytest.importorskip("torch")
+    from ups.instrument.metrics import DeviceFlag
+
+    flag = DeviceFlag(torch.device("cpu"))
+    dt = getattr(torch, dtype)
+    for step, value in [(0, 1.0), (1, 3e4), (2, -2.0), (16_000_000, 0.5)]:
+        flag.note(torch.tensor(value, dtype=dt, requires_grad=True) * 1, step)
+    flag.copy()
+    assert flag.first_step() is None
+    flag.note(torch.tensor([float("inf")], dtype=dt), 16_000_001)  # (1,)-shaped, +inf
+    flag.note(torch.tensor(float("nan"), dtype=dt), 16_000_002)
+    flag.copy()
+    assert flag.first_step() == 16_000_001
+
+
+def test_cuda_loss_is_flagged_on_the_device_without_a_sync():
+    """GPU boxes only: a NaN at step 3 of a CUDA loss is found by the heartbeat's read of the
+    device flag (no sync on the training thread)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from ups.instrument.metrics import Capture
+
+    cap = Capture()
+    for step in range(6):
+        cap.note_loss(torch.tensor(float("nan") if step >= 3 else 1.0, device="cuda"), step)
+    cap.flag.copy()
+    torch.cuda.synchronize()
+    assert cap.sample()["loss_nonfinite"]["step"] == 3
+
+
 def test_cuda_loss_is_read_from_another_thread_without_waiting_for_the_gpu():
     """GPU boxes only (scripts/gpu_check.sh runs it): the heartbeat thread's read of a loss
     whose step is still running on the device returns at once and leaves it for later."""

@@ -602,6 +602,66 @@ def _(s: Scene) -> None:
     s.stack(r1.name, OWN_HANG)
 
 
+FSDP_AG = dict(group="0", group_desc="default_pg", ranks=[0, 1], context="FSDP unshard of root", new=False)
+
+
+@case(collectives, "FSDP2: rank 1 in its own code while rank 0 waits in FSDP's all-gather: rank 1, with the context",
+      "rank_stuck_peers_wait", who="rank 1",
+      words=("rank 1 is stuck in its own code while rank 0 waits for it in all_gather_single (FSDP unshard of root)",))
+def _(s: Scene) -> None:
+    s.add("rank", 0, **STALLED, collective=coll("all_gather_single", 76, "train.py:142", waiting=True, **FSDP_AG))
+    r1 = s.add("rank", 1, **STALLED)
+    s.stack(r1.name, OWN_HANG)
+
+
+@case(collectives, "one-sided all_reduce against FSDP's all-gather: the new call site is the odd one, both sides shown",
+      "one_sided_collective", who="rank 1",
+      words=("one-sided collective: rank 1 is in all_reduce #76, never entered by rank 0",),
+      evidence=("rank 0: all_gather_single (FSDP unshard of root) #76 at train.py:142",))
+def _(s: Scene) -> None:
+    # rank 0's op changed from its previous one (clip_grad_norm_'s all_reduce), rank 1's did not:
+    # without the record's `new`, the old rule would have named rank 0.
+    s.add("rank", 0, **STALLED, collective=coll("all_gather_single", 76, "train.py:142", prev_op="all_reduce", **FSDP_AG))
+    s.add("rank", 1, **STALLED, collective=coll("all_reduce", 76, "train.py:138", prev_op="all_reduce", group="0",
+                                                 group_desc="default_pg", ranks=[0, 1], new=True))
+
+
+def _mesh(dim: str, ranks: list[int]) -> dict:
+    return dict(group=f"mesh_{dim}{ranks[0]}", group_desc=f"mesh_{dim}", ranks=ranks, new=False)
+
+
+@case(collectives, "2-D mesh: rank 1 stuck; rank 0 waits on 'tp' [0, 1], rank 3 on 'dp' [1, 3], rank 2 through them",
+      "rank_stuck_peers_wait", who="rank 1",
+      words=("rank 1 is stuck in its own code while rank 0 waits for it in all_reduce (TP RowwiseParallel._prepare_output_fn) "
+             "on mesh dim 'tp' [0, 1] and rank 3 in all_gather_single on mesh dim 'dp' [1, 3]",),
+      evidence=("rank 3 waits in all_gather_single #81 on mesh dim 'dp' [1, 3]",
+                "waiting through them: rank 2 in all_reduce #45 on mesh dim 'tp' [2, 3]"))
+def _(s: Scene) -> None:
+    tp = "TP RowwiseParallel._prepare_output_fn"
+    s.add("rank", 0, **STALLED, collective=coll("all_reduce", 45, "train.py:90", context=tp, **_mesh("tp", [0, 1])))
+    r1 = s.add("rank", 1, **STALLED)
+    s.add("rank", 2, **STALLED, collective=coll("all_reduce", 45, "train.py:90", **_mesh("tp", [2, 3])))
+    s.add("rank", 3, **STALLED, collective=coll("all_gather_single", 81, "train.py:88", **_mesh("dp", [1, 3])))
+    s.stack(r1.name, OWN_HANG)
+
+
+@case(collectives, "pipeline: rank 0 in send to rank 1, rank 1 in a new all_reduce: a wait cycle, rank 1 named",
+      "one_sided_collective", who="rank 1", words=("one-sided collective: rank 1 is in all_reduce #1",),
+      evidence=("rank 0: isend to rank 1 (pipelining fwd_send) #24 on group 1 [0, 1]",))
+def _(s: Scene) -> None:
+    s.add("rank", 0, **STALLED, collective=coll("isend", 24, "pipe.py:124", group="1", group_desc="undefined", ranks=[0, 1],
+                                                 peer=1, context="pipelining fwd_send", new=False, waiting=True))
+    s.add("rank", 1, **STALLED, collective=coll("all_reduce", 1, "pipe.py:119", group="0", group_desc="default_pg",
+                                                 ranks=[0, 1], new=True))
+
+
+@case(collectives, "pipeline: rank 0's send and rank 1's recv are the two ends of one transfer: nothing wrong", None,
+      then="settling")
+def _(s: Scene) -> None:
+    s.add("rank", 0, **STALLED, collective=coll("isend", 24, "pipe.py:124", group="1", ranks=[0, 1], peer=1, new=False))
+    s.add("rank", 1, **STALLED, collective=coll("irecv", 24, "pipe.py:130", group="1", ranks=[0, 1], peer=0, new=False))
+
+
 @case(collectives, "rank 1 in no collective and no stack dump yet: settling", "settling", who=None,
       words=("rank 0 waits in all_reduce #5 at train.py:60; rank 1 is in no explicit collective; settling…",))
 def _(s: Scene) -> None:
@@ -940,6 +1000,23 @@ def _nan(s: Scene, peer_step: int) -> None:
       words=("the loss became nan on rank 1 at step 40",))
 def _(s: Scene) -> None:
     _nan(s, 41)
+
+
+@case(live_training, "ranks 0 and 1 NaN at the same step: said as such, no rank before the other", "loss_nonfinite",
+      who=None, words=("the loss became nan on ranks 0, 1 at the same step 40",))
+def _(s: Scene) -> None:
+    for r in (0, 1):
+        s.add("rank", r, **RUNNING, metrics={"loss": "nan", "loss_step": 41,
+                                              "loss_nonfinite": {"step": 40, "value": "nan", "at": NOW - 2 + r}})
+
+
+@case(live_training, "rank 0 wrote its NaN first, but at step 41: rank 1's step 40 is named", "loss_nonfinite",
+      who="rank 1", words=("the loss became nan on rank 1 at step 40",), evidence=("then rank 0 from step 41",))
+def _(s: Scene) -> None:
+    s.add("rank", 0, **RUNNING, metrics={"loss": "nan", "loss_step": 42,
+                                          "loss_nonfinite": {"step": 41, "value": "nan", "at": NOW - 5}})
+    s.add("rank", 1, **RUNNING, metrics={"loss": "nan", "loss_step": 42,
+                                          "loss_nonfinite": {"step": 40, "value": "nan", "at": NOW - 1}})
 
 
 @case(live_training, "rank 1 says NaN at step 40, rank 0 has not read step 40 yet: no one named", None, then="healthy")

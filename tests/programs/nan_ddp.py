@@ -47,6 +47,7 @@ def main() -> None:
         writer = SummaryWriter(f"{args.tensorboard}/rank{rank}")
 
     step, batches = 0, iter(loader)
+    started = time.perf_counter()
     while step < args.steps:
         try:
             x, y = next(batches)
@@ -70,6 +71,7 @@ def main() -> None:
         time.sleep(args.step_time)
     if writer is not None:
         writer.close()
+    print(f"rank {rank}: {step / (time.perf_counter() - started):.0f} steps/s", flush=True)
     dist.destroy_process_group()
 
 

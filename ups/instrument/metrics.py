@@ -104,6 +104,75 @@ def _read(kept):  # noqa: ANN001, ANN202
         return None
 
 
+_INFINITE = (math.inf, -math.inf)
+FLAG_BASE = float(1 << 24)  # float32 holds every integer below it exactly
+FLAG_READ_EVERY_S = 0.25
+
+
+class DeviceFlag:
+    """The first step whose loss was not finite, kept on the device: no host sync per step.
+
+    Per loss, three small kernels on the loss's stream, the step passed as a kernel argument
+    (no host-to-device copy): ``scratch = loss * 0`` (0 when finite, NaN for NaN and ±inf),
+    ``scratch = nan_to_num(scratch, nan=FLAG_BASE - step, posinf=0, neginf=0)``, then
+    ``mark = max(mark, scratch)``. ``mark`` only grows, and the first non-finite step gives the
+    largest value, so it can be read late without losing it. At most every
+    :data:`FLAG_READ_EVERY_S` the training thread enqueues a non-blocking copy of ``mark`` into
+    pinned host memory and an event (two slots, alternating); the heartbeat thread reads a slot
+    only once its event has completed (``query()`` never waits). Steps below 2**24 are exact.
+    Skipped while a CUDA graph is being captured. Written for CUDA and guarded: any failure
+    turns it off for the process (the sampled losses still say what they see)."""
+
+    def __init__(self, device) -> None:  # noqa: ANN001
+        import torch
+
+        self.torch = torch
+        self.cuda = device.type == "cuda"
+        self.mark = torch.zeros((), dtype=torch.float32, device=device)
+        self.scratch = torch.zeros((), dtype=torch.float32, device=device)
+        pin = self.cuda
+        self.slots = [torch.zeros((), dtype=torch.float32, pin_memory=pin) for _ in range(2)]
+        self.events = [torch.cuda.Event() if self.cuda else None for _ in range(2)]
+        self.recorded = [False, False]
+        self.next = 0
+        self.copied_at = 0.0
+
+    def note(self, loss, step: int) -> None:  # noqa: ANN001
+        torch = self.torch
+        if self.cuda and torch.cuda.is_current_stream_capturing():
+            return
+        scratch = self.scratch
+        torch.mul(loss.detach().reshape(()), 0.0, out=scratch)
+        torch.nan_to_num(scratch, nan=FLAG_BASE - step, posinf=0.0, neginf=0.0, out=scratch)
+        torch.maximum(self.mark, scratch, out=self.mark)
+        now = time.monotonic()
+        if now - self.copied_at >= FLAG_READ_EVERY_S:
+            self.copied_at = now
+            self.copy()
+
+    def copy(self) -> None:
+        """Enqueue a copy of the mark to the host (the training thread, and the final flush)."""
+        i = self.next
+        self.next = 1 - i
+        self.recorded[i] = False
+        self.slots[i].copy_(self.mark, non_blocking=self.cuda)
+        if self.cuda:
+            self.events[i].record()
+        self.recorded[i] = True
+
+    def first_step(self) -> int | None:
+        """The first non-finite step, from a copy the device has finished; None if none yet."""
+        best = 0.0
+        for i in (0, 1):
+            if not self.recorded[i]:
+                continue
+            event = self.events[i]
+            if event is not None and not event.query():
+                continue
+            best = max(best, float(self.slots[i]))
+        return int(FLAG_BASE - best) if best > 0 else None
+
+
 def _finite_or_word(value: float):  # noqa: ANN202
     if math.isnan(value):
         return "nan"
@@ -127,6 +196,7 @@ class Capture:
         self.logged: dict[str, object] = {}
         self.scaled: tuple[object, object] | None = None  # (scaled loss, loss) of the last GradScaler.scale
         self.nonfinite: dict | None = None
+        self.flag: DeviceFlag | None | bool = None  # CUDA losses: the device-side first non-finite step (False: off)
         self.last_loss: float | None = None
         self._rates: deque[tuple[float, int, int]] = deque()
         self._lock = threading.Lock()  # the heartbeat thread and a final flush at exit
@@ -140,7 +210,28 @@ class Capture:
             return  # backward() on a non-scalar (with a gradient): not a loss
         seq = self.seq = self.seq + 1
         kept = tensor.detach()  # _lazy, inlined: this runs on every backward
-        self.losses.append((seq, step, self.cuda.enqueue(kept) if kept.is_cuda else kept))
+        if kept.is_cuda:
+            self.losses.append((seq, step, self.cuda.enqueue(kept)))
+            if self.nonfinite is None and self.flag is not False:
+                self._flag(kept, step)
+            return
+        self.losses.append((seq, step, kept))
+        if self.nonfinite is None and kept.is_cpu:
+            # Every loss checked where it is made: on the CPU the value exists already, so this
+            # is a read, not a wait (well under a microsecond), and the first non-finite loss
+            # is kept whatever the step rate (the heartbeat thread reads only some of them).
+            value = kept.item()
+            if value != value or value in _INFINITE:
+                self.nonfinite = {"step": step, "value": _finite_or_word(value), "at": time.time()}
+
+    def _flag(self, loss, step: int) -> None:  # noqa: ANN001
+        """A CUDA loss, checked on the device with no sync (see :class:`DeviceFlag`)."""
+        try:
+            if self.flag is None:
+                self.flag = DeviceFlag(loss.device)
+            self.flag.note(loss, step)
+        except Exception:  # noqa: BLE001 - the flag is an extra: off for this process, never in the way
+            self.flag = False
 
     def note_grad_norm(self, tensor, step: int) -> None:  # noqa: ANN001
         if hasattr(tensor, "detach") and tensor.numel() == 1:
@@ -181,6 +272,14 @@ class Capture:
 
     def _sample(self) -> dict:
         out: dict = {}
+        flag = self.flag
+        if self.nonfinite is None and isinstance(flag, DeviceFlag):
+            step = flag.first_step()
+            if step is not None:
+                self.nonfinite = {"step": step, "value": "nan/inf", "at": time.time()}
+            elif time.monotonic() - flag.copied_at > 1.0:
+                flag.copied_at = time.monotonic()  # the loop stopped (or hangs): copy the last mark from here
+                flag.copy()
         loss_step = None
         for seq, step, kept in list(self.losses):
             if seq <= self.read_seq:

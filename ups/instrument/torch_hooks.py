@@ -11,8 +11,11 @@ Phases (the record's ``phase``), from well-known calls, in the main thread:
                        ``model.train()`` or the next optimizer step
 ``checkpoint``         inside ``torch.save`` to a file
 ``load``               inside ``torch.load`` from a file
-``collective:<op>``    inside a blocking ``torch.distributed`` collective; the record's
-                       ``collective`` says op, per-rank sequence number and call site
+``collective:<op>``    inside a blocking ``torch.distributed`` collective, or waiting for an
+                       async one (``Work.wait``, a functional collective's ``wait_tensor``);
+                       the record's ``collective`` says op, sequence number in its group,
+                       group (name, description, global ranks), call site, framework
+                       context ("FSDP unshard of layers.3") and whether the call site is new
 =====================  =====================================================================
 
 Progress: optimizer steps (torch's global optimizer step hook) once any optimizer stepped,
@@ -51,14 +54,28 @@ _COLLECTIVES = (
     "all_to_all_single", "barrier", "broadcast", "broadcast_object_list", "gather", "gather_object",
     "monitored_barrier", "recv", "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter",
     "scatter_object_list", "send",
+    # what FSDP2 (all_gather_single, reduce_scatter_single: their names in torch 2.13), FSDP1
+    # and older callers (_all_gather_base, _reduce_scatter_base) and pipelining (isend, irecv,
+    # one call per op of batch_isend_irecv on a backend without coalescing) call
+    "all_gather_single", "reduce_scatter_single", "_all_gather_base", "_reduce_scatter_base", "isend", "irecv",
+    "all_reduce_coalesced", "all_gather_coalesced",
 )
+# torch.distributed._functional_collectives (DTensor redistribution, tensor parallel, FSDP2's
+# DTensor clip_grad_norm_): issued here, waited in wait_tensor when the result is first used.
+_FUNCTIONAL = (
+    "all_reduce", "all_gather_tensor", "all_gather_single", "reduce_scatter_tensor", "reduce_scatter_single",
+    "all_to_all_single", "broadcast", "all_reduce_coalesced", "all_gather_into_tensor_coalesced",
+    "reduce_scatter_tensor_coalesced",
+)
+PENDING_KEPT = 64  # async works issued and not yet waited (bounded: a program that never waits; each keeps its buffers alive)
 
 
 class _Tracking:
     """Main-thread phase nesting and progress counters of this process (slots: the hooks read
     them on every step)."""
 
-    __slots__ = ("base", "batches", "cuda_dev", "depth", "forced_warned", "loaders", "main", "opt_counts", "opt_steps")
+    __slots__ = ("base", "batches", "cuda_dev", "depth", "forced_warned", "groups", "loaders", "main", "opt_counts",
+                 "opt_steps", "pending", "seen", "world")
 
     def __init__(self) -> None:
         self.base = "start"
@@ -70,6 +87,10 @@ class _Tracking:
         self.main = threading.main_thread().ident
         self.loaders = 0
         self.forced_warned = False
+        self.groups: dict[int, _Group] = {}  # id(process group) -> what the record says of it
+        self.world: _Group | None = None  # the default group
+        self.pending: dict[int, tuple] = {}  # id(work or tensor) -> (it, issued collective)
+        self.seen: set = set()  # (op, site, context) of every collective issued so far
 
 
 _t = _Tracking()
@@ -138,9 +159,64 @@ _LIBRARY_CODE: dict[int, tuple[object, bool]] = {}  # is it torch's / the stdlib
 _SITES: dict[tuple[int, int], tuple[object, str]] = {}
 
 
-def _call_site() -> str | None:
-    """file:line of the program's own frame that made the current call (cached per site)."""
-    frame = sys._getframe(2)
+# Frames of a framework that issues collectives for the program, by the end of their file:
+# what the record's ``context`` says ("FSDP unshard of layers.3"). Looked at only while walking
+# out to the program's own frame, which the call site needs anyway.
+_FRAMEWORK_FILES = (
+    ("fsdp/_fully_shard/_fsdp_param_group.py", "FSDP"),
+    ("fsdp/_runtime_utils.py", "FSDP1"),
+    ("fsdp/fully_sharded_data_parallel.py", "FSDP1"),
+    ("tensor/parallel/style.py", "TP"),
+    ("distributed/pipelining/schedules.py", "pipelining"),
+    ("distributed/pipelining/stage.py", "pipelining"),
+    ("nn/parallel/distributed.py", "DDP"),
+    ("nn/utils/clip_grad.py", "clip_grad_norm_"),
+    ("distributed/tensor/_api.py", "DTensor"),
+    ("distributed/checkpoint/", "distributed checkpoint"),
+)
+_FSDP_WORDS = {"unshard": "unshard", "post_backward": "reduce-scatter of grads", "_unshard": "unshard",
+               "_reduce_grad": "reduce-scatter of grads", "_pre_forward_unshard": "unshard",
+               "_post_backward_hook": "reduce-scatter of grads", "lazy_init": "init", "_lazy_init": "init"}
+_FRAMEWORK_CODE: dict[int, tuple[object, str | None]] = {}  # id(code) -> (code, framework or None)
+
+
+def _framework_of(code) -> str | None:  # noqa: ANN001
+    known = _FRAMEWORK_CODE.get(id(code))
+    if known is None or known[0] is not code:
+        name = code.co_filename.replace(os.sep, "/")
+        known = _FRAMEWORK_CODE[id(code)] = (code, next((fw for end, fw in _FRAMEWORK_FILES if end in name), None))
+    return known[1]
+
+
+def _context(framework: str, frame) -> str | None:  # noqa: ANN001
+    """What the framework's frame is doing, in words: "FSDP unshard of layers.3", "TP
+    RowwiseParallel._prepare_output_fn", "pipelining fwd_send"; None for a comprehension's
+    frame (its function's frame, next out, says it)."""
+    code = frame.f_code
+    name = code.co_name
+    if name.startswith("<"):
+        return None
+    if framework == "FSDP":
+        fqn = getattr(frame.f_locals.get("self"), "_module_fqn", None)
+        return f"FSDP {_FSDP_WORDS.get(name, name)} of {fqn or 'root'}"
+    if framework == "FSDP1":
+        return f"FSDP1 {_FSDP_WORDS.get(name, name)}"
+    if framework == "pipelining":
+        desc = frame.f_locals.get("desc") if name in ("_batch_p2p", "_sorted_batch_p2p") else None
+        return f"pipelining {desc if isinstance(desc, str) else name}"
+    if framework == "TP":
+        return f"TP {getattr(code, 'co_qualname', name)}"
+    if framework == "clip_grad_norm_":
+        return "clip_grad_norm_"
+    return f"{framework} {name}"
+
+
+def _site_and_context(depth: int = 2) -> tuple[str | None, str | None]:
+    """file:line of the program's own frame that made the current call (cached per site), and
+    the innermost framework frame between it and here, in words (None: the program's own call)."""
+    frame = sys._getframe(depth)
+    context = None
+    weak = False  # DTensor's own frames say less than the TP style or FSDP around them
     while frame is not None:
         code = frame.f_code
         known = _LIBRARY_CODE.get(id(code))
@@ -151,9 +227,22 @@ def _call_site() -> str | None:
             site = _SITES.get(key)
             if site is None or site[0] is not code:
                 site = _SITES[key] = (code, f"{os.path.basename(code.co_filename)}:{frame.f_lineno}")
-            return site[1]
+            return site[1], context
+        if context is None or weak:
+            framework = _framework_of(code)
+            if framework is not None and (context is None or framework != "DTensor"):
+                try:
+                    context = _context(framework, frame) or context
+                except Exception:  # noqa: BLE001 - a word less, never an error in the program
+                    context = framework
+                weak = framework == "DTensor"
         frame = frame.f_back
-    return None
+    return None, context
+
+
+def _call_site() -> str | None:
+    """file:line of the program's own frame that made the current call (cached per site)."""
+    return _site_and_context(3)[0]
 
 
 def _note_cuda_device() -> None:
@@ -210,6 +299,7 @@ def patch_torch(torch) -> None:  # noqa: ANN001
     from ups.instrument import imports
 
     imports.when_imported("torch.distributed.fsdp", _patch_fsdp)
+    imports.when_imported("torch.distributed._functional_collectives", _patch_functional)
     imports.when_imported("torch.distributed.elastic.multiprocessing.errors.error_handler", _patch_error_handler)
 
 
@@ -251,7 +341,9 @@ def _patch_distributed(torch) -> None:  # noqa: ANN001
 
         return wrapper
 
-    for name, make in (("init_process_group", make_init), *((op, _collective(op)) for op in _COLLECTIVES)):
+    work_type = getattr(getattr(torch._C, "_distributed_c10d", None), "Work", None)
+    collectives = ((op, _collective(op, work_type)) for op in _COLLECTIVES)
+    for name, make in (("init_process_group", make_init), *collectives):
         original = getattr(c10d, name, None)
         if original is None:
             continue
@@ -261,6 +353,8 @@ def _patch_distributed(torch) -> None:  # noqa: ANN001
             setattr(dist, name, wrapper)
             patching.PATCHED.append((dist, name, original, wrapper))
     patching.patch(torch.nn.parallel.DistributedDataParallel, "__init__", _phase_call("ddp.wrap", flush=True))
+    if work_type is not None:  # async collectives (FSDP's all-gather, pipelining's p2p) are waited here
+        patching.patch(work_type, "wait", _waiting("wait"))
 
 
 def _patch_spawn(torch) -> None:  # noqa: ANN001
@@ -293,17 +387,133 @@ def _patch_spawn(torch) -> None:  # noqa: ANN001
         torch.multiprocessing.start_processes = module.start_processes
 
 
-def _collective(op: str):
+class _Group:
+    """A process group as the record names it: name, description (DeviceMesh sets
+    ``mesh_<dim>``), global ranks, and this rank's sequence numbers in it (collectives, and
+    p2p per direction and peer: a send to rank 1 pairs with rank 1's recv from this rank)."""
+
+    __slots__ = ("desc", "name", "p2p", "pg", "ranks", "seq")
+
+    def __init__(self, pg, dist) -> None:  # noqa: ANN001
+        self.pg = pg
+        self.seq = 0
+        self.p2p: dict[tuple[str, int | None], int] = {}
+        try:
+            self.name = str(pg.group_name)
+        except Exception:  # noqa: BLE001
+            self.name = "?"
+        try:
+            self.desc = str(pg.group_desc)
+        except Exception:  # noqa: BLE001
+            self.desc = None
+        try:
+            self.ranks = tuple(dist.get_process_group_ranks(pg))
+        except Exception:  # noqa: BLE001
+            self.ranks = None
+
+
+def _group(pg):  # noqa: ANN001, ANN202
+    """The :class:`_Group` of a process group (None: the default group), cached."""
+    t = _t
+    if pg is None:
+        world = t.world
+        dist = sys.modules["torch.distributed"]
+        default = dist.distributed_c10d.GroupMember.WORLD
+        if world is not None and world.pg is default:
+            return world
+        if default is None:
+            return None
+        pg = default
+    g = t.groups.get(id(pg))
+    if g is None or g.pg is not pg:
+        g = t.groups[id(pg)] = _Group(pg, sys.modules["torch.distributed"])
+        if pg is sys.modules["torch.distributed"].distributed_c10d.GroupMember.WORLD:
+            t.world = g
+    return g
+
+
+_P2P = {"send": ("dst", "group_dst"), "isend": ("dst", "group_dst"), "recv": ("src", "group_src"),
+        "irecv": ("src", "group_src")}
+
+
+def _issue(op: str, g, peer, context_depth: int = 3) -> tuple:  # noqa: ANN001
+    """A collective issued now: (op, seq in its group, site, info for the record)."""
+    site, context = _site_and_context(context_depth)
+    if g is None:
+        seq, info = None, None
+    else:
+        if peer is None and op not in _P2P:
+            seq = g.seq = g.seq + 1
+        else:
+            key = (op.lstrip("i"), peer)
+            seq = g.p2p[key] = g.p2p.get(key, 0) + 1
+        seen = _t.seen
+        key = (op, site, context)
+        new = key not in seen
+        if new:
+            seen.add(key)
+        info = (g.name, g.desc, g.ranks, context, new, peer, False)
+    return op, seq, site, info
+
+
+def _peer(op: str, args, kwargs, g, index: dict) -> int | None:  # noqa: ANN001
+    """The global rank of a send's destination or a recv's source."""
+    names = _P2P.get(op)
+    if names is None:
+        return None
+    glob, local = names
+    peer = kwargs.get(glob)
+    if peer is None:
+        i = index.get(glob)
+        peer = args[i] if i is not None and i < len(args) else None
+    if peer is None:
+        lp = kwargs.get(local)
+        if lp is not None and g is not None and g.ranks is not None and 0 <= lp < len(g.ranks):
+            peer = g.ranks[lp]
+    return peer if isinstance(peer, int) else None
+
+
+def _arg_index(original) -> dict[str, int]:  # noqa: ANN001
+    import inspect
+
+    try:
+        return {name: i for i, name in enumerate(inspect.signature(original).parameters)}
+    except (TypeError, ValueError):
+        return {}
+
+
+def _keep_pending(key, c: tuple, result) -> None:  # noqa: ANN001
+    """An async collective's work (or a functional collective's tensor), waited later."""
+    pending = _t.pending
+    if len(pending) >= PENDING_KEPT:
+        pending.pop(next(iter(pending)))
+    pending[key] = (result, c)
+
+
+def _storage_key(tensor) -> tuple:  # noqa: ANN001
+    return ("storage", tensor.untyped_storage().data_ptr())
+
+
+def _collective(op: str, work_type=None, *, functional: bool = False):  # noqa: ANN001
     phase = f"collective:{op}"
 
     def make(original):
+        index = _arg_index(original)
+        gi = index.get("group")
+
         def wrapper(*args, **kwargs):
             # On every collective of the program: _rank_reporter, _enter and _leave inlined.
             rep = process.state.rep
             t = _t
             if rep is None or t.depth or rep.role != "rank" or _get_ident() != t.main:
                 return original(*args, **kwargs)  # nested (broadcast_object_list -> broadcast): the outer counts
-            prev = rep.enter_collective(op, _call_site(), phase)
+            try:
+                pg = kwargs.get("group") if "group" in kwargs else (args[gi] if gi is not None and gi < len(args) else None)
+                g = _functional_group(pg, kwargs.get("tag", "")) if functional else _group(pg)
+                c = _issue(op, g, _peer(op, args, kwargs, g, index) if op in _P2P else None)
+            except Exception:  # noqa: BLE001 - never in the program's way
+                c = (op, None, _call_site(), None)
+            prev = rep.enter_collective(op, c[2], phase, c[1], c[3])
             t.depth = 1
             try:
                 result = original(*args, **kwargs)
@@ -312,11 +522,82 @@ def _collective(op: str):
                 raise
             t.depth = 0
             rep.leave_collective(t.base if prev in _AUTO_PHASES else prev)
+            if result is not None:
+                if functional:
+                    elem = getattr(result, "elem", None)  # an AsyncCollectiveTensor: waited in wait_tensor
+                    if elem is not None and not getattr(result, "completed", True):
+                        # By storage: wait_tensor may get a view of it (AsyncCollectiveTensor's
+                        # own fast path for aten.view wraps a new tensor).
+                        _keep_pending(_storage_key(elem), c, elem)
+                elif work_type is not None and isinstance(result, work_type):
+                    _keep_pending(id(result), c, result)
             return result
 
         return wrapper
 
     return make
+
+
+def _functional_group(group, tag: str):  # noqa: ANN001, ANN202
+    """The :class:`_Group` of a functional collective's group argument (a ProcessGroup, a
+    (DeviceMesh, dim), a list of ranks, a group name)."""
+    funcol = sys.modules["torch.distributed._functional_collectives"]
+    c10d = sys.modules["torch.distributed"].distributed_c10d
+    if isinstance(group, c10d.ProcessGroup):
+        return _group(group)
+    name = funcol._resolve_group_name(group, tag)
+    return _group(c10d._resolve_process_group(name))
+
+
+def _waiting(what: str, *, tensors: bool = False):
+    """``Work.wait`` / ``wait_tensor``: the rank waits for an async collective issued earlier;
+    the record says which one (op, its sequence number and group, where it was issued)."""
+
+    def make(original):
+        def wait(self, *args, **kwargs):  # noqa: ANN001
+            t = _t
+            if not t.pending:
+                return original(self, *args, **kwargs)
+            if tensors:
+                try:
+                    entry = t.pending.pop(_storage_key(self), None)
+                except Exception:  # noqa: BLE001 - not a tensor with storage: nothing of ours
+                    entry = None
+            else:
+                entry = t.pending.pop(id(self), None)
+                if entry is not None and entry[0] is not self:
+                    entry = None
+            if entry is None:
+                return original(self, *args, **kwargs)
+            rep = process.state.rep
+            if rep is None or t.depth or _get_ident() != t.main:
+                return original(self, *args, **kwargs)
+            op, seq, site, info = entry[1]
+            if info is not None:
+                info = info[:6] + (True,)
+            prev = rep.enter_collective(op, site, f"collective:{op}", seq, info, counted=False)
+            t.depth = 1
+            try:
+                result = original(self, *args, **kwargs)
+            except BaseException:
+                t.depth = 0
+                raise
+            t.depth = 0
+            rep.leave_collective(t.base if prev in _AUTO_PHASES else prev)
+            return result
+
+        wait.__name__ = what
+        return wait
+
+    return make
+
+
+def _patch_functional(module) -> None:  # noqa: ANN001
+    """torch.distributed._functional_collectives: DTensor and tensor parallel issue here."""
+    for name in _FUNCTIONAL:
+        if callable(getattr(module, name, None)):
+            patching.patch(module, name, _collective(name, functional=True))
+    patching.patch(module, "wait_tensor", _waiting("wait_tensor", tensors=True))
 
 
 def _patch_fsdp(module) -> None:  # noqa: ANN001

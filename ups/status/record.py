@@ -104,7 +104,7 @@ class StatusRecord:
     error_site: str | None = None  # "train.py:42": the innermost frame of the program's own code
     loader: int | None = None  # workers: which DataLoader of their rank (0 = the first one)
     node: int | None = None  # multi-node runs: the node rank of a per-node process
-    collective: dict[str, Any] | None = None  # now inside: {"op", "seq", "site", "since"}
+    collective: dict[str, Any] | None = None  # now inside: {"op", "seq", "site", "since", "group", "ranks", ...}
     coll_seq: int = 0  # collectives entered so far (per-rank sequence number)
     command: str | None = None  # agents and helpers: what runs there ("torchrun ...")
     interval_p99: float | None = None  # p99 of recent gaps between progress (learned stall limits)
@@ -246,6 +246,7 @@ def _metrics(v: Any) -> dict[str, Any]:
     return out
 
 
+COLL_RANKS_MAX = 256  # a larger group's ranks are not written (its name and description are)
 _WALL = number(0.0)  # a UNIX time, finite and before the year 5138
 _MONO = optional(number(0.0, 1e12))
 _SMALL = optional(integer(0, PID_MAX))
@@ -267,7 +268,16 @@ RECORD_SPEC: dict[str, Check] = {
     "exit_code": optional(integer(-(1 << 31), 1 << 31)),
     "collective": optional(obj({"op": text(NAME_MAX, cut=False), "seq": integer(0, INT_MAX), "site": optional(text(1024)),
                                 "since": _WALL, "since_mono": _MONO, "prev_op": optional(text(NAME_MAX)),
-                                "prev_site": optional(text(1024))}, required=("op", "seq"))),
+                                "prev_site": optional(text(1024)),
+                                # the group (ups.instrument.torch_hooks): its name, description
+                                # ("default_pg", "mesh_tp"), global ranks; the framework's part in it
+                                # ("FSDP unshard of layers.3"); a call site this rank never used before;
+                                # the p2p peer's global rank; waiting for an async collective's work
+                                "group": optional(text(NAME_MAX)), "group_desc": optional(text(NAME_MAX)),
+                                "ranks": optional(list_of(integer(0, INT_MAX), COLL_RANKS_MAX)),
+                                "context": optional(text(256)), "new": optional(boolean),
+                                "peer": optional(integer(0, INT_MAX)), "waiting": optional(boolean)},
+                               required=("op", "seq"))),
     "coll_seq": integer(0, INT_MAX),
     "interval_p99": optional(number(0.0, 1e9)),
     "heartbeat_tid": optional(integer(1, PID_MAX)),

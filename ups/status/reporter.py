@@ -180,8 +180,10 @@ class Reporter:
         self._error_site: str | None = None
         self._exit_code: int | None = None
         self._rate: float | None = None
-        # (op, seq, site, since_mono, previous tuple or None): a tuple on the hot path, the
-        # record's dict built by the writer.
+        # (op, seq, site, since_mono, previous tuple or None, info or None): a tuple on the hot
+        # path, the record's dict built by the writer. info: what the instrumentation knows of
+        # the group and the framework (ups.instrument.torch_hooks: group name, description and
+        # global ranks, context, a new call site, the p2p peer, whether it waits for async work).
         self._collective: tuple | None = None
         self._last_collective: tuple | None = None
         self._coll_seq = 0
@@ -462,11 +464,17 @@ class Reporter:
             self._intervals.append(now - start)
         self._interval_from = self._progress_mono = now
 
-    def enter_collective(self, op: str, site: str | None, phase: str) -> str:
-        """:meth:`collective` (``op``) and :meth:`enter` (``phase``) with one clock read."""
+    def enter_collective(self, op: str, site: str | None, phase: str, seq: int | None = None,
+                         info: tuple | None = None, *, counted: bool = True) -> str:
+        """:meth:`collective` (``op``) and :meth:`enter` (``phase``) with one clock read.
+        ``seq``: the collective's own sequence number in its group (else the per-rank count);
+        ``info``: (group name, group description, global ranks, context, new call site, peer,
+        waiting for async work), see :func:`_collective_dict`; ``counted``: False for the
+        wait of an async collective already counted when it was issued."""
         now = _monotonic()
-        seq = self._coll_seq = self._coll_seq + 1
-        self._collective = (op, seq, site, now, self._last_collective)
+        if counted:
+            self._coll_seq += 1
+        self._collective = (op, self._coll_seq if seq is None else seq, site, now, self._last_collective, info)
         prev = self._phase
         self._phase = phase
         self._phase_mono = self._progress_mono = now
@@ -476,7 +484,7 @@ class Reporter:
         """:meth:`collective` (None) and :meth:`phase` (``name``, not written now)."""
         current = self._collective
         if current is not None:
-            self._last_collective = current
+            self._last_collective = current[:3]  # (op, seq, site): not a chain of every collective
         self._collective = None
         now = _monotonic()
         self._phase = name
@@ -538,11 +546,11 @@ class Reporter:
         if op is None:
             current = self._collective
             if current is not None:
-                self._last_collective = current
+                self._last_collective = current[:3]  # (op, seq, site): not a chain of every collective
             self._collective = None
             return
         self._coll_seq += 1
-        self._collective = (op, self._coll_seq, site, time.monotonic(), self._last_collective)
+        self._collective = (op, self._coll_seq, site, time.monotonic(), self._last_collective, None)
 
     def fail(self, error: str | BaseException, exit_code: int | None = None, *, site: str | None = None) -> None:
         """Mark the process failed with ``error`` and write the record at once."""
@@ -803,9 +811,14 @@ def _collective_dict(current: tuple | None, wall: float) -> dict[str, Any] | Non
     the previous collective's op and site."""
     if current is None:
         return None
-    op, seq, site, mono, prev = current
-    return {"op": op, "seq": seq, "site": site, "since": mono + wall, "since_mono": mono,
-            "prev_op": prev[0] if prev else None, "prev_site": prev[2] if prev else None}
+    op, seq, site, mono, prev, info = current
+    out = {"op": op, "seq": seq, "site": site, "since": mono + wall, "since_mono": mono,
+           "prev_op": prev[0] if prev else None, "prev_site": prev[2] if prev else None}
+    if info is not None:
+        group, desc, ranks, context, new, peer, waiting = info
+        out.update(group=group, group_desc=desc, ranks=list(ranks) if ranks is not None and len(ranks) <= 256 else None, context=context,
+                   new=new, peer=peer, waiting=waiting)
+    return out
 
 
 def _number(value: Any) -> Any:

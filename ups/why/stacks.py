@@ -95,8 +95,12 @@ class Section:
 
     @property
     def top(self) -> Frame | None:
-        """The innermost frame: where the thread is (``make_fid`` in h5py, ``all_reduce``)."""
-        return self.stack[0] if self.stack else None
+        """The innermost frame: where the thread is (``make_fid`` in h5py, ``all_reduce``); the
+        instrumentation's own wrappers (``Work.wait``'s, ``wait_tensor``'s) are not where it is."""
+        stack = self.stack
+        if not stack:
+            return None
+        return next((f for f in stack if "ups/instrument/" not in f.file.replace("\\", "/")), stack[0])
 
     def signature(self, depth: int = 1) -> str:
         """What the thread is doing, for grouping: the library call it is in (if any) and the

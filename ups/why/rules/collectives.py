@@ -37,6 +37,80 @@ FINGERPRINT = re.compile(r"Rank (?P<rank>\d+) is running (?:inconsistent )?colle
 PROBLEMS = (Health.STALLED, Health.UNRESPONSIVE, Health.DEAD, Health.FAILED)
 
 
+def op_text(c: dict) -> str:
+    """A collective's op in words: ``all_gather_single (FSDP unshard of layers.3)``,
+    ``send to rank 1 (pipelining fwd_send)``."""
+    op = c["op"]
+    peer = c.get("peer")
+    if isinstance(peer, int):
+        op = f"{op} {'to' if 'send' in op else 'from'} rank {peer}"
+    context = c.get("context")
+    return f"{op} ({context})" if context else op
+
+
+def group_text(c: dict) -> str | None:
+    """The group of a collective when it is not the whole world: ``mesh dim 'tp' [0, 1]``,
+    ``group 1 [0, 1]``; None for the default group or a record that does not say."""
+    desc, name, ranks = c.get("group_desc"), c.get("group"), c.get("ranks")
+    members = f" [{', '.join(str(r) for r in ranks)}]" if ranks else ""
+    if isinstance(desc, str) and desc.startswith("mesh_"):
+        return f"mesh dim '{desc[5:]}'{members}"
+    if name is None or desc == "default_pg":
+        return None
+    return f"group {name}{members}"
+
+
+def coll_text(c: dict, *, site: bool = True) -> str:
+    """``all_gather_single (FSDP unshard of root) #76 on mesh dim 'dp' [1, 3] at train.py:142``."""
+    text = f"{op_text(c)} #{c['seq']}"
+    group = group_text(c)
+    if group:
+        text += f" on {group}"
+    return text + (f" at {c.get('site')}" if site else "")
+
+
+def _members(c: dict) -> set[int] | None:
+    """The global ranks a collective waits for: its p2p peer, its group's ranks; None: every rank."""
+    if isinstance(c.get("peer"), int):
+        return {c["peer"]}
+    ranks = c.get("ranks")
+    return set(ranks) if ranks else None
+
+
+def _same(a: dict, b: dict, rank_a: int | None, rank_b: int | None) -> bool:
+    """Whether two ranks are in the same collective (p2p: the two ends of one send/recv)."""
+    if a.get("group") != b.get("group"):
+        return False
+    if isinstance(a.get("peer"), int) or isinstance(b.get("peer"), int):
+        return (a.get("peer") == rank_b and b.get("peer") == rank_a and a["seq"] == b["seq"]
+                and ("send" in a["op"]) != ("send" in b["op"]))
+    return (a["op"], a["seq"]) == (b["op"], b["seq"])
+
+
+def _waits_for(p: ProcessView, q: ProcessView) -> bool:
+    """Whether rank ``p``, in a collective, waits for rank ``q`` (a member of its group or its
+    peer, not in the same collective)."""
+    c = p.record.collective
+    members = _members(c)
+    if q is p or (members is not None and q.record.rank not in members):
+        return False
+    d = q.record.collective
+    return not d or not _same(c, d, p.record.rank, q.record.rank)
+
+
+def _conflicts(inside: list[ProcessView]) -> list[ProcessView]:
+    """Ranks in different collectives of one group, or waiting for each other in a cycle: the
+    sides of a one-sided or mismatched collective. (A rank in another group's collective that
+    waits for someone else is no side: on a 2-D mesh it waits in its own dimension.)"""
+    found: list[ProcessView] = []
+    for p in inside:
+        for q in inside:
+            if q is not p and q.record.collective and _waits_for(p, q) and (
+                    p.record.collective.get("group") == q.record.collective.get("group") or _waits_for(q, p)):
+                found += [x for x in (p, q) if x not in found]
+    return sorted(found, key=lambda p: p.record.rank or 0)
+
+
 def collective_timeout(ev: Evidence, record: StatusRecord, text: str) -> Verdict | None:
     """Ranks that died because the backend timed a collective out. Which side times out first
     is a race (the rank in the one-sided call, or a peer waiting elsewhere, which then sees
@@ -88,7 +162,7 @@ def _collective_of(ev: Evidence, p: ProcessView) -> tuple[str, str | None] | Non
     site): its record's, else the one its last stack (fatal report, dump) is inside."""
     r = p.record
     if r.collective:
-        return r.collective["op"], r.collective.get("site")
+        return op_text(r.collective), r.collective.get("site")
     for kind in ("fatal", "exception", None):
         section = ev.stack(r, kind)
         if section is None:
@@ -148,6 +222,20 @@ def collective_mismatch(ev: Evidence, record: StatusRecord, text: str) -> Verdic
     aborted = f"the backend aborted {record.label}" + (f" ({failure_signal})" if (failure_signal := _signal_of(ev, record)) else "")
     outside = [p for p in ranks if p not in inside]
     ops = {colls[p.record.rank] for p in inside}
+    # The records say which call sites a rank used before (``new``): the side that is not a
+    # known, repeated call is the odd one (its record, or only its fatal stack, tells its call).
+    known = [p for p in inside if (p.record.collective or {}).get("new") is False]
+    fresh = [p for p in inside if p not in known]
+    if not outside and len(ops) > 1 and known and len(fresh) == 1:
+        o = fresh[0].record
+        op, site = colls[o.rank]
+        return Verdict("one_sided_collective",
+                       f"one-sided collective: {o.label} entered {op} at {site or '?'}, a call it never made before, "
+                       f"while {label_list(known)} {'were' if len(known) > 1 else 'was'} in "
+                       f"{colls[known[0].record.rank][0]}; {aborted}: a collective mismatch",
+                       who=who_of(o), where={"phase": f"collective:{op}", "site": site, "function": op, "frame": None},
+                       since=ended_at(ev, o), evidence=[first_line(line)] + [doing(p) for p in ranks],
+                       next=f"fix the call at {site or 'that collective'}: {fix}")
     if outside or len(ops) == 1:
         odd = inside if outside else []
         if odd:
@@ -182,8 +270,6 @@ def collectives(ev: Evidence) -> Verdict | None:
     inside = [p for p in ranks if p.record.collective]
     if len(ranks) < 2 or not inside or not any(p.verdict.health in (Health.STALLED, Health.UNRESPONSIVE) for p in ranks):
         return None
-    colls = {p.record.rank: p.record.collective for p in inside}
-    keys = {(c["op"], c["seq"]) for c in colls.values()}
     run = ev.view.run_id
     in_ddp = [p for p in ranks if not p.record.collective and in_backward(ev, p)]
     if in_ddp and len(in_ddp) + len(inside) == len(ranks):
@@ -202,41 +288,46 @@ def collectives(ev: Evidence) -> Verdict | None:
                        next=f"ups stacks {run} --group (then fix the call at {c.get('site')}: every rank must make the same "
                             "collectives in the same order; an error path that skips a step must tell the others with a "
                             "flag all-reduced by every rank)")
-    if len(keys) > 1 and _is_tie(inside):
-        sides = "; ".join(f"{p.record.label} is in {p.record.collective['op']} #{p.record.collective['seq']} at "
-                          f"{p.record.collective.get('site')}" for p in sorted(inside, key=lambda p: p.record.rank or 0))
-        first = sorted(inside, key=lambda p: p.record.rank or 0)[0].record
+    sides = _conflicts(inside)
+    if sides and _is_tie(sides):
+        text = "; ".join(f"{p.record.label} is in {coll_text(p.record.collective)}" for p in sides)
+        first = sides[0].record
         c = first.collective
-        return Verdict("collective_mismatch", f"mismatched collectives: {sides}; every rank waits",
+        return Verdict("collective_mismatch", f"mismatched collectives: {text}; every rank waits",
                        who=None, where={"phase": first.phase, "site": c.get("site"), "function": c["op"], "frame": None},
-                       since=min(p.record.collective.get("since") or 0 for p in inside) or None,
-                       evidence=[f"{p.record.label}: {p.verdict.reason}" for p in inside[:4]],
+                       since=min(p.record.collective.get("since") or 0 for p in sides) or None,
+                       evidence=[f"{p.record.label}: {p.verdict.reason}" for p in sides[:4]],
                        next=f"ups stacks {run} --group (then fix the calls: every rank must make the same collectives "
                             "in the same order)")
-    if len(keys) > 1:
-        odd = _odd_ones(inside)
-        common = [p for p in inside if p not in odd]
+    if sides:
+        odd = _odd_ones(sides)
+        common = [p for p in sides if p not in odd]
         o = odd[0].record
         c = o.collective
-        groups = "; ".join(f"{label_list([p for p in inside if (p.record.collective['op'], p.record.collective['seq']) == k])}: "
-                           f"{k[0]} #{k[1]} at {next(p.record.collective['site'] for p in inside if (p.record.collective['op'], p.record.collective['seq']) == k)}"
-                           for k in sorted(keys, key=str))
+        keys = {}
+        for p in sides:
+            keys.setdefault(coll_text(p.record.collective), []).append(p)
+        groups = "; ".join(f"{label_list(v)}: {k}" for k, v in sorted(keys.items(), key=lambda kv: kv[1][0].record.rank or 0))
         peers = label_list(common) if common else "its peers"
         what = "never entered by" if all(p.record.collective["op"] != c["op"] for p in common) else "mismatched with"
+        new = ([f"{o.label}'s call at {c.get('site')} is one it never made before; its peers' are not"]
+               if c.get("new") and not any(p.record.collective.get("new") for p in common) else [])
         return Verdict("one_sided_collective",
-                       f"one-sided collective: {o.label} is in {c['op']} #{c['seq']}, {what} {peers}; every rank waits",
+                       f"one-sided collective: {o.label} is in {coll_text(c, site=False)}, {what} {peers}; every rank waits",
                        who=who_of(o), where={"phase": o.phase, "site": c.get("site"), "function": c["op"], "frame": None},
-                       since=c.get("since"), evidence=[f"in collectives now: {groups}"] + _prev(c),
+                       since=c.get("since"), evidence=[f"in collectives now: {groups}"] + new + _prev(c),
                        next=f"ups stacks {run} --group (then fix the call at {c.get('site')}: every rank must make the same collectives in the same order)")
     outside = [p for p in ranks if not p.record.collective]
-    if outside:
-        waiting = sorted(inside, key=lambda p: p.record.rank or 0)
+    awaited = [p for p in outside if any(_waits_for(w, p) for w in inside)]
+    if awaited:
+        stuck = sorted(awaited, key=lambda p: (p.verdict.health not in PROBLEMS, p.record.rank or 0))[0]
+        waiting = sorted((p for p in inside if _waits_for(p, stuck)), key=lambda p: p.record.rank or 0)
+        through = [p for p in sorted(inside, key=lambda p: p.record.rank or 0) if p not in waiting]
         c = waiting[0].record.collective
-        stuck = sorted(outside, key=lambda p: (p.verdict.health not in PROBLEMS, p.record.rank or 0))[0]
         worker = waits_on_worker(ev, stuck)
         if worker is not None:
             return worker_verdict(ev, worker, waiting)
-        pause = waited_for(ev, stuck, waiting, c["op"])
+        pause = waited_for(ev, stuck, waiting, op_text(c))
         if pause is not None:  # busy (a checkpoint, an evaluation, an upload), or being checked
             return pause
         r = stuck.record
@@ -244,25 +335,41 @@ def collectives(ev: Evidence) -> Verdict | None:
         if section is None:
             # Its stack decides: DDP's gradient all-reduce (backward: the one-sided call is the
             # peers') or its own code (it is the one they wait for). Blame no one before it comes.
-            return Verdict("settling", f"{waits(waiting)} in {c['op']} #{c['seq']} at {c.get('site')}; {r.label} is in no "
+            return Verdict("settling", f"{waits(waiting)} in {coll_text(c)}; {r.label} is in no "
                            "explicit collective; settling… (its stack dump tells whether it waits in DDP's all-reduce or is "
                            "stuck in its own code)", since=c.get("since"),
                            evidence=[f"{r.label}: {stuck.verdict.reason}"], next=f"ups stacks {run} --group")
         where = where_of(ev, r, section)
-        ev_lines = [f"{waits(waiting)} in {c['op']} #{c['seq']} at {c.get('site')}",
-                    f"{r.label} is in no collective: {stuck.verdict.reason}"]
-        if section is None:
-            ev_lines.append("no stack dump of it yet")
-        return Verdict("rank_stuck_peers_wait",
-                       f"{r.label} is stuck in its own code while {waits(waiting)} for it in {c['op']}",
+        ev_lines = [f"{p.record.label} waits in {coll_text(p.record.collective)}" for p in waiting[:4]]
+        if through:
+            ev_lines.append("waiting through them: " + "; ".join(f"{p.record.label} in {coll_text(p.record.collective)}"
+                                                                 for p in through[:4]))
+        ev_lines.append(f"{r.label} is in no collective: {stuck.verdict.reason}")
+        return Verdict("rank_stuck_peers_wait", f"{r.label} is stuck in its own code while {_waiting_in(waiting)}",
                        who=who_of(r), where=where, since=max(r.progress_at, r.phase_at), evidence=ev_lines,
-                       next=f"ups stacks {run} --rank {r.rank}" if section is None else f"ups kill {run}  (after fixing {where.get('site') or 'the loop'})")
+                       next=f"ups kill {run}  (after fixing {where.get('site') or 'the loop'})")
     return None
+
+
+def _waiting_in(waiting: list[ProcessView]) -> str:
+    """``rank 0 waits for it in all_reduce (TP …) on mesh dim 'tp' [0, 1] and rank 3 in
+    all_gather_single on mesh dim 'dp' [1, 3]``: the waiters by what they wait in."""
+    by: dict[str, list[ProcessView]] = {}
+    for p in waiting:
+        c = p.record.collective
+        group = group_text(c)
+        by.setdefault(op_text(c) + (f" on {group}" if group else ""), []).append(p)
+    parts = list(by.items())
+    first = f"{waits(parts[0][1])} for it in {parts[0][0]}"
+    return first + "".join(f" and {label_list(v)} in {k}" for k, v in parts[1:3])
 
 
 def _is_tie(inside: list[ProcessView]) -> bool:
     """Different collectives in groups of one size, and no group alone in having changed its op
     from the previous one: nothing tells which side is out of step."""
+    news = [p for p in inside if p.record.collective.get("new")]
+    if news and len(news) < len(inside):
+        return False  # a call site never used before is the odd one
     by_key: dict[tuple, list[ProcessView]] = {}
     for p in inside:
         by_key.setdefault((p.record.collective["op"], p.record.collective["seq"]), []).append(p)
@@ -274,7 +381,11 @@ def _is_tie(inside: list[ProcessView]) -> bool:
 
 def _odd_ones(inside: list[ProcessView]) -> list[ProcessView]:
     """The ranks whose collective differs: the minority; on a tie, the ranks whose op changed
-    from their previous one while their peers' did not (an error path's extra call)."""
+    from their previous one while their peers' did not (an error path's extra call). Before
+    both: the ranks whose call site is one they never used before (the record's ``new``)."""
+    news = [p for p in inside if p.record.collective.get("new")]
+    if news and len(news) < len(inside):
+        return news
     by_key: dict[tuple, list[ProcessView]] = {}
     for p in inside:
         by_key.setdefault((p.record.collective["op"], p.record.collective["seq"]), []).append(p)

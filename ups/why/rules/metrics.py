@@ -24,6 +24,7 @@ from ups.format import fmt_bytes
 from ups.runs.view import ProcessView
 from ups.status.series import metric_values, points
 from ups.why.evidence import Evidence
+from ups.why.rules.common import label_list
 from ups.why.verdict import Verdict, who_of
 
 DIVERGE_K = 10.0
@@ -89,8 +90,20 @@ def loss_nonfinite(ev: Evidence) -> Verdict | None:
     if _unsettled(ev, step, at, {q.record.name for _, _, q, _ in found}):
         return None  # a peer may have gone non-finite earlier and not said so yet: never name the wrong one
     r = p.record
-    others = [f"{q.record.label} from step {s}" for s, _, q, _ in found[1:4]]
+    tied = [q for s, _, q, _ in found if s == step]
+    others = [f"{q.record.label} from step {s}" for s, _, q, _ in found[len(tied):len(tied) + 3]]
     value = info.get("value", "nan")
+    if len(tied) > 1:
+        # Several ranks at the same step: each made its own (the all-reduce that would carry one
+        # rank's NaN to the others comes after that step's loss), so no rank is named before another.
+        names = label_list(tied)
+        return Verdict("loss_nonfinite", f"the loss became {value} on {names} at the same step {step}", who=None,
+                       where={"phase": r.phase, "site": None, "function": None, "frame": None},
+                       since=at if isinstance(at, int | float) and at else None,
+                       evidence=[f"{names}: loss {value} at step {step}, the same step (the first non-finite loss of any rank)"]
+                                + ([f"then {', '.join(others)}"] if others else []),
+                       next=f"{_next(ev, p)}; look at the data and lr of step {step}: on every rank at once it is the "
+                            "model or the lr, not one rank's batch")
     return Verdict("loss_nonfinite", f"the loss became {value} on {r.label} at step {step}", who=who_of(r),
                    where={"phase": r.phase, "site": None, "function": None, "frame": None},
                    since=at if isinstance(at, int | float) and at else None,
