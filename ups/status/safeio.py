@@ -106,7 +106,13 @@ def read_tail(path: str | os.PathLike[str], max_bytes: int, start: int | None = 
     undecodable bytes replaced and every control character made visible (``colours``: the
     program's SGR colours kept, every other control removed): for display only.
     FileNotFoundError passes."""
-    fd = open_regular(path)
+    text = _read_end(open_regular(path), max_bytes, start).decode("utf-8", errors="replace")
+    return sgr_only(text) if colours else printable(text, lines=True)
+
+
+
+def _read_end(fd: int, max_bytes: int, start: int | None = None) -> bytes:
+    """The last ``max_bytes`` of an open file (from ``start`` when given); closes ``fd``."""
     try:
         size = os.fstat(fd).st_size
         offset = max(0, size - max_bytes) if start is None else max(start, size - max_bytes)
@@ -119,9 +125,7 @@ def read_tail(path: str | os.PathLike[str], max_bytes: int, start: int | None = 
         raise BadFile(f"unreadable ({exc.strerror or exc})") from None
     finally:
         os.close(fd)
-    text = b"".join(chunks).decode("utf-8", errors="replace")
-    return sgr_only(text) if colours else printable(text, lines=True)
-
+    return b"".join(chunks)
 
 MAX_LOG_BYTES = 8 << 20  # a log read as a whole (``ups why --log``): its last 8 MiB
 OPEN_LOG = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC  # a file the user names: a symlink to it is fine
@@ -132,19 +136,7 @@ def read_log_file(path: str | os.PathLike[str], max_bytes: int = MAX_LOG_BYTES) 
     text with every escape sequence and control character removed (colours too; tabs and
     newlines stay, a carriage return ends a line). Never blocks: a FIFO, a device or a folder
     is refused with the reason (BadFile), and so is binary data. FileNotFoundError passes."""
-    fd = open_regular(path, OPEN_LOG)
-    try:
-        size = os.fstat(fd).st_size
-        os.lseek(fd, max(0, size - max_bytes), os.SEEK_SET)
-        chunks, left = [], max_bytes
-        while left > 0 and (chunk := os.read(fd, min(READ_CHUNK, left))):
-            chunks.append(chunk)
-            left -= len(chunk)
-    except OSError as exc:
-        raise BadFile(f"unreadable ({exc.strerror or exc})") from None
-    finally:
-        os.close(fd)
-    return decode_log(b"".join(chunks))
+    return decode_log(_read_end(open_regular(path, OPEN_LOG), max_bytes))
 
 
 def read_log_stream(stream: Any, max_bytes: int = MAX_LOG_BYTES) -> str:
