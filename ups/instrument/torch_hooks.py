@@ -514,6 +514,11 @@ def _collective(op: str, work_type=None, *, functional: bool = False):  # noqa: 
             except Exception:  # noqa: BLE001 - never in the program's way
                 c = (op, None, _call_site(), None)
             prev = rep.enter_collective(op, c[2], phase, c[1], c[3])
+            if c[3] is not None and c[3][4]:
+                # A call site never seen before (a one-sided or mismatched collective, most
+                # often): on record before the call, since the backend may abort the process
+                # (gloo's size check, NCCL's) before the next heartbeat. Once per site.
+                rep.flush(wait=0.05)
             t.depth = 1
             try:
                 result = original(*args, **kwargs)
