@@ -88,11 +88,14 @@ def healthy(kind: str, secs: float, stalled: list[str]) -> dict:
                       "EXAMPLE_WORKDIR": str(Path(tmp) / "work")})
         m, seen = poll(run, secs + 240)
         alarms = [v for v in seen if ALARM.search(v["mode"]) or ALARM.search(v["headline"])]
-        busy = sorted({v["headline"].split(",")[0] for v in seen if v["mode"] == "busy"})
+        busy = sorted({v["headline"].split(";")[0][:100] for v in seen if v["mode"] == "busy"})
+        modes: dict[str, int] = {}
+        for v in seen:
+            modes[v["mode"]] = modes.get(v["mode"], 0) + 1
         return {"pause": f"{kind}:{secs:g}", "state": m.get("state"), "attempts": m.get("attempt") or 1,
                 "restarted_or_killed": len(events(run, "restart")) + sum(e.get("action", "").startswith("kill")
                                                                         for e in events(run, "hang")),
-                "polls": len(seen), "alarm_polls": len(alarms), "busy_said": busy[:3]}
+                "polls": len(seen), "alarm_polls": len(alarms), "busy_said": busy[:3], "modes": modes}
 
 
 def real_hang(fault: str, extra: list[str], stall_limit: float) -> dict:

@@ -895,6 +895,26 @@ def _(s: Scene) -> None:
     observing(s)
 
 
+@case(hung, "rank 1 in backward, rank 0 within its own limit but quiet 30 s, seen uploading through curl: busy",
+      "busy", who="rank 0", words=("rank 0 is busy sending or receiving data through curl (pid 77)",
+                                   "rank 1 waits for it in DDP's gradient all-reduce (backward)"))
+def _(s: Scene) -> None:
+    r0 = s.add("rank", 0, health=Health.OK, reason="phase train", progress=NOW - 30, phase_at=NOW - 30)
+    r1 = s.add("rank", 1, **STALLED)
+    s.stack(r1.name, IN_BACKWARD)
+    observing(s, **{r0.name: window("busy", "CPU 0% (...), network 93 KB/s, with curl (pid 77) over 5 s",
+                                    tcp_bps=93_000, children=["curl (pid 77)"])})
+
+
+@case(hung, "the same quiet rank 0 seen idle: no one is called busy; settling until rank 0's own limit", "settling",
+      who=None, words=("rank 1 has made no progress", "settling"))
+def _(s: Scene) -> None:
+    r0 = s.add("rank", 0, health=Health.OK, reason="phase train", progress=NOW - 30, phase_at=NOW - 30)
+    r1 = s.add("rank", 1, **STALLED)
+    s.stack(r1.name, IN_BACKWARD)
+    observing(s, **{r0.name: window("idle", "CPU 0% (a thread busy 0% of the time), kernel wait hrtimer_nanosleep over 5 s")})
+
+
 # ---- no_signal
 NO_SIGNAL = dict(health=Health.NO_SIGNAL, reason="no progress signal for 11 min (no steps, batches ...), phase start",
                  step=0, phase="start", progress=NOW - 600)

@@ -119,6 +119,8 @@ class HangWatch:
         if view.is_final:
             return None, None
         troubled = [p for p in view.processes if p.record.role != "launcher" and p.verdict.health in TROUBLE]
+        if troubled:
+            troubled += quiet_peers(view, troubled)
         if not troubled and not self.observer.watched:
             self.episode, self.observed = None, {}
             return None, None
@@ -185,6 +187,19 @@ class HangWatch:
         self.observer = Observer()
         self.observed = {}
         self._next = time.monotonic() + CHECK_EVERY_S
+
+
+QUIET_PEER_S = 5.0  # a rank with no progress this long while a peer is in trouble may be whom it waits for
+
+
+def quiet_peers(view: RunView, troubled: list) -> list:  # noqa: ANN401 - ProcessViews
+    """Running ranks, not in trouble themselves (within a long phase's limit, or before their
+    step time is learned), outside any collective and with no progress for a few seconds, while
+    a rank is in trouble: the ones it may wait for, watched so that readers can say what they
+    do (busy uploading, computing) rather than "settling"."""
+    now = time.time()
+    return [p for p in view.processes if p.record.role == "rank" and p not in troubled and p.record.state == "running"
+            and not p.record.collective and now - max(p.record.progress_at, p.record.phase_at) >= QUIET_PEER_S]
 
 
 def proof_of(w: Watched) -> dict[str, Any]:

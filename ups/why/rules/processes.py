@@ -7,7 +7,7 @@ from __future__ import annotations
 from ups.status.health import Health
 from ups.why.evidence import Evidence
 from ups.why.rules.common import in_backward, label_list, where_of
-from ups.why.rules.pauses import quiet_for
+from ups.why.rules.pauses import PAUSE_SAID_AFTER_S, quiet_for, waited_for
 from ups.why.rules.workers import waits_on_worker, worker_verdict
 from ups.why.verdict import Verdict, who_of
 
@@ -60,6 +60,15 @@ def hung(ev: Evidence) -> Verdict | None:
         # peers' next seconds decide. Blame no one before that.
         what = "waits in DDP's gradient all-reduce (backward)" if section is not None and in_backward(ev, p) else (
             f"waits in {r.collective['op']}" if r.collective else "has no stack dump yet")
+        # A peer within its own limit (a long phase, or limits not learned yet) that has made no
+        # progress either, outside any collective, is the one this rank waits for: busy (an
+        # upload through curl, a save) or being checked, said as such rather than "settling".
+        quiet = [q for q in peers if not q.record.collective and quiet_for(ev, q) >= PAUSE_SAID_AFTER_S]
+        for q in quiet:
+            pause = waited_for(ev, q, [p], "DDP's gradient all-reduce (backward)" if section is not None
+                               and in_backward(ev, p) else (r.collective or {}).get("op") or "its next collective")
+            if pause is not None:
+                return pause
         others = f" ({label_list(peers)} not in trouble yet)" if peers else ""
         return Verdict("settling", f"{r.label} has made no progress for {quiet_for(ev, p):.0f} s in phase {r.phase} and "
                                    f"{what}; settling…{others}",
