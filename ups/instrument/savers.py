@@ -22,7 +22,7 @@ import os
 from typing import Any
 
 from ups.instrument import imports, patching, process
-from ups.instrument.torch_hooks import enter_phase, leave_phase, rank_reporter
+from ups.instrument.torch_hooks import phase_call
 
 # (module, owner or None for a module-level function, function, phase, label)
 SAVERS = (
@@ -81,33 +81,6 @@ def _describe_call(label: str, args: tuple, kwargs: dict) -> str:
     return f"{label} → {os.fspath(where)}" if isinstance(where, str | os.PathLike) else label
 
 
-def _phase_of(phase: str, describe):  # noqa: ANN001, ANN202
-    """A wrapper maker: the call is in ``phase``, the record's item says what it writes."""
-    def make(original):  # noqa: ANN001, ANN202
-        def wrapper(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-            what = describe(args, kwargs)
-            rep = rank_reporter() if what is not None else None
-            if rep is None:
-                return original(*args, **kwargs)
-            prev = enter_phase(rep, phase)
-            if prev is not None:  # the outermost saver names it
-                rep.item(what)
-                rep.flush_if_older(0.25)  # a write that hangs on dead storage may hold the GIL
-            try:
-                result = original(*args, **kwargs)
-            except BaseException as exc:
-                if prev is not None and isinstance(exc, Exception) and hasattr(exc, "add_note"):
-                    exc.add_note(f"(ups: while {what})")  # torch's message does not name the file
-                leave_phase(rep, prev, failed=True)
-                raise
-            leave_phase(rep, prev)
-            return result
-
-        return wrapper
-
-    return make
-
-
 def patch_torch(torch: Any) -> None:  # noqa: ANN401
     """torch.save and torch.load (torch.serialization's, which torch re-exports)."""
     ser = torch.serialization
@@ -123,8 +96,8 @@ def patch_torch(torch: Any) -> None:  # noqa: ANN401
         target = target_name(f)
         return None if target is None else f"torch.load ← {target}"
 
-    patching.patch(ser, "save", _phase_of("checkpoint", saving))
-    patching.patch(ser, "load", _phase_of("load", loading))
+    patching.patch(ser, "save", phase_call("checkpoint", describe=saving))
+    patching.patch(ser, "load", phase_call("load", describe=loading))
     if torch.save is original_save:
         torch.save = ser.save
     if torch.load is original_load:
@@ -138,6 +111,6 @@ def _patch_saver(module: Any, owner: str | None, func: str, phase: str, label: s
     if target is None:
         return
     try:
-        patching.patch(target, func, _phase_of(phase, lambda args, kwargs: _describe_call(label, args, kwargs)))
+        patching.patch(target, func, phase_call(phase, describe=lambda args, kwargs: _describe_call(label, args, kwargs)))
     except (AttributeError, TypeError) as exc:
         process.warn(f"could not follow {label} ({type(exc).__name__}: {exc})")

@@ -267,16 +267,27 @@ def set_enabled(enabled: bool) -> None:
             del _global_optimizer_post_hooks[key]
 
 
-def _phase_call(phase: str, *, flush: bool):
+def phase_call(phase: str, *, flush: bool = False, describe=None):  # noqa: ANN001
+    """A wrapper maker: the call is in ``phase`` (written at once with ``flush``). With
+    ``describe(args, kwargs)`` (the savers): only calls it describes count, the outermost one
+    names what it does as the record's item (written at once if the record is older than
+    0.25 s: a write that hangs on dead storage may hold the GIL), and an exception it raises
+    gets a note saying what was being done (torch's message does not name the file)."""
     def make(original):
         def wrapper(*args, **kwargs):
-            rep = rank_reporter()
+            what = describe(args, kwargs) if describe is not None else None
+            rep = rank_reporter() if describe is None or what is not None else None
             if rep is None:
                 return original(*args, **kwargs)
             prev = enter_phase(rep, phase, flush=flush)
+            if what is not None and prev is not None:
+                rep.item(what)
+                rep.flush_if_older(0.25)
             try:
                 result = original(*args, **kwargs)
-            except BaseException:
+            except BaseException as exc:
+                if what is not None and prev is not None and isinstance(exc, Exception) and hasattr(exc, "add_note"):
+                    exc.add_note(f"(ups: while {what})")
                 leave_phase(rep, prev, failed=True)
                 raise
             leave_phase(rep, prev)
@@ -326,7 +337,7 @@ def _patch_distributed(torch) -> None:  # noqa: ANN001
     if not dist.is_available():
         return
     c10d = dist.distributed_c10d
-    init = _phase_call("dist.init", flush=True)
+    init = phase_call("dist.init", flush=True)
 
     def make_init(original):
         inner = init(original)
@@ -352,7 +363,7 @@ def _patch_distributed(torch) -> None:  # noqa: ANN001
             wrapper = getattr(c10d, name)
             setattr(dist, name, wrapper)
             patching.PATCHED.append((dist, name, original, wrapper))
-    patching.patch(torch.nn.parallel.DistributedDataParallel, "__init__", _phase_call("ddp.wrap", flush=True))
+    patching.patch(torch.nn.parallel.DistributedDataParallel, "__init__", phase_call("ddp.wrap", flush=True))
     if work_type is not None:  # async collectives (FSDP's all-gather, pipelining's p2p) are waited here
         patching.patch(work_type, "wait", _waiting("wait"))
 
@@ -608,9 +619,9 @@ def _patch_functional(module) -> None:  # noqa: ANN001
 def _patch_fsdp(module) -> None:  # noqa: ANN001
     cls = getattr(module, "FullyShardedDataParallel", None)
     if cls is not None:
-        patching.patch(cls, "__init__", _phase_call("ddp.wrap", flush=True))
+        patching.patch(cls, "__init__", phase_call("ddp.wrap", flush=True))
     if hasattr(module, "fully_shard") and callable(module.fully_shard):
-        patching.patch(module, "fully_shard", _phase_call("ddp.wrap", flush=True))
+        patching.patch(module, "fully_shard", phase_call("ddp.wrap", flush=True))
 
 
 # --------------------------------------------------------------------------- data
