@@ -36,8 +36,8 @@ def line_of(program: Path, text: str) -> str:
     return f"{program.name}:{n}"
 
 
-def launch(tmp_path: Path, program: Path, fault: str, steps: int) -> RunDir:
-    res = run_ups("launch", "torchrun", "--detach", "--json", "--stalled-after", "3", "--standalone", "--nproc-per-node", "2",
+def launch(tmp_path: Path, program: Path, fault: str, steps: int, nproc: int = 2) -> RunDir:
+    res = run_ups("launch", "torchrun", "--detach", "--json", "--stalled-after", "3", "--standalone", "--nproc-per-node", str(nproc),
                   str(program), env={**FAST, "TUTORIAL_FAULT": f"{fault}:{FAULT_STEP}", "TUTORIAL_STEPS": str(steps)},
                   cwd=tmp_path, timeout=120)
     assert res.returncode == 0, res.stderr
@@ -143,6 +143,26 @@ def test_one_sided_collective_names_rank_1_and_shows_both_sides(runs_root, tmp_p
     text = " ".join([v["headline"], *v["evidence"]])
     assert "rank 1" in text and "all_reduce" in text, v
     assert re.search(f"rank 0(:| was in) {waits_in}", text), v
+    assert latency <= LATENCY_S, (latency, v)
+
+
+@pytest.mark.slow
+def test_hang_on_a_2d_mesh_names_the_rank_and_each_group_that_waits(runs_root, tmp_path):
+    """FSDP2 over "dp" and tensor parallel over "tp" on a (2, 2) mesh, 4 ranks: rank 1 hangs in
+    its own code. Rank 0 waits for it in TP's all_reduce on its 'tp' group [0, 1], rank 3 in
+    FSDP's all-gather on its 'dp' group [1, 3]; rank 2 waits through them."""
+    program = SHARDED / "fsdp_tp_2d_tutorial.py"
+    run = launch(tmp_path, program, "hang", 12, nproc=4)
+    try:
+        v, polls, latency = drill(run, named("rank_stuck_peers_wait"))
+    finally:
+        end(run)
+    no_wrong_culprit(polls)
+    assert v["where"]["site"] == line_of(program, "time.sleep(3600)"), v
+    ev = " ".join(v["evidence"])
+    assert re.search(r"rank 0 waits in all_reduce \(TP RowwiseParallel\._prepare_output_fn\) #\d+ on mesh dim 'tp' \[0, 1\]", ev), v
+    assert re.search(r"rank 3 waits in all_gather_single \(FSDP unshard of root\) #\d+ on mesh dim 'dp' \[1, 3\]", ev), v
+    assert "waiting through them: rank 2" in ev, v
     assert latency <= LATENCY_S, (latency, v)
 
 
