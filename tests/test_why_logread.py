@@ -283,6 +283,130 @@ def test_an_autograd_dtype_error_is_the_programs_own():
     assert reading.kind == "user_code" and reading.exception == "RuntimeError"
 
 
+def test_a_python_warnings_message_is_read_by_the_signs_a_warning_may_show():
+    # torch's warnings start their message on the line after "UserWarning:"; on that line or
+    # the next, the message is a notice: a sign that a warning may show reads it ...
+    header = "/opt/venv/lib/python3.10/site-packages/torch/cuda/__init__.py:146: UserWarning: "
+    message = ("NVIDIA GeForce RTX 4090 with CUDA capability sm_89 is not compatible with the current PyTorch installation.\n"
+               "The current PyTorch install supports CUDA capabilities sm_37 sm_50 sm_60 sm_70.\n")
+    cut = tb("/home/u/run.py:20:main", "/opt/venv/lib/python3.10/site-packages/torch/nn/modules/linear.py:96:__init__",
+             error="").rstrip("\n")
+    for text in (header + "\n" + message, header + message):
+        reading = read_log(text + "  warnings.warn(incompatible_device_warn.format(device_name, capability))\n" + cut)
+        assert reading.name == "cuda_no_kernel_image", text
+    # ... and an error that says more still decides
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 23.6 GiB total capacity)\n"
+    assert read_log(header + "\n" + message + oom).name == "cuda_oom"
+    # ... but no other sign: a warning that quotes an error is not that error
+    quoted = ("/opt/venv/lib/python3.10/site-packages/datasets/builder.py:88: UserWarning:\n"
+              "Could not cache the index: [Errno 28] No space left on device\nepoch 1 loss 0.7\n")
+    assert not read_log(quoted).failed
+
+
+def test_a_line_in_markdown_emphasis_is_read_as_its_text():
+    assert read_log("step 1200 loss 0.31\n\n**Killed**\n").name == "oom_killed"
+    assert read_log("step 1200 loss 0.31\n`Segmentation fault (core dumped)`\n").name == "segfault"
+    assert not read_log("**GPU 0: NVIDIA A100-SXM4-80GB**\n**torch 2.3.1**\n").failed
+
+
+def test_a_shells_death_notice_is_read_in_the_users_language():
+    # glibc's strsignal, translated: bash prints it in the user's locale
+    assert read_log("epoch 3 loss 0.2\n已杀死\n").name == "oom_killed"
+    assert read_log("./train.sh: Zeile 4: 81234 Getötet   python train.py\n").name == "oom_killed"
+    assert read_log("epoch 3 loss 0.2\n段错误 (核心已转储)\n").name == "segfault"
+    assert read_log("Erreur de segmentation (core dumped)\n").name == "segfault"
+
+
+def test_a_list_of_possible_causes_is_not_a_cause():
+    hint = ("(raylet) The worker died unexpectedly while running a task. Worker exit type: SYSTEM_ERROR. There are some "
+            "potential root causes. (1) The process is killed by SIGKILL by OOM killer due to high memory usage. (2) The "
+            "worker crashed due to SIGSEGV.\n")
+    assert read_log(hint).name is None
+    peer = ("[rank3]:[E1102 10:00:01.000000000 ProcessGroupNCCL.cpp:542] [Rank 3] Collective WorkNCCL(SeqNum=7, "
+            "OpType=BROADCAST, NumelIn=8, NumelOut=8, Timeout(ms)=600000) raised the following async exception: NCCL "
+            "error: remote process exited or there was a network error, NCCL version 2.21.5\n")
+    assert read_log(hint + peer).name == "peer_lost"
+    # Ray's memory monitor says what it did
+    said = "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.\n"
+    assert read_log(said).name == "oom_killed"
+
+
+def test_a_cuda_debuggers_report_of_a_bad_address_is_an_illegal_memory_access():
+    gdb = ("CUDA Exception: Warp Illegal Address\nThe exception was triggered at PC 0x7fffd3a1c2f0\n\n"
+           'Thread 1 "python" received signal CUDA_EXCEPTION_14, Warp Illegal Address.\n')
+    assert read_log(gdb).name == "cuda_illegal_memory_access"
+    sanitizer = ("========= COMPUTE-SANITIZER\n========= Invalid __global__ write of size 4 bytes\n"
+                 "=========     at 0x1b0 in scatter_kernel(float *, const long *, int)\n")
+    assert read_log(sanitizer).name == "cuda_illegal_memory_access"
+
+
+def test_a_gpu_the_driver_cannot_bring_up_is_lost_unless_more_is_said():
+    init = ("[   14.220101] NVRM: GPU 0000:3b:00.0: RmInitAdapter failed! (0x26:0xffff:1290)\n"
+            "[   14.220150] NVRM: GPU 0000:3b:00.0: rm_init_adapter failed, device minor number 2\n")
+    assert read_log(init).name == "gpu_lost"
+    ecc = "[   13.900010] NVRM: Xid (PCI:0000:3b:00): 48, pid=1890, An uncorrectable double bit error (DBE) has been detected\n"
+    assert read_log(init + ecc).name == "gpu_ecc"
+
+
+def test_a_jobs_own_handler_of_its_schedulers_signal_is_a_termination():
+    lines = ("trainer INFO (2024-03-01 10:00:00,100) - Job has not timed out. Ran 42 minutes out of requested 240 minutes.\n"
+             "trainer WARNING (2024-03-01 10:00:00,101) - Caught signal SIGUSR1 on node17: this job is preempted.\n")
+    # the WARNING line after a long INFO line is a line of its own, not the INFO line's rest
+    assert read_log(lines).name == "job_terminated"
+    assert read_log("[rank: 0] Received SIGTERM: 15\nBypassing SIGTERM: 15\n").name == "job_terminated"
+
+
+def test_a_peer_closing_the_connection_is_the_network_only_on_nccls_own_line():
+    warn = "node2:511:602 [0] misc/socket.cc:49 NCCL WARN socketProgress: Connection closed by remote peer node1<41220>\n"
+    assert read_log(warn).name == "nccl_network"
+    # given as the reason of a collective's error, the peer went away
+    reason = ("[rank1]:[E1102 10:00:01.000 ProcessGroupNCCL.cpp:552] [Rank 1] Collective WorkNCCL(SeqNum=90, "
+              "OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) raised the following async exception: NCCL "
+              "error: unhandled system error\nncclSystemError: System call (e.g. socket, malloc) failed.\nLast error:\n"
+              "Net : Connection closed by remote peer node1<41220>\n")
+    assert read_log(reason).name == "peer_lost"
+
+
+def test_a_loggers_prefix_on_a_records_first_line_covers_the_record():
+    # c10's logger puts "[rank1]:" on the first line of a message only: NCCL's explanation under it is rank 1's
+    text = ("[rank1]:[E1102 10:00:01.000 ProcessGroupNCCL.cpp:552] [Rank 1] NCCL error in: ProcessGroupNCCL.cpp:1970, "
+            "invalid usage (run with NCCL_DEBUG=WARN for details), NCCL version 2.21.5\n"
+            "ncclInvalidUsage: This usually reflects invalid usage of NCCL library.\nLast error:\n"
+            "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1a000\n")
+    reading = read_log(text)
+    assert reading.name == "duplicate_gpu" and reading.rank == 1
+
+
+def cpp_stack(*symbols: str) -> str:
+    return "".join(f"frame #{k}: {s} + 0x{40 + k:x} (0x7f00{k:08x} in /opt/venv/lib/python3.11/site-packages/torch/lib/"
+                   f"libtorch_cuda.so)\n" for k, s in enumerate(symbols))
+
+
+def test_a_cpp_stack_is_read_by_the_function_that_raised():
+    stack = cpp_stack("c10::Error::Error(c10::SourceLocation, std::string)",
+                      "c10d::ProcessGroupNCCL::WorkNCCL::checkTimeout(std::optional<std::chrono::milliseconds>)",
+                      "c10d::ProcessGroupNCCL::watchdogHandler()", "<unknown function>")
+    assert read_log(stack).name == "collective_timeout"
+    # ... only when nothing says more
+    xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1890, GPU has fallen off the bus.\n"
+    assert read_log(stack + xid).name == "gpu_lost"
+    # a function that merely called the one that raised does not count
+    called = cpp_stack("c10::Error::Error(c10::SourceLocation, std::string)", "c10d::ProcessGroupNCCL::abort()",
+                       "c10d::ProcessGroupNCCL::WorkNCCL::checkTimeout(std::optional<std::chrono::milliseconds>)")
+    assert read_log(called).name is None
+
+
+def test_nccl_retrying_a_connection_is_the_network_only_when_it_never_got_past_it():
+    retry = "".join(f"node3:7001:7050 [0] NCCL INFO socketPollConnect: connect returned Connection timed out, retrying "
+                    f"({k}/34) after sleep for {k}00 msec\n" for k in range(1, 4))
+    assert read_log(retry).name == "nccl_network"
+    connected = retry + "node3:7001:7050 [0] NCCL INFO Connected all rings\nnode3:7001:7050 [0] NCCL INFO Init COMPLETE\n"
+    assert not read_log(connected).failed
+    # another process still retrying is its own
+    other = connected + "node4:8100:8120 [1] NCCL INFO Call to connect returned Connection refused, retrying\n"
+    assert read_log(other).name == "nccl_network"
+
+
 # -- what no class knows ----------------------------------------------------------------------------
 def test_an_unknown_text_says_it_is_unknown():
     text = tb("/home/u/train.py:50:main", "/opt/venv/lib/python3.11/site-packages/torch/cuda/__init__.py:300:_lazy_init",

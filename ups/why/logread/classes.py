@@ -172,7 +172,8 @@ CLASSES: tuple[LogClass, ...] = (
     LogClass("peer_lost", "this rank failed because another rank or process went away (or the network between them broke)",
              "another rank: the one that ended first is the cause, this one only saw it go",
              "the log of the rank that exited first (its exception, its exit code, the OOM killer)",
-             "fix what ended the other rank; if none ended, check the network between the nodes"),
+             "fix what ended the other rank; if none ended, check the network between the nodes",
+             refines=("nccl_system_error",)),
     LogClass("nccl_invalid_usage", "NCCL calls that are invalid or do not match between ranks (usage, configuration, or versions)",
              "the program or the environment: different NCCL builds or settings on the ranks, or an invalid call",
              "the NCCL version and NCCL_* environment on every node (NCCL_DEBUG=WARN prints the reason)",
@@ -349,9 +350,11 @@ SIGNS: tuple[Sign, ...] = (
     # peer_lost
     # A peer's socket gone is a distributed failure when gloo, c10d's store or NCCL says it; a
     # Python BrokenPipeError or an HTTP connection reset is not another rank.
+    # NCCL's "Net : Connection closed by remote peer" given as the reason of an error (its "Last
+    # error:") is the peer gone; NCCL's own WARN line of it is read as the network (below).
     _s("peer_lost", r"remote process exited or there was a network error|ncclRemoteError|"
-       r"(?:gloo|pair\.cc|c10d|TCPStore|Dist\w*Error|NCCL|sendBytes|recvBytes|Read error|Write error)[^\n]*"
-       r"(?:Connection (?:closed|reset) by peer|Broken pipe)|"
+       r"(?:gloo|pair\.cc|c10d|TCPStore|Dist\w*Error|NCCL|Net :|socket\w*:|sendBytes|recvBytes|Read error|Write error)[^\n]*"
+       r"(?:Connection (?:closed|reset) by (?:remote )?peer|Broken pipe)|"
        r"recvValue failed|failed to recv, got 0 bytes", SYMPTOM),
     # nccl_invalid_usage
     _s("nccl_invalid_usage", r"ncclInvalidUsage|\binvalid usage\b|NCCL version mismatch|"
@@ -362,9 +365,9 @@ SIGNS: tuple[Sign, ...] = (
     # nccl_network
     _s("nccl_network", r"NET/(?:IB|Socket|OFI|Plugin|GDR)\b[^\n]*(?:error|fail|with status|completion)|"
        r"Got completion from peer[^\n]*with (?:error|status)|\bsocket(?:Progress|StartConnect|PollConnect|"
-       r"FinalizeAccept|Connect|Accept|Wait)\b[^\n]*(?:fail|closed|refused|error|wrong|timed? ?out|abort)|"
+       r"FinalizeAccept|Connect|Accept|Wait)\b[^\n]*(?:fail|refused|error|wrong|timed? ?out|abort)|"
        r"Call to connect|Error encountered progressing operation=Connect|Failed to execute operation Connect|"
-       r"Connection closed by remote peer|no (?:socket )?interfaces? found|ibv_\w+ failed|IBV_WC_\w+ERR|"
+       r"NCCL WARN[^\n]*Connection closed by remote peer|no (?:socket )?interfaces? found|ibv_\w+ failed|IBV_WC_\w+ERR|"
        r"transport retry counter exceeded|NCCL WARN[^\n]*Connect(?:ion)? (?:to|refused|failed)"),
     # nccl_system_error
     _s("nccl_system_error", r"unhandled system error|ncclSystemError|NCCL Error 2\b", SYMPTOM),
@@ -395,10 +398,12 @@ SIGNS: tuple[Sign, ...] = (
     # oom_killed: the kernel, a scheduler or a worker's death say it (a cause) ...
     _s("oom_killed", r"Out of memory: Kill(?:ed)? process|Memory cgroup out of memory|invoked oom-killer|oom-kill|"
        r"OOMKilled|\boom_kill\b|killed by signal: Killed|task \d+: Out Of Memory|exceeded (?:job |step )?memory limit|"
-       r"Killed process \d+ \("),
+       r"Killed process \d+ \(|(?:killed|kill\w*) (?:due to|because of) (?:the node )?running low on memory"),
     # ... or only the exit code says it (how it ended)
     _s("oom_killed", _exit("-9", "137") + r"|Signal 9 \(SIGKILL\)|\bsignal 9\b|\bSIGKILL\b|"
        r"^Killed\s*$|\d+ Killed\s+\S|signal: killed\b|task \d+: Killed|"
+       # a shell's "Killed" in the user's language (glibc's strsignal: zh_CN, de, ru, ja, ko, fr)
+       r"^已杀死\s*$|\d+ 已杀死|^Getötet\s*$|\d+ Getötet\s|^Убито\s*$|^強制終了\s*$|^죽었음\s*$|^Processus arrêté\s*$|"
        r"^=+\s+EXIT CODE: (?:9|137)\s*$", KILLED),  # MPICH/Intel MPI's "BAD TERMINATION" box
     # shm_full
     # NCCL writes no file but its shared-memory segments: its "No space left" is /dev/shm's.
@@ -412,18 +417,22 @@ SIGNS: tuple[Sign, ...] = (
        in_frames=r"multiprocessing[/\\](?:synchronize|shared_memory|heap)\.py|torch[/\\]multiprocessing[/\\]"),
     _s("shm_full", _exit("-7", "135") + r"|Signal 7 \(SIGBUS\)|\bSIGBUS\b|^Bus error\b", KILLED),
     # cuda_illegal_memory_access
+    # ... also as CUDA's debuggers report it: cuda-gdb's exceptions ("CUDA Exception: Warp Illegal
+    # Address", CUDA_EXCEPTION_14) and compute-sanitizer's / cuda-memcheck's "Invalid __global__
+    # read of size 4 bytes".
     _s("cuda_illegal_memory_access", r"illegal memory access|cudaErrorIllegalAddress|CUDA_ERROR_ILLEGAL_ADDRESS|"
-       r"Cuda failure 700\b"),
+       r"Cuda failure 700\b|(?:Warp|Lane|Device) (?:Illegal|Out-of-range) Address|CUDA_EXCEPTION_(?:1|5|14)\b|"
+       r"Invalid __(?:global|shared|local)__ (?:read|write|atomic)"),
     # cuda_device_assert
     _s("cuda_device_assert", r"device-side assert(?:ion)? triggered|\.cu(?:h)?:\d+:[^\n]*Assertion `[^\n]*` failed|"
        r"block: \[[\d,]+\], thread: \[[\d,]+\] Assertion|cudaErrorAssert|CUDA_ERROR_ASSERT"),
     # cuda_no_kernel_image
     _s("cuda_no_kernel_image", r"no kernel image is available|cudaErrorNoKernelImageForDevice|"
        r"CUDA error: invalid device function|invalid value for --gpu-architecture"),
-    # torch's warning that this GPU is not in its build: a warning never decides; its text cut
-    # from its "UserWarning:" line is read, after any error that says more.
+    # torch's warning that this GPU is not in its build: read on the warning's message (its
+    # "UserWarning:" line or the line after), as a symptom: any error that says more decides.
     _s("cuda_no_kernel_image", r"with CUDA capability sm_\d+ is not compatible with the current PyTorch installation",
-       SYMPTOM),
+       SYMPTOM, on_warning=True),
     # cuda_driver_insufficient
     _s("cuda_driver_insufficient", r"driver version is insufficient|NVIDIA driver on your system is too old|"
        r"cudaErrorInsufficientDriver|CUDA_ERROR_INSUFFICIENT_DRIVER|unsupported display driver / cuda driver combination|"
@@ -434,6 +443,10 @@ SIGNS: tuple[Sign, ...] = (
     _s("gpu_lost", r"fallen off the bus|\bGPU is lost\b|GpuIsLost|NVML_ERROR_GPU_IS_LOST|NV_ERR_GPU_IS_LOST|"
        r"GPU lost from the bus|"
        r"Unable to determine the device handle for GPU|\bXid\b[^\n]*?:\s*79\b|\bXid[ :]+79\b"),
+    # The driver could not bring a GPU up (NVRM's "RmInitAdapter failed", "Cannot attach gpu"):
+    # the GPU is gone for the driver, whatever put it there (an ECC or an Xid said beside it
+    # says more).
+    _s("gpu_lost", r"RmInitAdapter failed|rm_init_adapter failed|Cannot attach gpu", SYMPTOM),
     # gpu_ecc
     _s("gpu_ecc", r"uncorrectable ECC error|ECC error encountered|cudaErrorECCUncorrectable|CUDA_ERROR_ECC_UNCORRECTABLE|"
        r"row remap(?:ping)? fail|double bit ECC|\bXid\b[^\n]*?:\s*(?:" + "|".join(map(str, _ECC_XIDS)) + r")\b|"
@@ -470,7 +483,8 @@ SIGNS: tuple[Sign, ...] = (
     _s("too_many_open_files", r"Too many open files|\bEMFILE\b|\[Errno 24\]|items of ancdata"),
     # segfault: a crash report is the cause; an exit code or an abort after a C++ exception is
     # only how the process ended.
-    _s("segfault", r"Segmentation fault|segmentation fault encountered in worker|killed by signal: Segmentation|"
+    _s("segfault", r"Segmentation fault|段错误|Speicherzugriffsfehler|Erreur de segmentation|Ошибка сегментирования|"
+       r"セグメンテーション違反|Violación de segmento|segmentation fault encountered in worker|killed by signal: Segmentation|"
        r"Fatal Python error: Segmentation|\bSIGSEGV\b received|double free or corruption|"
        r"free\(\): invalid|malloc\(\): corrupted|corrupted size vs\. prev_size"),
     _s("segfault", _exit("-11", "139") + r"|Signal 11 \(SIGSEGV\)|\bSIGSEGV\b", KILLED),
@@ -480,7 +494,10 @@ SIGNS: tuple[Sign, ...] = (
     _s("job_terminated", r"CANCELLED AT \S+ DUE TO|STEPD TERMINATED ON|Received (?:\d+|Signals\.\w+|SIG\w+) death signal|"
        r"got signal: (?:15|1|2|Signals\.SIG(?:TERM|HUP|INT))\b|DUE TO PREEMPTION|\bwas preempted\b|preemption notice|"
        r"Force Terminated job|spot (?:instance )?interruption|Received SIGTERM|"
-       r"Job deleted at request of \S+|\bjob preempted\b", on_warning=True),  # PBS/Torque's notice
+       r"Job deleted at request of \S+|\bjob preempted\b|"  # PBS/Torque's notice
+       # a job's own handler for its scheduler's signal (submitit, Lightning's SLURM plugin)
+       r"\b(?:is|was|been|being|got) preempted\b|\bpreempted by (?:the )?(?:scheduler|slurm|a higher)|"
+       r"(?:caught|received|handling) (?:the )?signal:? SIG(?:TERM|HUP|USR1|USR2|INT)\b", on_warning=True),
     _s("job_terminated", _exit("-15", "143") + r"|Signal 15 \(SIGTERM\)|^Terminated\s*$|tasks? [\d,-]+: Terminated|"
        r"srun: Job step aborted|CANCELLED AT \S+", EXIT),
 )
@@ -505,6 +522,25 @@ FRAME_SIGNS: tuple[FrameSign, ...] = (
     FrameSign("checkpoint_cuda_on_cpu", re.compile(r"torch[/\\]serialization\.py$"),
               re.compile(r"^(?:validate_cuda_device|_cuda_deserialize|default_restore_location)$")),
 )
+
+
+# A C++ exception's stack (c10's "frame #N: symbol + 0x..." dump, under a message a paste may
+# have cut) is read by the function that raised it: the first frame past c10's error
+# constructors. Weak (``EXIT``), like a cut Python traceback.
+CPP_FRAME_SIGNS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("collective_timeout", re.compile(r"ProcessGroupNCCL::WorkNCCL::checkTimeout\b")),
+    ("nccl_heartbeat", re.compile(r"ProcessGroupNCCL::(?:HeartbeatMonitor::runLoop|heartbeatMonitor)\b")),
+)
+# NCCL's notice that it retries a connection (INFO: "Call to connect returned Connection
+# refused, retrying", "socketPollConnect: connect returned No route to host, retrying (3/34)"):
+# the network, when the process never got past it (no other NCCL line of it follows).
+NCCL_RETRY = re.compile(r"\bconnect returned [^,\n]+, retrying", re.I)
+NCCL_RETRY_CLASS = "nccl_network"
+
+
+def cpp_frame_class(symbol: str) -> str | None:
+    """The class a C++ frame's function shows (the function that raised), if any."""
+    return next((cls for cls, pattern in CPP_FRAME_SIGNS if pattern.search(symbol)), None)
 
 
 def frame_class(frames: list[tuple[str, int, str | None]]) -> FrameSign | None:

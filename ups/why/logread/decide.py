@@ -167,7 +167,7 @@ def decide(events: list[Event]) -> Reading:
         if ev.superseded:
             continue
         if ev.kind == "code":
-            cls = NCCL_CODES.get(ev.code or 0)
+            cls = ev.shows or NCCL_CODES.get(ev.code or 0)
             if cls:
                 classed.append(Candidate(EXIT, ev, BY_NAME[cls]))
             continue

@@ -2,9 +2,12 @@
 logger's level) and what role it plays. Roles:
 
 * ``context``: never decides anything. INFO and DEBUG lines (NCCL's ``NCCL INFO`` dumps,
-  which print "cannot open shared object file" in healthy runs), WARNING lines, Python
-  warnings and the lines they carry, boilerplate footers (CUDA's "Compile with
-  `TORCH_USE_CUDA_DSA`", "CUDA_LAUNCH_BLOCKING=1"), banners, progress bars, C++ frame dumps;
+  which print "cannot open shared object file" in healthy runs), the lines a Python warning
+  carries after its message, boilerplate footers (CUDA's "Compile with `TORCH_USE_CUDA_DSA`",
+  "CUDA_LAUNCH_BLOCKING=1"), banners, progress bars, C++ frame dumps;
+* ``warning``: a WARNING line, a Python warning's message (on its ``UserWarning:`` line or the
+  line after an empty one), an error the program says it caught: read only by the signs a
+  warning may show;
 * ``frame`` and ``source``: a Python traceback's ``File "...", line N`` and the code under it;
 * ``header`` (``Traceback (most recent call last):``) and ``chain`` (``During handling of the
   above exception`` / ``The above exception was the direct cause``);
@@ -77,7 +80,10 @@ FOOTERS = re.compile(
     r"|\(?run with NCCL_DEBUG=(?:INFO|WARN) for details\)?"
     r"|Details are lost due to multiprocessing\.\s*Rerunning with num_workers=0 may give better error trace\.?"
     r"|To enable traceback see: \S+"
-    r"|See inner exception for details\.?",
+    r"|See inner exception for details\.?"
+    # A list of what *might* have happened ("There are some potential root causes. (1) ... OOM
+    # killer (2) ... SIGSEGV") is a hint, not a report: its words say nothing happened.
+    r"|\b(?:There (?:are|is) (?:some |several |a few )?)?(?:potential|possible|probable) (?:root )?(?:causes?|reasons?)\b.*",
     re.I,
 )
 # Whole lines that are boilerplate whatever their level.
@@ -98,6 +104,11 @@ _BOILERPLATE = re.compile(
     r"|^Exception \(either an error or timeout\) detected by watchdog",
     re.I,
 )
+# A Python warning's category and message ("x.py:146: UserWarning: <message>"); the message may
+# be on the next line (torch's warnings start with a newline).
+_PY_WARNING = re.compile(r"(?:^|[\s:(\]])[A-Z]\w*Warning:\s*(?P<msg>.*)$")
+# A whole line in a paste's Markdown emphasis ("**Killed**", "`Segmentation fault`").
+_EMPHASIS = re.compile(r"^(\*\*|__|`)(?P<said>[^*_`].*?)\1$")
 _WARNING_LINE = re.compile(r"(?:^|[\s:(\]])(?:[A-Z]\w*)?Warning:|\bwarning:|^\s*warnings?\.warn\(|^\s*_?warn(?:ings\.warn)?\(")
 _EXCEPTION_LIKE = re.compile(r"^[\w.]*(?:Error|Exception)\b:?")
 # An error right under a warning is not the warning's message.
@@ -268,6 +279,9 @@ def read_lines(text: str) -> list[Line]:
         raw = raw.rstrip()
         body, rank, ts = _strip_prefixes(raw.strip())
         stream = f"rank{rank}" if rank is not None else ""
+        emphasis = _EMPHASIS.match(body)
+        if emphasis:
+            body = emphasis.group("said").strip()
         bar = _PROGRESS.match(body)
         if bar and not HEADER.search(body[: bar.end()]):
             body = body[bar.end():].lstrip(" |")  # an error printed right after a progress bar
@@ -284,11 +298,14 @@ def read_lines(text: str) -> list[Line]:
 def _rest_of_quiet_line(prev: Line, raw: str) -> bool:
     """``raw`` is the rest of an INFO line a terminal wrapped (too few lines of one width to
     tell the paste's width): the INFO line is long and stops on a character, and ``raw`` goes
-    on lowercase or with punctuation, with nothing that starts a line of its own."""
+    on lowercase or with punctuation, with nothing that starts a line of its own: not a level
+    word of its own ("submitit WARNING (...) - ..."), nor the first word the INFO line starts
+    with (a logger's name: its next line)."""
     quiet = prev.nccl in ("INFO", "TRACE") or (prev.nccl is None and prev.level in QUIET_LEVELS)
     return (quiet and prev.role == "context" and len(prev.raw) >= WRAP_WIDTH and prev.raw[-1:].strip() != ""
             and raw[:1].strip() != "" and not raw[:1].isupper() and not raw[:1].isdigit()
-            and not _OWN_WORDS.match(raw) and not _starts_a_line(raw))
+            and not _OWN_WORDS.match(raw) and not _starts_a_line(raw) and _LEVEL.match(raw) is None
+            and raw.split(None, 1)[0] != prev.raw.split(None, 1)[0])
 
 
 # Lines that start lowercase and still stand alone: NCCL's error names, a C++ exception's what().
@@ -303,11 +320,13 @@ class _Roles:
         self.in_warning = False  # the lines a Python warning carries (its message, `warnings.warn(`)
         self.after_frame = False  # the next line is the frame's source code
         self.ipython = False
+        self.message_next = False  # a Python warning's header had no message: the next line is it
 
     def of(self, body: str, level: str | None, nccl: str | None) -> tuple[str, str]:
         if not body:
-            self.in_warning = self.after_frame = False
+            self.in_warning = self.after_frame = self.message_next = False
             return "blank", ""
+        message_next, self.message_next = self.message_next, False
         if HEADER.search(body):
             self.in_warning = self.after_frame = False
             self.ipython = bool(re.match(r"\S+\s{3,}Traceback", body))
@@ -328,8 +347,17 @@ class _Roles:
             return "context", body
         if "arn" in body and _WARNING_LINE.search(body) and not _EXCEPTION_LIKE.match(body):
             self.in_warning = True
-            return "context", body
+            # A Python warning's message is a notice: read, like a WARNING line, only by the
+            # signs that a warning may show (:class:`ups.why.logread.classes.Sign`'s on_warning).
+            m = _PY_WARNING.search(body)
+            if m is None:
+                return "context", body
+            said = FOOTERS.sub("", m.group("msg")).strip()
+            self.message_next = not said
+            return ("warning", said) if said else ("context", body)
         if self.in_warning and not _looks_like_statement(body) and not _ERROR_WORDS.search(body):
+            if message_next:
+                return "warning", FOOTERS.sub("", body).strip()
             return "context", body
         self.in_warning = False
         said = FOOTERS.sub("", body).strip()
