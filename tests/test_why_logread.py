@@ -269,6 +269,19 @@ TEMPLATES = [
     ("job_terminated", "Job deleted at request of root@headnode.local"),
     ("oom_killed", "=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES\n=   PID 4211 RUNNING AT node3\n=   EXIT CODE: 9\n"
                    "=   CLEANING UP REMAINING PROCESSES"),
+    # the accelerator's memory, as other runtimes and devices say it
+    ("cuda_oom", "tensorflow.python.framework.errors_impl.ResourceExhaustedError: OOM when allocating tensor with "
+                 "shape[64,512,512] and type float on /job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc"),
+    ("cuda_oom", "RuntimeError: NPU out of memory. Tried to allocate 2.00 GiB (NPU 0; 60.97 GiB total capacity)"),
+    # shells and launchers saying how a process ended
+    ("oom_killed", "zsh: killed     python train.py --batch-size 64"),
+    ("segfault", "mpirun noticed that process rank 3 with PID 4412 on node n07 exited on signal 11."),
+    ("job_terminated", "subprocess.CalledProcessError: Command '['/usr/bin/python', 'train.py']' died with "
+                       "<Signals.SIGTERM: 15>."),
+    # schedulers' time limits
+    ("job_terminated", "=>> PBS: job killed: walltime 86410 exceeded limit 86400"),
+    ("job_terminated", "TERM_RUNLIMIT: job killed after reaching LSF run time limit."),
+    ("disk_full", "OSError: [WinError 112] There is not enough space on the disk"),
 ]
 
 

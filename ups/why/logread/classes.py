@@ -390,7 +390,9 @@ SIGNS: tuple[Sign, ...] = (
     _s("cuda_oom", r"CUDA out of memory|CUDA error: out of memory|(?:cuda|torch)\.OutOfMemoryError|"
        r"CUBLAS_STATUS_ALLOC_FAILED|Cuda failure '?out of memory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation|"
        r"THCudaCheck FAIL[^\n]*out of memory|HIP out of memory|MPS backend out of memory|Tried to allocate [\d.]+ [KMGT]i?B \(GPU \d|CUDNN_STATUS_ALLOC_FAILED|"
-       r"cuda runtime error \(2\)|\bcuda\w*\b[^\n]{0,40}?\bout of memory|\bGPU\b[^\n]{0,20}?\bout of memory"),
+       r"cuda runtime error \(2\)|\bcuda\w*\b[^\n]{0,40}?\bout of memory|\b[GNXH]PU\b[^\n]{0,20}?\bout of memory|"
+       # the accelerator's memory as other runtimes say it (TensorFlow, XLA / torch_xla)
+       r"OOM when allocating tensor|RESOURCE_EXHAUSTED: Out of memory|Ran out of memory in memory space hbm"),
     # host_oom
     _s("host_oom", r"DefaultCPUAllocator|can't allocate memory|Cannot allocate memory|not enough memory: you tried|"
        r"Unable to allocate [\d.]+ [KMGTP]?i?B for an array|_ArrayMemoryError|std::bad_alloc|\[Errno 12\]|"
@@ -401,7 +403,7 @@ SIGNS: tuple[Sign, ...] = (
        r"Killed process \d+ \(|(?:killed|kill\w*) (?:due to|because of) (?:the node )?running low on memory"),
     # ... or only the exit code says it (how it ended)
     _s("oom_killed", _exit("-9", "137") + r"|Signal 9 \(SIGKILL\)|\bsignal 9\b|\bSIGKILL\b|"
-       r"^Killed\s*$|\d+ Killed\s+\S|signal: killed\b|task \d+: Killed|"
+       r"^Killed\s*$|\d+ Killed\s+\S|signal: killed\b|task \d+: Killed|^zsh: killed\b|"
        # a shell's "Killed" in the user's language (glibc's strsignal: zh_CN, de, ru, ja, ko, fr)
        r"^已杀死\s*$|\d+ 已杀死|^Getötet\s*$|\d+ Getötet\s|^Убито\s*$|^強制終了\s*$|^죽었음\s*$|^Processus arrêté\s*$|"
        r"^=+\s+EXIT CODE: (?:9|137)\s*$", KILLED),  # MPICH/Intel MPI's "BAD TERMINATION" box
@@ -455,7 +457,7 @@ SIGNS: tuple[Sign, ...] = (
     # shows as Xid 13/31/43): a symptom beside a CUDA error.
     _s("gpu_xid", r"NVRM: Xid|\bXid \(PCI:|\bXid[ :]+\d+\b|NVRM:[^\n]*(?:GSP|heartbeat)[^\n]*timed out", SYMPTOM),
     # disk_full
-    _s("disk_full", r"No space left on device|\bENOSPC\b|\[Errno 28\]|PytorchStreamWriter failed writing|file write failed|"
+    _s("disk_full", r"No space left on device|There is not enough space on the disk|\bENOSPC\b|\[Errno 28\]|PytorchStreamWriter failed writing|file write failed|"
        r"unexpected pos \d+ vs \d+|Cannot write: No space|database or disk is full"),
     # disk_quota
     _s("disk_quota", r"Disk quota exceeded|\bEDQUOT\b|\[Errno 122\]"),
@@ -487,7 +489,7 @@ SIGNS: tuple[Sign, ...] = (
        r"セグメンテーション違反|Violación de segmento|segmentation fault encountered in worker|killed by signal: Segmentation|"
        r"Fatal Python error: Segmentation|\bSIGSEGV\b received|double free or corruption|"
        r"free\(\): invalid|malloc\(\): corrupted|corrupted size vs\. prev_size"),
-    _s("segfault", _exit("-11", "139") + r"|Signal 11 \(SIGSEGV\)|\bSIGSEGV\b", KILLED),
+    _s("segfault", _exit("-11", "139") + r"|Signal 11 \(SIGSEGV\)|\bSIGSEGV\b|\bsignal 11\b", KILLED),
     _s("segfault", _exit("-6", "134") + r"|Signal 6 \(SIGABRT\)|\bSIGABRT\b|^Aborted\b|killed by signal: Aborted|"
        r"Fatal Python error: Aborted", EXIT),
     # job_terminated
@@ -495,11 +497,14 @@ SIGNS: tuple[Sign, ...] = (
        r"got signal: (?:15|1|2|Signals\.SIG(?:TERM|HUP|INT))\b|DUE TO PREEMPTION|\bwas preempted\b|preemption notice|"
        r"Force Terminated job|spot (?:instance )?interruption|Received SIGTERM|"
        r"Job deleted at request of \S+|\bjob preempted\b|"  # PBS/Torque's notice
+       # a scheduler's time limit as PBS and LSF word it
+       r"job killed: walltime \S+ exceeded limit|TERM_(?:RUNLIMIT|PREEMPT|OWNER|FORCE_OWNER|REQUEUE_\w+)\b|"
+       r"job killed after reaching LSF run time limit|"
        # a job's own handler for its scheduler's signal (submitit, Lightning's SLURM plugin)
        r"\b(?:is|was|been|being|got) preempted\b|\bpreempted by (?:the )?(?:scheduler|slurm|a higher)|"
        r"(?:caught|received|handling) (?:the )?signal:? SIG(?:TERM|HUP|USR1|USR2|INT)\b", on_warning=True),
     _s("job_terminated", _exit("-15", "143") + r"|Signal 15 \(SIGTERM\)|^Terminated\s*$|tasks? [\d,-]+: Terminated|"
-       r"srun: Job step aborted|CANCELLED AT \S+", EXIT),
+       r"srun: Job step aborted|CANCELLED AT \S+|<Signals\.SIGTERM: 15>", EXIT),
 )
 
 
