@@ -407,6 +407,10 @@ def test_a_cpp_stack_is_read_by_the_function_that_raised():
     called = cpp_stack("c10::Error::Error(c10::SourceLocation, std::string)", "c10d::ProcessGroupNCCL::abort()",
                        "c10d::ProcessGroupNCCL::WorkNCCL::checkTimeout(std::optional<std::chrono::milliseconds>)")
     assert read_log(called).name is None
+    alloc = cpp_stack("c10::Error::Error(c10::SourceLocation, std::string)", "c10::detail::torchCheckFail(char const*)",
+                      "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(signed char, unsigned long, "
+                      "CUstream_st*)", "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::malloc(void**)")
+    assert read_log(alloc).name == "cuda_oom"
 
 
 def test_nccl_retrying_a_connection_is_the_network_only_when_it_never_got_past_it():
@@ -438,6 +442,20 @@ def test_the_programs_own_error_is_your_code_raised():
     assert reading.kind == "user_code" and reading.cls is None
     assert reading.summary == "your code raised ValueError at model.py:12"
     assert "model.py:12" in reading.fix
+
+
+def test_a_message_whose_exception_line_was_cut_is_that_exception():
+    # load_state_dict's RuntimeError goes on over many lines; a paste may keep only those
+    body = ("\tsize mismatch for head.fc.weight: copying a param with shape torch.Size([10, 512]) from checkpoint, the shape "
+            "in current model is torch.Size([100, 512]).\n\tsize mismatch for head.fc.bias: copying a param with shape "
+            "torch.Size([10]) from checkpoint, the shape in current model is torch.Size([100]).\n")
+    reading = read_log(body)
+    assert reading.kind == "user_code" and reading.exception == "RuntimeError"
+    keys = read_log('\tMissing key(s) in state_dict: "encoder.layer.0.weight", "encoder.layer.0.bias".\n')
+    assert keys.kind == "user_code" and keys.exception == "RuntimeError"
+    # ... and with its exception line it is read as before
+    whole = read_log("RuntimeError: Error(s) in loading state_dict for Net:\n" + body)
+    assert whole.kind == "user_code" and whole.line.startswith("RuntimeError: Error(s)")
 
 
 def test_a_workers_error_whose_traceback_is_cut_is_the_one_its_wrapper_names():

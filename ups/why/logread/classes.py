@@ -535,6 +535,8 @@ FRAME_SIGNS: tuple[FrameSign, ...] = (
 CPP_FRAME_SIGNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("collective_timeout", re.compile(r"ProcessGroupNCCL::WorkNCCL::checkTimeout\b")),
     ("nccl_heartbeat", re.compile(r"ProcessGroupNCCL::(?:HeartbeatMonitor::runLoop|heartbeatMonitor)\b")),
+    ("cuda_oom", re.compile(r"DeviceCachingAllocator::malloc\b")),  # the caching allocator found no block
+    ("rendezvous_timeout", re.compile(r"c10d::TCPStore::doWait\b")),  # a key the store never got
 )
 # NCCL's notice that it retries a connection (INFO: "Call to connect returned Connection
 # refused, retrying", "socketPollConnect: connect returned No route to host, retrying (3/34)"):

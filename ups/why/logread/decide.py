@@ -45,7 +45,7 @@ USER_TYPES = frozenset((
     "JSONDecodeError", "UnicodeDecodeError", "UnicodeEncodeError", "SyntaxError", "IndentationError",
 ))
 USER_MESSAGES = re.compile(
-    r"shapes cannot be multiplied|size mismatch|Error\(s\) in loading state_dict|Expected all tensors to be on the same "
+    r"shapes cannot be multiplied|size mismatch|Error\(s\) in loading state_dict|(?:Missing|Unexpected) key\(s\) in state_dict|Expected all tensors to be on the same "
     r"device|does not require grad|Expected object of scalar type|expected scalar type|The size of tensor a|"
     r"shape '\[[^\]]*\]' is invalid for input of size|Given groups=|Sizes of tensors must match|modified by an inplace "
     r"operation|backward through the graph a second time|Input type .* and weight type .* should be the same|"

@@ -156,6 +156,8 @@ def parse(lines: list[Line]) -> list[Event]:
             event = _statement(lines, i, consumed)
             if event is None:
                 continue
+            if event.kind == "line" and stream not in last_exception:
+                event = _headless(event) or event
             if event.kind == "exception" or event.etype == "ChildFailedError":  # its traceback ends here
                 event.frames = frames.pop(stream, [])
                 opened.pop(stream, None)
@@ -167,6 +169,21 @@ def parse(lines: list[Line]) -> list[Event]:
     _link_wrappers(events)
     _drop_passed_retries(lines, retries)
     return events
+
+
+# The lines an exception's message goes on with, whose exception is known by them when a paste
+# cut its first line: load_state_dict's RuntimeError ("Error(s) in loading state_dict for X:").
+HEADLESS = (
+    ("RuntimeError", re.compile(r"^(?:size mismatch for [\w.]+: copying a param with shape|"
+                                r"(?:Missing|Unexpected) key\(s\) in state_dict: )")),
+)
+
+
+def _headless(event: Event) -> Event | None:
+    """The exception whose message ``event``'s line goes on with, when the paste cut its first
+    line (no exception came before it in its stream)."""
+    etype = next((t for t, pattern in HEADLESS if pattern.match(event.head.body)), None)
+    return Event("exception", event.lines, etype=etype, rank=event.rank) if etype else None
 
 
 _CPP_FRAME = re.compile(r"^frame #(?P<k>\d+): (?P<sym>.+?)(?: \+ 0x[0-9a-f]+)?(?: \(|$)")
