@@ -232,6 +232,25 @@ def test_the_rest_of_a_wrapped_info_line_is_still_context():
     assert read_log(after).name == "nccl_system_error"
 
 
+def test_a_coloured_loggers_escape_sequences_are_not_read():
+    text = ("\x1b[1;31mncclInvalidUsage\x1b[0m: This usually reflects invalid usage of NCCL library.\n"
+            "\x1b[31mLast error:\x1b[0m\n\x1b[31mDuplicate GPU detected : rank 1 and rank 0 both on CUDA device 1a000\x1b[0m\n")
+    assert read_log(text).name == "duplicate_gpu"
+    assert read_log("\x1b[31mOSError: [Errno 24] Too many open files\x1b[0m\n").name == "too_many_open_files"
+
+
+@pytest.mark.parametrize("label", ["stderr: ", "trainer-1  | ", "trainer_1  | ", "[pod/trainer-0/main] "])
+def test_a_capture_tools_label_on_every_line_is_a_prefix(label: str):
+    # a subprocess capture's stream, docker compose's service, kubectl --prefix's pod
+    text = tb("/home/u/train.py:12:main", "/home/u/data.py:40:load", error="ValueError: bad split 'tes'")
+    reading = read_log("".join(label + line + "\n" for line in text.splitlines()))
+    assert reading.kind == "user_code" and reading.site == "data.py:40"
+    nccl = ("torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, invalid usage, NCCL version "
+            "2.20.5\nncclInvalidUsage: This usually reflects invalid usage of NCCL library.\nLast error:\n"
+            "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1a000\n")
+    assert read_log("".join(label + line + "\n" for line in nccl.splitlines())).name == "duplicate_gpu"
+
+
 def test_a_launchers_host_label_is_a_prefix_only_before_another():
     # pdsh / DeepSpeed's launcher label each line with its host; NCCL's own prefix follows.
     trace = "".join(f"worker-1: worker-1:10793:11394 [1] NCCL INFO {site} -> 2\n"

@@ -41,7 +41,9 @@ _OTHER_PREFIXES = (
     # a timestamp, a traceback), never before words ("Error: ...").
     re.compile(r"[A-Za-z][\w.-]*: (?=\S+:\d+:\d+ \[\d+\] |\[rank\d+\]|\[default\d+\]|\[\d{4}-\d\d-\d\d|"
                r"\d{4}-\d\d-\d\d[ T]|Traceback \(|\s*File \")"),
-    re.compile(r"\[(?:stderr|stdout)\]\s?"),
+    re.compile(r"\[(?:stderr|stdout)\]\s?|(?:stderr|stdout|STDERR|STDOUT):\s?"),
+    # docker compose's service label ("trainer-1  | ", v1's "trainer_1  | "), kubectl --prefix's
+    re.compile(r"[\w.-]+[-_]\d+\s+\|\s?|\[pod/[^\]\s]+\]\s?"),
     re.compile(r">{1,3}\s"),  # a quote in a pasted report, an interpreter's prompt
     re.compile(r"E {2,}(?=\S)"),  # pytest's failure lines
     re.compile(r"\[\d{1,7}\]\s"),  # a line or process number
@@ -202,6 +204,8 @@ def _level(body: str) -> tuple[str | None, str | None, str | None, str]:
     return None, None, None, body
 
 
+# A terminal's escape sequences (colours, titles): a log written by a coloured logger has them.
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]")
 _NCCL_PREFIX = re.compile(r"\S+:\d+:\d+ \[\d+\] ")
 WRAP_WIDTH = 60  # narrower lines of one length are too common to be read as a wrap
 
@@ -275,6 +279,7 @@ def read_lines(text: str) -> list[Line]:
     end lines too; a hard-wrapped line is one line (:func:`unwrap`), numbered by its first."""
     roles = _Roles()
     out: list[Line] = []
+    text = _ANSI.sub("", text) if "\x1b" in text else text
     for n, raw in unwrap(re.split(r"\r\n|\r|\n", text)):
         raw = raw.rstrip()
         body, rank, ts = _strip_prefixes(raw.strip())
