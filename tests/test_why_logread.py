@@ -301,6 +301,14 @@ TEMPLATES = [
     ("job_terminated", "=>> PBS: job killed: walltime 86410 exceeded limit 86400"),
     ("job_terminated", "TERM_RUNLIMIT: job killed after reaching LSF run time limit."),
     ("disk_full", "OSError: [WinError 112] There is not enough space on the disk"),
+    # Windows' words for host memory and a crash
+    ("host_oom", "OSError: [WinError 1455] The paging file is too small for this operation to complete. Error loading "
+                 "\"C:\\venv\\lib\\site-packages\\torch\\lib\\cudnn_cnn_infer64_8.dll\" or one of its dependencies."),
+    ("segfault", "Windows fatal exception: access violation\n\nCurrent thread 0x00001a2c (most recent call first):"),
+    ("segfault", "Process finished with exit code -1073741819 (0xC0000005)"),
+    # torch's shared tensors live in /dev/shm, whatever the call that failed on them
+    ("shm_full", "RuntimeError: unable to open shared memory object </torch_4120_2871823_3> in read-write mode: No space "
+                 "left on device (28)"),
 ]
 
 
@@ -475,6 +483,14 @@ def test_a_message_whose_exception_line_was_cut_is_that_exception():
     # ... and with its exception line it is read as before
     whole = read_log("RuntimeError: Error(s) in loading state_dict for Net:\n" + body)
     assert whole.kind == "user_code" and whole.line.startswith("RuntimeError: Error(s)")
+
+
+def test_misusing_distributed_data_parallel_is_the_programs_own_error():
+    said = ("RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one. This "
+            "error indicates that your module has parameters that were not used in producing loss.")
+    reading = read_log(tb("/home/u/train.py:88:main", "/opt/venv/lib/python3.11/site-packages/torch/nn/parallel/"
+                          "distributed.py:1139:forward", error=said))
+    assert reading.kind == "user_code" and reading.exception == "RuntimeError"
 
 
 def test_a_workers_error_whose_traceback_is_cut_is_the_one_its_wrapper_names():

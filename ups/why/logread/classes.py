@@ -396,7 +396,9 @@ SIGNS: tuple[Sign, ...] = (
     # host_oom
     _s("host_oom", r"DefaultCPUAllocator|can't allocate memory|Cannot allocate memory|not enough memory: you tried|"
        r"Unable to allocate [\d.]+ [KMGTP]?i?B for an array|_ArrayMemoryError|std::bad_alloc|\[Errno 12\]|"
-       r"^(?:[\w.]+\.)?MemoryError\b|\bENOMEM\b|Buy new RAM"),
+       r"^(?:[\w.]+\.)?MemoryError\b|\bENOMEM\b|Buy new RAM|"
+       # Windows: the page file (the commit limit) cannot back the allocation
+       r"The paging file is too small for this operation|WinError 1455\b"),
     # oom_killed: the kernel, a scheduler or a worker's death say it (a cause) ...
     _s("oom_killed", r"Out of memory: Kill(?:ed)? process|Memory cgroup out of memory|invoked oom-killer|oom-kill|"
        r"OOMKilled|\boom_kill\b|killed by signal: Killed|task \d+: Out Of Memory|exceeded (?:job |step )?memory limit|"
@@ -412,7 +414,9 @@ SIGNS: tuple[Sign, ...] = (
     _s("shm_full", r"NCCL WARN[^\n]*No space left on device|/dev/shm\b[^\n]*(?:No space left|failed|error)|No space left[^\n]*/dev/shm|"
        r"unable to write to file </torch_|unable to allocate shared memory|unable to mmap \d+ bytes from file </torch_|killed by signal: Bus error|"
        r"bus error encountered in worker|insufficient shared memory|shared memory segment[^\n]*No space left|"
-       r"Error while creating shared memory segment"),
+       r"Error while creating shared memory segment|"
+       # torch's shared tensors are files in /dev/shm ("</torch_1234_5678_0>"), whatever verb failed on them
+       r"</torch_[\w-]*>[^\n]*(?:No space left|\(28\)|errno:? 28)"),
     # Where the error was raised says which device is full: POSIX semaphores and shared memory
     # segments (multiprocessing's Lock, SharedMemory; torch's shared tensors) live in /dev/shm.
     _s("shm_full", r"No space left on device|\bENOSPC\b|\[Errno 28\]",
@@ -488,8 +492,11 @@ SIGNS: tuple[Sign, ...] = (
     _s("segfault", r"Segmentation fault|段错误|Speicherzugriffsfehler|Erreur de segmentation|Ошибка сегментирования|"
        r"セグメンテーション違反|Violación de segmento|segmentation fault encountered in worker|killed by signal: Segmentation|"
        r"Fatal Python error: Segmentation|\bSIGSEGV\b received|double free or corruption|"
-       r"free\(\): invalid|malloc\(\): corrupted|corrupted size vs\. prev_size"),
-    _s("segfault", _exit("-11", "139") + r"|Signal 11 \(SIGSEGV\)|\bSIGSEGV\b|\bsignal 11\b", KILLED),
+       r"free\(\): invalid|malloc\(\): corrupted|corrupted size vs\. prev_size|"
+       # Windows' access violation (faulthandler's report of it)
+       r"Windows fatal exception: access violation"),
+    _s("segfault", _exit("-11", "139", "-1073741819", "3221225477") + r"|Signal 11 \(SIGSEGV\)|\bSIGSEGV\b|\bsignal 11\b|"
+       r"\b0xC0000005\b", KILLED),  # Windows' exit status of an access violation
     _s("segfault", _exit("-6", "134") + r"|Signal 6 \(SIGABRT\)|\bSIGABRT\b|^Aborted\b|killed by signal: Aborted|"
        r"Fatal Python error: Aborted", EXIT),
     # job_terminated

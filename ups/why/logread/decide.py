@@ -50,7 +50,9 @@ USER_MESSAGES = re.compile(
     r"shape '\[[^\]]*\]' is invalid for input of size|Given groups=|Sizes of tensors must match|modified by an inplace "
     r"operation|backward through the graph a second time|Input type .* and weight type .* should be the same|"
     r"Expected \d+D|must match the size of tensor|Expected input batch_size|expected input\[|"
-    r"Found dtype \w+ but expected \w+", re.I)
+    r"Found dtype \w+ but expected \w+|"
+    # DistributedDataParallel's checks of the program's use of it (unused parameters, reentrant backward)
+    r"Expected to have finished reduction in the prior iteration|Expected to mark a variable ready only once", re.I)
 # A shell tool's complaint in a job script ("rm: cannot remove 'x': No such file or directory"):
 # scripts go on after them, so they explain a failure only when nothing else does.
 SHELL_TOOL = re.compile(r"^(?:/(?:usr/)?bin/)?(?:rm|ls|cp|mv|mkdir|rmdir|cat|ln|chmod|chown|find|du|df|tar|touch|tee|"
