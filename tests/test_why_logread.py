@@ -251,6 +251,38 @@ def test_a_capture_tools_label_on_every_line_is_a_prefix(label: str):
     assert read_log("".join(label + line + "\n" for line in nccl.splitlines())).name == "duplicate_gpu"
 
 
+RICH = """╭─────────────────────────── Traceback (most recent call last) ────────────────────────────╮
+│ /home/u/train.py:42 in main                                                                │
+│                                                                                            │
+│   40 │   │   if os.statvfs(out).f_bavail == 0:                                               │
+│   41 │   │   │   raise OSError("No space left on device")                                    │
+│ ❱ 42 │   │   loss = model(batch)                                                           │
+│                                                                                            │
+│ /opt/venv/lib/python3.11/site-packages/torch/nn/modules/module.py:1511 in _call_impl       │
+╰────────────────────────────────────────────────────────────────────────────────────────────╯
+{error}
+"""
+
+
+def test_richs_boxed_traceback_is_frames_and_code():
+    # the box's lines are frames and their code: words in the code decide nothing
+    own = read_log(RICH.format(error="KeyError: 'label'"))
+    assert own.kind == "user_code" and own.exception == "KeyError" and own.site == "train.py:42"
+    oom = read_log(RICH.format(error="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert oom.name == "cuda_oom" and oom.site == "train.py:42"
+
+
+def test_a_jupyter_cell_is_the_programs_own_frame():
+    text = ("---------------------------------------------------------------------------\n"
+            "ValueError                                Traceback (most recent call last)\n"
+            "Cell In[7], line 3\n      1 model = Net()\n----> 3 out = model(x)\n\n"
+            "File /opt/venv/lib/python3.11/site-packages/torch/nn/modules/module.py:1511, in Module._call_impl(self, *args)\n"
+            "-> 1511     return forward_call(*args, **kwargs)\n\n"
+            "ValueError: Expected input batch_size (4) to match target batch_size (8).\n")
+    reading = read_log(text)
+    assert reading.kind == "user_code" and reading.site == "Cell In[7]:3"
+
+
 def test_a_launchers_host_label_is_a_prefix_only_before_another():
     # pdsh / DeepSpeed's launcher label each line with its host; NCCL's own prefix follows.
     trace = "".join(f"worker-1: worker-1:10793:11394 [1] NCCL INFO {site} -> 2\n"

@@ -133,7 +133,9 @@ FRAME = re.compile(
     r"|^\s*File (?P<jpath>[^,\s]+\.py):(?P<jline>\d+)(?:, in (?P<jfn>\S+?)\(\))?"  # IPython
     r"|^\s*(?P<cpath>\S+\.py):(?P<cline>\d+) \((?P<cfn>\w+)\)\s*$"
     r"|^\s*at (?P<apath>\S+\.py):(?P<aline>\d+) in (?P<afn>\w+)\s*$"  # cleo / pretty tracebacks
-    r"|^\s*(?P<ipath><ipython-input-[^>]+>|Cell In\[\d+\]) in <?\w+>?|^\s*Cell In\[\d+\], line \d+"
+    r"|^\s*(?P<kpath>Cell In\[\d+\]), line (?P<kline>\d+)"  # Jupyter's cell (the program's own code)
+    r"|^\s*(?P<ipath><ipython-input-[^>]+>|Cell In\[\d+\]) in <?\w+>?"
+    r"|^\s*│\s*(?P<rpath>[^\s│]+\.py):(?P<rline>\d+) in (?P<rfn>[^\s│]+)"  # Rich's boxed traceback
 )
 _IPYTHON_CODE = re.compile(r"^\s*(?:-*>\s*)?\d+\s")
 
@@ -157,9 +159,10 @@ def frame_site(body: str) -> tuple[str, int, str | None] | None:
     m = FRAME.match(body)
     if not m:
         return None
-    for p, n, f in (("path", "line", "fn"), ("jpath", "jline", "jfn"), ("cpath", "cline", "cfn"), ("apath", "aline", "afn")):
+    for p, n, f in (("path", "line", "fn"), ("jpath", "jline", "jfn"), ("cpath", "cline", "cfn"), ("apath", "aline", "afn"),
+                    ("kpath", "kline", None), ("rpath", "rline", "rfn")):
         if m.group(n) is not None:
-            return m.group(p), int(m.group(n)), m.group(f)
+            return m.group(p), int(m.group(n)), m.group(f) if f else None
     return None
 
 
@@ -326,6 +329,7 @@ class _Roles:
         self.after_frame = False  # the next line is the frame's source code
         self.ipython = False
         self.message_next = False  # a Python warning's header had no message: the next line is it
+        self.rich = False  # inside Rich's boxed traceback ("╭── Traceback ... ──╮" to "╰──╯")
 
     def of(self, body: str, level: str | None, nccl: str | None) -> tuple[str, str]:
         if not body:
@@ -335,6 +339,7 @@ class _Roles:
         if HEADER.search(body):
             self.in_warning = self.after_frame = False
             self.ipython = bool(re.match(r"\S+\s{3,}Traceback", body))
+            self.rich = body.startswith("╭")
             return "header", body
         if CHAIN.search(body):
             self.in_warning = self.after_frame = False
@@ -342,6 +347,12 @@ class _Roles:
         if FRAME.match(body):
             self.after_frame = True
             return "frame", body
+        if self.rich:  # the box's other lines are its frames' code and locals
+            self.rich = not body.startswith("╰")
+            if body[:1] in "│╰":
+                self.after_frame = False
+                return "source" if body[:1] == "│" else "context", body
+            self.rich = False
         if self.after_frame and not _looks_like_statement(body):
             self.after_frame = False
             return "source", body
