@@ -338,6 +338,20 @@ TEMPLATES = [
                  "\"C:\\venv\\lib\\site-packages\\torch\\lib\\cudnn_cnn_infer64_8.dll\" or one of its dependencies."),
     ("segfault", "Windows fatal exception: access violation\n\nCurrent thread 0x00001a2c (most recent call first):"),
     ("segfault", "Process finished with exit code -1073741819 (0xC0000005)"),
+    # NCCL's error codes as older torch prints them
+    ("peer_lost", "RuntimeError: NCCL Error 6: remote process exited or there was a network error"),
+    ("nccl_invalid_usage", "RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:784, NCCL Error 5"),
+    # Windows, ROCm, Kubernetes and the kernel saying a known thing in their own words
+    ("address_in_use", "OSError: [WinError 10048] Only one usage of each socket address (protocol/network address/port) "
+                       "is normally permitted"),
+    ("cuda_illegal_memory_access", "Memory access fault by GPU node-2 (Agent handle: 0x55d1c0a0) on address "
+                                   "0x7f3a00000000. Reason: Page not present or supervisor privilege."),
+    ("cuda_no_kernel_image", "RuntimeError: HIP error: invalid device function"),
+    ("cuda_no_kernel_image", "rocBLAS error: hipErrorNoBinaryForGpu: Unable to find code object for all current devices!"),
+    ("oom_killed", "Message: The node was low on resource: memory. Container trainer was using 61Gi, which exceeds its "
+                   "request of 32Gi."),
+    ("disk_full", "Message: The node was low on resource: ephemeral-storage. Container trainer was using 212Gi."),
+    ("oom_killed", "[88213.402118] oom_reaper: reaped process 40211 (python), now anon-rss:0kB, file-rss:0kB"),
     # torch's shared tensors live in /dev/shm, whatever the call that failed on them
     ("shm_full", "RuntimeError: unable to open shared memory object </torch_4120_2871823_3> in read-write mode: No space "
                  "left on device (28)"),

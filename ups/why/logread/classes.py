@@ -355,11 +355,11 @@ SIGNS: tuple[Sign, ...] = (
     _s("peer_lost", r"remote process exited or there was a network error|ncclRemoteError|"
        r"(?:gloo|pair\.cc|c10d|TCPStore|Dist\w*Error|NCCL|Net :|socket\w*:|sendBytes|recvBytes|Read error|Write error)[^\n]*"
        r"(?:Connection (?:closed|reset) by (?:remote )?peer|Broken pipe)|"
-       r"recvValue failed|failed to recv, got 0 bytes", SYMPTOM),
+       r"recvValue failed|failed to recv, got 0 bytes|NCCL Error 6\b", SYMPTOM),
     # nccl_invalid_usage
     _s("nccl_invalid_usage", r"ncclInvalidUsage|\binvalid usage\b|NCCL version mismatch|"
        r"receiv(?:ing|ed) \d+ bytes instead of \d+|ncclInvalidArgument|Invalid config blocking attribute|"
-       r"NCCL error[^\n]*invalid argument"),
+       r"NCCL error[^\n]*invalid argument|NCCL Error 5\b"),
     # duplicate_gpu
     _s("duplicate_gpu", r"Duplicate GPU detected"),
     # nccl_network
@@ -381,7 +381,8 @@ SIGNS: tuple[Sign, ...] = (
        r"wait timeout after \d+ ?ms, keys:"),
     # address_in_use
     _s("address_in_use", r"Address already in use|EADDRINUSE|errno: 98\b|"
-       r"server socket has failed to listen on any|failed to listen on any local network address"),
+       r"server socket has failed to listen on any|failed to listen on any local network address|"
+       r"WinError 10048\b|Only one usage of each socket address"),  # Windows' words
     # c10d says a socket failed at WARNING level, then retries or gives up in an error line: when
     # a capture stops before that line, the warning is all there is.
     _s("address_in_use", r"failed to bind to \S+ \(errno: 98", SYMPTOM, on_warning=True),
@@ -402,7 +403,9 @@ SIGNS: tuple[Sign, ...] = (
     # oom_killed: the kernel, a scheduler or a worker's death say it (a cause) ...
     _s("oom_killed", r"Out of memory: Kill(?:ed)? process|Memory cgroup out of memory|invoked oom-killer|oom-kill|"
        r"OOMKilled|\boom_kill\b|killed by signal: Killed|task \d+: Out Of Memory|exceeded (?:job |step )?memory limit|"
-       r"Killed process \d+ \(|(?:killed|kill\w*) (?:due to|because of) (?:the node )?running low on memory"),
+       r"Killed process \d+ \(|(?:killed|kill\w*) (?:due to|because of) (?:the node )?running low on memory|"
+       # the kernel's reaper after the kill; Kubernetes evicting a pod for the node's memory
+       r"oom_reaper: reaped process|The node was low on resource: memory"),
     # ... or only the exit code says it (how it ended)
     _s("oom_killed", _exit("-9", "137") + r"|Signal 9 \(SIGKILL\)|\bsignal 9\b|\bSIGKILL\b|"
        r"^Killed\s*$|\d+ Killed\s+\S|signal: killed\b|task \d+: Killed|^zsh: killed\b|"
@@ -428,13 +431,15 @@ SIGNS: tuple[Sign, ...] = (
     # read of size 4 bytes".
     _s("cuda_illegal_memory_access", r"illegal memory access|cudaErrorIllegalAddress|CUDA_ERROR_ILLEGAL_ADDRESS|"
        r"Cuda failure 700\b|(?:Warp|Lane|Device) (?:Illegal|Out-of-range) Address|CUDA_EXCEPTION_(?:1|5|14)\b|"
-       r"Invalid __(?:global|shared|local)__ (?:read|write|atomic)"),
+       r"Invalid __(?:global|shared|local)__ (?:read|write|atomic)|"
+       r"Memory access fault by GPU node-\d+"),  # ROCm's words for it
     # cuda_device_assert
     _s("cuda_device_assert", r"device-side assert(?:ion)? triggered|\.cu(?:h)?:\d+:[^\n]*Assertion `[^\n]*` failed|"
        r"block: \[[\d,]+\], thread: \[[\d,]+\] Assertion|cudaErrorAssert|CUDA_ERROR_ASSERT"),
     # cuda_no_kernel_image
     _s("cuda_no_kernel_image", r"no kernel image is available|cudaErrorNoKernelImageForDevice|"
-       r"CUDA error: invalid device function|invalid value for --gpu-architecture"),
+       r"(?:CUDA|HIP) error: invalid device function|invalid value for --gpu-architecture|"
+       r"hipErrorNoBinaryForGpu|Unable to find code object for all current devices"),  # ROCm's
     # torch's warning that this GPU is not in its build: read on the warning's message (its
     # "UserWarning:" line or the line after), as a symptom: any error that says more decides.
     _s("cuda_no_kernel_image", r"with CUDA capability sm_\d+ is not compatible with the current PyTorch installation",
@@ -462,7 +467,9 @@ SIGNS: tuple[Sign, ...] = (
     _s("gpu_xid", r"NVRM: Xid|\bXid \(PCI:|\bXid[ :]+\d+\b|NVRM:[^\n]*(?:GSP|heartbeat)[^\n]*timed out", SYMPTOM),
     # disk_full
     _s("disk_full", r"No space left on device|There is not enough space on the disk|\bENOSPC\b|\[Errno 28\]|PytorchStreamWriter failed writing|file write failed|"
-       r"unexpected pos \d+ vs \d+|Cannot write: No space|database or disk is full"),
+       r"unexpected pos \d+ vs \d+|Cannot write: No space|database or disk is full|"
+       # Kubernetes evicting a pod for the node's disk (its ephemeral storage)
+       r"The node was low on resource: ephemeral-storage|ephemeral local storage usage exceeds"),
     # disk_quota
     _s("disk_quota", r"Disk quota exceeded|\bEDQUOT\b|\[Errno 122\]"),
     # read_only_fs
