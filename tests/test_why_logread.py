@@ -380,6 +380,11 @@ def test_a_python_warnings_message_is_read_by_the_signs_a_warning_may_show():
     for text in (header + "\n" + message, header + message):
         reading = read_log(text + "  warnings.warn(incompatible_device_warn.format(device_name, capability))\n" + cut)
         assert reading.name == "cuda_no_kernel_image", text
+    old = ("/opt/venv/lib/python3.8/site-packages/torch/cuda/__init__.py:120: UserWarning:\n"
+           "    Found GPU0 NVIDIA GeForce GT 710 which is of cuda capability 3.5.\n"
+           "    PyTorch no longer supports this GPU because it is too old.\n"
+           "    The minimum cuda capability supported by this library is 3.7.\n\n  warnings.warn(old_gpu_warn % (d, name, major, minor, min_arch // 10, min_arch % 10))\n")
+    assert read_log(old + cut).name == "cuda_no_kernel_image"
     # ... and an error that says more still decides
     oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 23.6 GiB total capacity)\n"
     assert read_log(header + "\n" + message + oom).name == "cuda_oom"

@@ -442,7 +442,9 @@ SIGNS: tuple[Sign, ...] = (
        r"hipErrorNoBinaryForGpu|Unable to find code object for all current devices"),  # ROCm's
     # torch's warning that this GPU is not in its build: read on the warning's message (its
     # "UserWarning:" line or the line after), as a symptom: any error that says more decides.
-    _s("cuda_no_kernel_image", r"with CUDA capability sm_\d+ is not compatible with the current PyTorch installation",
+    _s("cuda_no_kernel_image", r"with CUDA capability sm_\d+ is not compatible with the current PyTorch installation|"
+       # ... and its older words for a GPU below the build's minimum
+       r"Found GPU\d+ [^\n]* which is of cuda capability \d+\.\d+|PyTorch no longer supports this GPU because it is too old",
        SYMPTOM, on_warning=True),
     # cuda_driver_insufficient
     _s("cuda_driver_insufficient", r"driver version is insufficient|NVIDIA driver on your system is too old|"
