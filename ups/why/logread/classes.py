@@ -516,9 +516,10 @@ SIGNS: tuple[Sign, ...] = (
        # a scheduler's time limit as PBS and LSF word it
        r"job killed: walltime \S+ exceeded limit|TERM_(?:RUNLIMIT|PREEMPT|OWNER|FORCE_OWNER|REQUEUE_\w+)\b|"
        r"job killed after reaching LSF run time limit|"
-       # a job's own handler for its scheduler's signal (submitit, Lightning's SLURM plugin)
+       # a job's own handler for its scheduler's signal (submitit, Lightning's SLURM plugin); not
+       # SIGINT: a user's Ctrl-C, often on a hang whose cause is elsewhere
        r"\b(?:is|was|been|being|got) preempted\b|\bpreempted by (?:the )?(?:scheduler|slurm|a higher)|"
-       r"(?:caught|received|handling) (?:the )?signal:? SIG(?:TERM|HUP|USR1|USR2|INT)\b", on_warning=True),
+       r"(?:caught|received|handling) (?:the )?signal:? SIG(?:TERM|HUP|USR1|USR2)\b", on_warning=True),
     _s("job_terminated", _exit("-15", "143") + r"|Signal 15 \(SIGTERM\)|^Terminated\s*$|tasks? [\d,-]+: Terminated|"
        r"srun: Job step aborted|CANCELLED AT \S+|<Signals\.SIGTERM: 15>", EXIT),
 )
