@@ -223,6 +223,21 @@ def test_a_paste_wrapped_at_one_width_is_read_unwrapped():
     assert reading.name == "collective_timeout" and reading.rank == 0
 
 
+def test_one_line_repeated_and_wrapped_each_time_is_read_unwrapped():
+    # a kernel's assertion printed by many threads: the same long line, each wrapped at the
+    # terminal's width, the cut falling after a comma or inside a word
+    lines = [f"/pytorch/aten/src/ATen/native/cuda/Loss.cu:250: nll_loss_forward_reduce_cuda_kernel_2d: block: [0,0,0], "
+             f"thread: [{t},0,0] Assertion `t >= 0 && t < n_classes` failed." for t in range(12, 16)]
+    width = lines[0].index("block: [0,") + len("block: [0,")
+    wrapped = "\n".join(line[k:k + width] for line in lines for k in range(0, len(line), width))
+    assert wrapped.splitlines()[0].endswith("block: [0,") and wrapped.count("\n") == 7
+    assert read_log(wrapped).name == "cuda_device_assert"
+    wrapped = "\n".join(line[k:k + 84] for line in lines for k in range(0, len(line), 84))  # "..._kernel_" / "2d: ..."
+    assert read_log(wrapped).name == "cuda_device_assert"
+    retry = "node3:7001:7050 [0] NCCL INFO Call to connect returned Connection refused, retrying"
+    assert read_log("\n".join(retry[k:k + 70] for _ in range(3) for k in range(0, len(retry), 70))).name == "nccl_network"
+
+
 def test_the_rest_of_a_wrapped_info_line_is_still_context():
     info = ("node1:26023:26023 [0] NCCL INFO NET/Plugin : Plugin load (libnccl-net.so) returned 2 : libnccl-net.so: cannot o\n"
             "pen shared object file: No such file or directory\n"

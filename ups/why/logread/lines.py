@@ -227,18 +227,27 @@ def _starts_a_line(text: str) -> bool:
 
 
 def _log_width(physical: list[str]) -> int | None:
-    """The width a whole paste was wrapped at: its longest lines, when at least three distinct
-    ones share that length (at least WRAP_WIDTH), most are followed by the rest of a line (a
-    line that does not start one of its own), and a third of those wraps cut inside a word."""
+    """The width a whole paste was wrapped at: its longest lines, when at least three share that
+    length (at least WRAP_WIDTH; one line repeated, wrapped each time, counts), most are followed
+    by the rest of a line (a line that does not start one of its own), and a third of those
+    wraps cut inside a word or before the punctuation that goes on a line (",", ")")."""
     width = max((len(x) for x in physical), default=0)
     if width < WRAP_WIDTH:
         return None
     at = [k for k, x in enumerate(physical) if len(x) == width]
-    if len({physical[k] for k in at}) < 3:
+    if len(at) < 3:
         return None
     follows = [k for k in at if k + 1 < len(physical) and physical[k + 1] and not _starts_a_line(physical[k + 1])]
-    cut = [k for k in follows if physical[k][-1].isalnum() and physical[k + 1][0].isalnum()]
+    cut = [k for k in follows if _cut_inside(physical[k], physical[k + 1])]
     return width if len(follows) * 2 > len(at) and len(cut) * 3 >= len(follows) else None
+
+
+def _cut_inside(a: str, b: str) -> bool:
+    """``a`` and ``b`` are one line cut in two: inside a word, before punctuation that never
+    starts a line of its own, or right after a comma, a bracket or a slash."""
+    end, start = a[-1:], b[:1]
+    word = (end.isalnum() or end == "_") and (start.isalnum() or start == "_")
+    return word or (end.isalnum() and start in ",;)]}") or (end in ",([{/=" and start.isalnum())
 
 
 def unwrap(physical: list[str]) -> list[tuple[int, str]]:
@@ -268,7 +277,7 @@ def unwrap(physical: list[str]) -> list[tuple[int, str]]:
             group = physical[k: j + 2]
             if (len(set(group[:-1])) == len(group) - 1 and 0 < len(group[-1]) <= width
                     and not any(_starts_a_line(g) for g in group[1:])
-                    and any(a[-1:].isalnum() and b[:1].isalnum() for a, b in itertools.pairwise(group))):
+                    and any(_cut_inside(a, b) for a, b in itertools.pairwise(group))):
                 out.append((k, "".join(group)))
                 k = j + 2
                 continue
