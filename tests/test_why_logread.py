@@ -236,6 +236,7 @@ def test_one_line_repeated_and_wrapped_each_time_is_read_unwrapped():
     assert read_log(wrapped).name == "cuda_device_assert"
     retry = "node3:7001:7050 [0] NCCL INFO Call to connect returned Connection refused, retrying"
     assert read_log("\n".join(retry[k:k + 70] for _ in range(3) for k in range(0, len(retry), 70))).name == "nccl_network"
+    retry = retry.replace("node3", "gpu-node-017.cluster.internal")
     at_space = retry.index("returned")  # the cut falls on the space before a word
     assert read_log("\n".join(retry[k:k + at_space] for _ in range(3) for k in range(0, len(retry), at_space))).name == \
         "nccl_network"
