@@ -258,6 +258,16 @@ def test_a_coloured_loggers_escape_sequences_are_not_read():
     assert read_log("\x1b[31mOSError: [Errno 24] Too many open files\x1b[0m\n").name == "too_many_open_files"
 
 
+def test_a_paste_from_a_web_pages_html_or_a_strings_repr_is_read_as_printed():
+    shm = "RuntimeError: unable to write to file &lt;/torch_18533_1951271766_0&gt;: No space left on device (28)\n"
+    assert read_log(shm).name == "shm_full"
+    escaped = tb("/home/u/train.py:12:main", "/home/u/data.py:40:load", error="ValueError: bad split &#39;tes&#39;")
+    reading = read_log(escaped.replace('"', "&quot;"))
+    assert reading.kind == "user_code" and reading.site == "data.py:40"
+    quoted = read_log(tb("/home/u/train.py:12:main", "/home/u/data.py:40:load", error="ValueError: bad").replace('"', '\\"'))
+    assert quoted.kind == "user_code" and quoted.site == "data.py:40"
+
+
 @pytest.mark.parametrize("label", ["stderr: ", "trainer-1  | ", "trainer_1  | ", "[pod/trainer-0/main] "])
 def test_a_capture_tools_label_on_every_line_is_a_prefix(label: str):
     # a subprocess capture's stream, docker compose's service, kubectl --prefix's pod

@@ -21,6 +21,7 @@ is read as the one line it was printed as.
 
 from __future__ import annotations
 
+import html
 import itertools
 import re
 from dataclasses import dataclass
@@ -209,6 +210,7 @@ def _level(body: str) -> tuple[str | None, str | None, str | None, str]:
 
 # A terminal's escape sequences (colours, titles): a log written by a coloured logger has them.
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]")
+_ENTITY = re.compile(r"&(?:lt|gt|amp|quot|apos|#39|#x27|#34);")
 _NCCL_PREFIX = re.compile(r"\S+:\d+:\d+ \[\d+\] ")
 WRAP_WIDTH = 60  # narrower lines of one length are too common to be read as a wrap
 
@@ -294,6 +296,10 @@ def read_lines(text: str) -> list[Line]:
     roles = _Roles()
     out: list[Line] = []
     text = _ANSI.sub("", text) if "\x1b" in text else text
+    if _ENTITY.search(text):  # a paste taken from a web page's HTML: "&lt;/torch_1234&gt;", "&#39;"
+        text = html.unescape(text)
+    if 'File \\"' in text:  # a paste from a string's repr or JSON: File \"/x.py\", line 3
+        text = text.replace('\\"', '"')
     for n, raw in unwrap(re.split(r"\r\n|\r|\n", text)):
         raw = raw.rstrip()
         body, rank, ts = _strip_prefixes(raw.strip())
