@@ -132,6 +132,17 @@ Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 10
     assert read_log("OSError: [Errno 28] No space left on device: '/data/ckpt/model.pt'\n").name == "disk_full"
 
 
+def test_an_error_the_program_noted_and_went_on_after_yields_to_the_exception_that_ended_it():
+    note = "apex not installed: No module named 'apex', using torch.amp\n"
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 23.6 GiB total capacity)\n"
+    assert read_log(note + "epoch 1 loss 0.3\n" + oom).name == "cuda_oom"
+    assert read_log(note).name == "import_error"  # alone, it is all there is
+    missing = "could not read [Errno 2] No such file or directory: 'configs/local.yaml', using defaults\n"
+    assert read_log(missing + oom).name == "cuda_oom"
+    # the exception that ended it naming the same class is that class
+    assert read_log(note + "ModuleNotFoundError: No module named 'flash_attn'\n").name == "import_error"
+
+
 # torchrun's report of a run whose rank 3 was SIGKILLed.
 CHILD = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 ============================================================
