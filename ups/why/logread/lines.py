@@ -247,11 +247,11 @@ def _log_width(physical: list[str]) -> int | None:
 def _cut_inside(a: str, b: str) -> bool:
     """``a`` and ``b`` are one line cut in two: inside a word, before punctuation that never
     starts a line of its own, right after a comma, a bracket or a slash, or after a dot or a
-    space (a printed line seldom ends on one) before a lowercase word or a digit."""
+    space (a printed line seldom ends on one) before a lowercase word."""
     end, start = a[-1:], b[:1]
     word = (end.isalnum() or end == "_") and (start.isalnum() or start == "_")
     return (word or (end.isalnum() and start in ",;)]}") or (end in ",([{/=" and start.isalnum())
-            or (end in ". " and (start.islower() or start.isdigit())))
+            or (end in ". " and start.islower()))
 
 
 def unwrap(physical: list[str]) -> list[tuple[int, str]]:
