@@ -101,7 +101,9 @@ def private_name_uses() -> list[str]:
 
 
 def test_no_module_uses_another_modules_private_names():
-    assert private_name_uses() == []
+    # the check's own probe (written and removed by the test below, maybe at the same time
+    # under pytest -n) is not the code base's
+    assert [line for line in private_name_uses() if not line.startswith("tests/_probe_private_names.py")] == []
 
 
 def test_the_private_name_check_finds_what_it_must(tmp_path):

@@ -48,3 +48,29 @@ def test_the_corpus_cites_every_excerpt_and_covers_each_class():
 
 def test_a_log_that_says_nothing_known_is_not_classified():
     assert read_log("epoch 3 loss 0.41\nsaving checkpoint\n").cls is None
+
+
+def test_the_bench_scores_a_file_tuned_on_as_seen_and_a_fresh_one_as_heldout(tmp_path: Path):
+    # A held-out file, once scored and read, is tuned on: `--seen` reports it as "<stem>_seen";
+    # `--heldout` still takes a never-tuned file.
+    import hashlib
+    import subprocess
+    import sys
+
+    rec = {"class": "cuda_oom", "thread": "o/r#1", "text": "torch.OutOfMemoryError: CUDA out of memory.\n"}
+    neg = {"class": None, "negative": "healthy", "thread": "o/r#2", "text": "epoch 1 loss 0.4\n"}
+    old, fresh = tmp_path / "heldout.jsonl", tmp_path / "heldout3.jsonl"
+    old.write_text(json.dumps(rec) + "\n" + json.dumps(neg) + "\n")
+    fresh.write_text(json.dumps(neg) + "\n")
+    bench = [sys.executable, str(REPO / "scripts" / "bench_why_corpus.py"), "--split", "dev"]
+    res = subprocess.run([*bench, "--seen", str(old), "--heldout", str(fresh)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert list(out) == ["dev", "heldout_seen", "heldout"]
+    assert out["heldout_seen"]["right"] == 2 and out["heldout_seen"]["sha256"] == hashlib.sha256(old.read_bytes()).hexdigest()
+    assert out["heldout"]["negatives"] == 1 and out["heldout"]["sha256"] == hashlib.sha256(fresh.read_bytes()).hexdigest()
+    (tmp_path / "copy").mkdir()
+    twin = tmp_path / "copy" / "heldout.jsonl"
+    twin.write_bytes(old.read_bytes())
+    clash = subprocess.run([*bench, "--seen", str(old), "--seen", str(twin)], capture_output=True, text=True, timeout=300)
+    assert clash.returncode == 2 and "heldout_seen" in clash.stderr  # never two splits under one name

@@ -132,6 +132,17 @@ Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 10
     assert read_log("OSError: [Errno 28] No space left on device: '/data/ckpt/model.pt'\n").name == "disk_full"
 
 
+def test_an_error_the_program_noted_and_went_on_after_yields_to_the_exception_that_ended_it():
+    note = "apex not installed: No module named 'apex', using torch.amp\n"
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 23.6 GiB total capacity)\n"
+    assert read_log(note + "epoch 1 loss 0.3\n" + oom).name == "cuda_oom"
+    assert read_log(note).name == "import_error"  # alone, it is all there is
+    missing = "could not read [Errno 2] No such file or directory: 'configs/local.yaml', using defaults\n"
+    assert read_log(missing + oom).name == "cuda_oom"
+    # the exception that ended it naming the same class is that class
+    assert read_log(note + "ModuleNotFoundError: No module named 'flash_attn'\n").name == "import_error"
+
+
 # torchrun's report of a run whose rank 3 was SIGKILLed.
 CHILD = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 ============================================================
@@ -223,6 +234,25 @@ def test_a_paste_wrapped_at_one_width_is_read_unwrapped():
     assert reading.name == "collective_timeout" and reading.rank == 0
 
 
+def test_one_line_repeated_and_wrapped_each_time_is_read_unwrapped():
+    # a kernel's assertion printed by many threads: the same long line, each wrapped at the
+    # terminal's width, the cut falling after a comma or inside a word
+    lines = [f"/pytorch/aten/src/ATen/native/cuda/Loss.cu:250: nll_loss_forward_reduce_cuda_kernel_2d: block: [0,0,0], "
+             f"thread: [{t},0,0] Assertion `t >= 0 && t < n_classes` failed." for t in range(12, 16)]
+    width = lines[0].index("block: [0,") + len("block: [0,")
+    wrapped = "\n".join(line[k:k + width] for line in lines for k in range(0, len(line), width))
+    assert wrapped.splitlines()[0].endswith("block: [0,") and wrapped.count("\n") == 7
+    assert read_log(wrapped).name == "cuda_device_assert"
+    wrapped = "\n".join(line[k:k + 84] for line in lines for k in range(0, len(line), 84))  # "..._kernel_" / "2d: ..."
+    assert read_log(wrapped).name == "cuda_device_assert"
+    retry = "node3:7001:7050 [0] NCCL INFO Call to connect returned Connection refused, retrying"
+    assert read_log("\n".join(retry[k:k + 70] for _ in range(3) for k in range(0, len(retry), 70))).name == "nccl_network"
+    retry = retry.replace("node3", "gpu-node-017.cluster.internal")
+    at_space = retry.index("returned")  # the cut falls on the space before a word
+    assert read_log("\n".join(retry[k:k + at_space] for _ in range(3) for k in range(0, len(retry), at_space))).name == \
+        "nccl_network"
+
+
 def test_the_rest_of_a_wrapped_info_line_is_still_context():
     info = ("node1:26023:26023 [0] NCCL INFO NET/Plugin : Plugin load (libnccl-net.so) returned 2 : libnccl-net.so: cannot o\n"
             "pen shared object file: No such file or directory\n"
@@ -230,6 +260,67 @@ def test_the_rest_of_a_wrapped_info_line_is_still_context():
     assert not read_log(info).failed
     after = info + "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error\n"
     assert read_log(after).name == "nccl_system_error"
+
+
+def test_a_coloured_loggers_escape_sequences_are_not_read():
+    text = ("\x1b[1;31mncclInvalidUsage\x1b[0m: This usually reflects invalid usage of NCCL library.\n"
+            "\x1b[31mLast error:\x1b[0m\n\x1b[31mDuplicate GPU detected : rank 1 and rank 0 both on CUDA device 1a000\x1b[0m\n")
+    assert read_log(text).name == "duplicate_gpu"
+    assert read_log("\x1b[31mOSError: [Errno 24] Too many open files\x1b[0m\n").name == "too_many_open_files"
+
+
+def test_a_paste_from_a_web_pages_html_or_a_strings_repr_is_read_as_printed():
+    shm = "RuntimeError: unable to write to file &lt;/torch_18533_1951271766_0&gt;: No space left on device (28)\n"
+    assert read_log(shm).name == "shm_full"
+    escaped = tb("/home/u/train.py:12:main", "/home/u/data.py:40:load", error="ValueError: bad split &#39;tes&#39;")
+    reading = read_log(escaped.replace('"', "&quot;"))
+    assert reading.kind == "user_code" and reading.site == "data.py:40"
+    quoted = read_log(tb("/home/u/train.py:12:main", "/home/u/data.py:40:load", error="ValueError: bad").replace('"', '\\"'))
+    assert quoted.kind == "user_code" and quoted.site == "data.py:40"
+
+
+@pytest.mark.parametrize("label", ["stderr: ", "trainer-1  | ", "trainer_1  | ", "[pod/trainer-0/main] "])
+def test_a_capture_tools_label_on_every_line_is_a_prefix(label: str):
+    # a subprocess capture's stream, docker compose's service, kubectl --prefix's pod
+    text = tb("/home/u/train.py:12:main", "/home/u/data.py:40:load", error="ValueError: bad split 'tes'")
+    reading = read_log("".join(label + line + "\n" for line in text.splitlines()))
+    assert reading.kind == "user_code" and reading.site == "data.py:40"
+    nccl = ("torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, invalid usage, NCCL version "
+            "2.20.5\nncclInvalidUsage: This usually reflects invalid usage of NCCL library.\nLast error:\n"
+            "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1a000\n")
+    assert read_log("".join(label + line + "\n" for line in nccl.splitlines())).name == "duplicate_gpu"
+
+
+RICH = """╭─────────────────────────── Traceback (most recent call last) ────────────────────────────╮
+│ /home/u/train.py:42 in main                                                                │
+│                                                                                            │
+│   40 │   │   if os.statvfs(out).f_bavail == 0:                                               │
+│   41 │   │   │   raise OSError("No space left on device")                                    │
+│ ❱ 42 │   │   loss = model(batch)                                                           │
+│                                                                                            │
+│ /opt/venv/lib/python3.11/site-packages/torch/nn/modules/module.py:1511 in _call_impl       │
+╰────────────────────────────────────────────────────────────────────────────────────────────╯
+{error}
+"""
+
+
+def test_richs_boxed_traceback_is_frames_and_code():
+    # the box's lines are frames and their code: words in the code decide nothing
+    own = read_log(RICH.format(error="KeyError: 'label'"))
+    assert own.kind == "user_code" and own.exception == "KeyError" and own.site == "train.py:42"
+    oom = read_log(RICH.format(error="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert oom.name == "cuda_oom" and oom.site == "train.py:42"
+
+
+def test_a_jupyter_cell_is_the_programs_own_frame():
+    text = ("---------------------------------------------------------------------------\n"
+            "ValueError                                Traceback (most recent call last)\n"
+            "Cell In[7], line 3\n      1 model = Net()\n----> 3 out = model(x)\n\n"
+            "File /opt/venv/lib/python3.11/site-packages/torch/nn/modules/module.py:1511, in Module._call_impl(self, *args)\n"
+            "-> 1511     return forward_call(*args, **kwargs)\n\n"
+            "ValueError: Expected input batch_size (4) to match target batch_size (8).\n")
+    reading = read_log(text)
+    assert reading.kind == "user_code" and reading.site == "Cell In[7]:3"
 
 
 def test_a_launchers_host_label_is_a_prefix_only_before_another():
@@ -269,6 +360,41 @@ TEMPLATES = [
     ("job_terminated", "Job deleted at request of root@headnode.local"),
     ("oom_killed", "=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES\n=   PID 4211 RUNNING AT node3\n=   EXIT CODE: 9\n"
                    "=   CLEANING UP REMAINING PROCESSES"),
+    # the accelerator's memory, as other runtimes and devices say it
+    ("cuda_oom", "tensorflow.python.framework.errors_impl.ResourceExhaustedError: OOM when allocating tensor with "
+                 "shape[64,512,512] and type float on /job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc"),
+    ("cuda_oom", "RuntimeError: NPU out of memory. Tried to allocate 2.00 GiB (NPU 0; 60.97 GiB total capacity)"),
+    # shells and launchers saying how a process ended
+    ("oom_killed", "zsh: killed     python train.py --batch-size 64"),
+    ("segfault", "mpirun noticed that process rank 3 with PID 4412 on node n07 exited on signal 11."),
+    ("job_terminated", "subprocess.CalledProcessError: Command '['/usr/bin/python', 'train.py']' died with "
+                       "<Signals.SIGTERM: 15>."),
+    # schedulers' time limits
+    ("job_terminated", "=>> PBS: job killed: walltime 86410 exceeded limit 86400"),
+    ("job_terminated", "TERM_RUNLIMIT: job killed after reaching LSF run time limit."),
+    ("disk_full", "OSError: [WinError 112] There is not enough space on the disk"),
+    # Windows' words for host memory and a crash
+    ("host_oom", "OSError: [WinError 1455] The paging file is too small for this operation to complete. Error loading "
+                 "\"C:\\venv\\lib\\site-packages\\torch\\lib\\cudnn_cnn_infer64_8.dll\" or one of its dependencies."),
+    ("segfault", "Windows fatal exception: access violation\n\nCurrent thread 0x00001a2c (most recent call first):"),
+    ("segfault", "Process finished with exit code -1073741819 (0xC0000005)"),
+    # NCCL's error codes as older torch prints them
+    ("peer_lost", "RuntimeError: NCCL Error 6: remote process exited or there was a network error"),
+    ("nccl_invalid_usage", "RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:784, NCCL Error 5"),
+    # Windows, ROCm, Kubernetes and the kernel saying a known thing in their own words
+    ("address_in_use", "OSError: [WinError 10048] Only one usage of each socket address (protocol/network address/port) "
+                       "is normally permitted"),
+    ("cuda_illegal_memory_access", "Memory access fault by GPU node-2 (Agent handle: 0x55d1c0a0) on address "
+                                   "0x7f3a00000000. Reason: Page not present or supervisor privilege."),
+    ("cuda_no_kernel_image", "RuntimeError: HIP error: invalid device function"),
+    ("cuda_no_kernel_image", "rocBLAS error: hipErrorNoBinaryForGpu: Unable to find code object for all current devices!"),
+    ("oom_killed", "Message: The node was low on resource: memory. Container trainer was using 61Gi, which exceeds its "
+                   "request of 32Gi."),
+    ("disk_full", "Message: The node was low on resource: ephemeral-storage. Container trainer was using 212Gi."),
+    ("oom_killed", "[88213.402118] oom_reaper: reaped process 40211 (python), now anon-rss:0kB, file-rss:0kB"),
+    # torch's shared tensors live in /dev/shm, whatever the call that failed on them
+    ("shm_full", "RuntimeError: unable to open shared memory object </torch_4120_2871823_3> in read-write mode: No space "
+                 "left on device (28)"),
 ]
 
 
@@ -281,6 +407,139 @@ def test_an_autograd_dtype_error_is_the_programs_own():
     reading = read_log(tb("/home/u/train.py:88:main", "/opt/venv/lib/python3.11/site-packages/torch/autograd/__init__.py:266:backward",
                           error="RuntimeError: Found dtype Long but expected Float"))
     assert reading.kind == "user_code" and reading.exception == "RuntimeError"
+
+
+def test_a_python_warnings_message_is_read_by_the_signs_a_warning_may_show():
+    # torch's warnings start their message on the line after "UserWarning:"; on that line or
+    # the next, the message is a notice: a sign that a warning may show reads it ...
+    header = "/opt/venv/lib/python3.10/site-packages/torch/cuda/__init__.py:146: UserWarning: "
+    message = ("NVIDIA GeForce RTX 4090 with CUDA capability sm_89 is not compatible with the current PyTorch installation.\n"
+               "The current PyTorch install supports CUDA capabilities sm_37 sm_50 sm_60 sm_70.\n")
+    cut = tb("/home/u/run.py:20:main", "/opt/venv/lib/python3.10/site-packages/torch/nn/modules/linear.py:96:__init__",
+             error="").rstrip("\n")
+    for text in (header + "\n" + message, header + message):
+        reading = read_log(text + "  warnings.warn(incompatible_device_warn.format(device_name, capability))\n" + cut)
+        assert reading.name == "cuda_no_kernel_image", text
+    old = ("/opt/venv/lib/python3.8/site-packages/torch/cuda/__init__.py:120: UserWarning:\n"
+           "    Found GPU0 NVIDIA GeForce GT 710 which is of cuda capability 3.5.\n"
+           "    PyTorch no longer supports this GPU because it is too old.\n"
+           "    The minimum cuda capability supported by this library is 3.7.\n\n  warnings.warn(old_gpu_warn % (d, name, major, minor, min_arch // 10, min_arch % 10))\n")
+    assert read_log(old + cut).name == "cuda_no_kernel_image"
+    # ... and an error that says more still decides
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 23.6 GiB total capacity)\n"
+    assert read_log(header + "\n" + message + oom).name == "cuda_oom"
+    # ... but no other sign: a warning that quotes an error is not that error
+    quoted = ("/opt/venv/lib/python3.10/site-packages/datasets/builder.py:88: UserWarning:\n"
+              "Could not cache the index: [Errno 28] No space left on device\nepoch 1 loss 0.7\n")
+    assert not read_log(quoted).failed
+
+
+def test_a_line_in_markdown_emphasis_is_read_as_its_text():
+    assert read_log("step 1200 loss 0.31\n\n**Killed**\n").name == "oom_killed"
+    assert read_log("step 1200 loss 0.31\n`Segmentation fault (core dumped)`\n").name == "segfault"
+    assert not read_log("**GPU 0: NVIDIA A100-SXM4-80GB**\n**torch 2.3.1**\n").failed
+
+
+def test_a_shells_death_notice_is_read_in_the_users_language():
+    # glibc's strsignal, translated: bash prints it in the user's locale
+    assert read_log("epoch 3 loss 0.2\n已杀死\n").name == "oom_killed"
+    assert read_log("./train.sh: Zeile 4: 81234 Getötet   python train.py\n").name == "oom_killed"
+    assert read_log("epoch 3 loss 0.2\n段错误 (核心已转储)\n").name == "segfault"
+    assert read_log("Erreur de segmentation (core dumped)\n").name == "segfault"
+
+
+def test_a_list_of_possible_causes_is_not_a_cause():
+    hint = ("(raylet) The worker died unexpectedly while running a task. Worker exit type: SYSTEM_ERROR. There are some "
+            "potential root causes. (1) The process is killed by SIGKILL by OOM killer due to high memory usage. (2) The "
+            "worker crashed due to SIGSEGV.\n")
+    assert read_log(hint).name is None
+    peer = ("[rank3]:[E1102 10:00:01.000000000 ProcessGroupNCCL.cpp:542] [Rank 3] Collective WorkNCCL(SeqNum=7, "
+            "OpType=BROADCAST, NumelIn=8, NumelOut=8, Timeout(ms)=600000) raised the following async exception: NCCL "
+            "error: remote process exited or there was a network error, NCCL version 2.21.5\n")
+    assert read_log(hint + peer).name == "peer_lost"
+    # Ray's memory monitor says what it did
+    said = "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.\n"
+    assert read_log(said).name == "oom_killed"
+
+
+def test_a_cuda_debuggers_report_of_a_bad_address_is_an_illegal_memory_access():
+    gdb = ("CUDA Exception: Warp Illegal Address\nThe exception was triggered at PC 0x7fffd3a1c2f0\n\n"
+           'Thread 1 "python" received signal CUDA_EXCEPTION_14, Warp Illegal Address.\n')
+    assert read_log(gdb).name == "cuda_illegal_memory_access"
+    sanitizer = ("========= COMPUTE-SANITIZER\n========= Invalid __global__ write of size 4 bytes\n"
+                 "=========     at 0x1b0 in scatter_kernel(float *, const long *, int)\n")
+    assert read_log(sanitizer).name == "cuda_illegal_memory_access"
+
+
+def test_a_gpu_the_driver_cannot_bring_up_is_lost_unless_more_is_said():
+    init = ("[   14.220101] NVRM: GPU 0000:3b:00.0: RmInitAdapter failed! (0x26:0xffff:1290)\n"
+            "[   14.220150] NVRM: GPU 0000:3b:00.0: rm_init_adapter failed, device minor number 2\n")
+    assert read_log(init).name == "gpu_lost"
+    ecc = "[   13.900010] NVRM: Xid (PCI:0000:3b:00): 48, pid=1890, An uncorrectable double bit error (DBE) has been detected\n"
+    assert read_log(init + ecc).name == "gpu_ecc"
+
+
+def test_a_jobs_own_handler_of_its_schedulers_signal_is_a_termination():
+    lines = ("trainer INFO (2024-03-01 10:00:00,100) - Job has not timed out. Ran 42 minutes out of requested 240 minutes.\n"
+             "trainer WARNING (2024-03-01 10:00:00,101) - Caught signal SIGUSR1 on node17: this job is preempted.\n")
+    # the WARNING line after a long INFO line is a line of its own, not the INFO line's rest
+    assert read_log(lines).name == "job_terminated"
+    assert read_log("[rank: 0] Received SIGTERM: 15\nBypassing SIGTERM: 15\n").name == "job_terminated"
+
+
+def test_a_peer_closing_the_connection_is_the_network_only_on_nccls_own_line():
+    warn = "node2:511:602 [0] misc/socket.cc:49 NCCL WARN socketProgress: Connection closed by remote peer node1<41220>\n"
+    assert read_log(warn).name == "nccl_network"
+    # given as the reason of a collective's error, the peer went away
+    reason = ("[rank1]:[E1102 10:00:01.000 ProcessGroupNCCL.cpp:552] [Rank 1] Collective WorkNCCL(SeqNum=90, "
+              "OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) raised the following async exception: NCCL "
+              "error: unhandled system error\nncclSystemError: System call (e.g. socket, malloc) failed.\nLast error:\n"
+              "Net : Connection closed by remote peer node1<41220>\n")
+    assert read_log(reason).name == "peer_lost"
+
+
+def test_a_loggers_prefix_on_a_records_first_line_covers_the_record():
+    # c10's logger puts "[rank1]:" on the first line of a message only: NCCL's explanation under it is rank 1's
+    text = ("[rank1]:[E1102 10:00:01.000 ProcessGroupNCCL.cpp:552] [Rank 1] NCCL error in: ProcessGroupNCCL.cpp:1970, "
+            "invalid usage (run with NCCL_DEBUG=WARN for details), NCCL version 2.21.5\n"
+            "ncclInvalidUsage: This usually reflects invalid usage of NCCL library.\nLast error:\n"
+            "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1a000\n")
+    reading = read_log(text)
+    assert reading.name == "duplicate_gpu" and reading.rank == 1
+
+
+def cpp_stack(*symbols: str) -> str:
+    return "".join(f"frame #{k}: {s} + 0x{40 + k:x} (0x7f00{k:08x} in /opt/venv/lib/python3.11/site-packages/torch/lib/"
+                   f"libtorch_cuda.so)\n" for k, s in enumerate(symbols))
+
+
+def test_a_cpp_stack_is_read_by_the_function_that_raised():
+    stack = cpp_stack("c10::Error::Error(c10::SourceLocation, std::string)",
+                      "c10d::ProcessGroupNCCL::WorkNCCL::checkTimeout(std::optional<std::chrono::milliseconds>)",
+                      "c10d::ProcessGroupNCCL::watchdogHandler()", "<unknown function>")
+    assert read_log(stack).name == "collective_timeout"
+    # ... only when nothing says more
+    xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1890, GPU has fallen off the bus.\n"
+    assert read_log(stack + xid).name == "gpu_lost"
+    # a function that merely called the one that raised does not count
+    called = cpp_stack("c10::Error::Error(c10::SourceLocation, std::string)", "c10d::ProcessGroupNCCL::abort()",
+                       "c10d::ProcessGroupNCCL::WorkNCCL::checkTimeout(std::optional<std::chrono::milliseconds>)")
+    assert read_log(called).name is None
+    alloc = cpp_stack("c10::Error::Error(c10::SourceLocation, std::string)", "c10::detail::torchCheckFail(char const*)",
+                      "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(signed char, unsigned long, "
+                      "CUstream_st*)", "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::malloc(void**)")
+    assert read_log(alloc).name == "cuda_oom"
+
+
+def test_nccl_retrying_a_connection_is_the_network_only_when_it_never_got_past_it():
+    retry = "".join(f"node3:7001:7050 [0] NCCL INFO socketPollConnect: connect returned Connection timed out, retrying "
+                    f"({k}/34) after sleep for {k}00 msec\n" for k in range(1, 4))
+    assert read_log(retry).name == "nccl_network"
+    connected = retry + "node3:7001:7050 [0] NCCL INFO Connected all rings\nnode3:7001:7050 [0] NCCL INFO Init COMPLETE\n"
+    assert not read_log(connected).failed
+    # another process still retrying is its own
+    other = connected + "node4:8100:8120 [1] NCCL INFO Call to connect returned Connection refused, retrying\n"
+    assert read_log(other).name == "nccl_network"
 
 
 # -- what no class knows ----------------------------------------------------------------------------
@@ -301,6 +560,28 @@ def test_the_programs_own_error_is_your_code_raised():
     assert reading.kind == "user_code" and reading.cls is None
     assert reading.summary == "your code raised ValueError at model.py:12"
     assert "model.py:12" in reading.fix
+
+
+def test_a_message_whose_exception_line_was_cut_is_that_exception():
+    # load_state_dict's RuntimeError goes on over many lines; a paste may keep only those
+    body = ("\tsize mismatch for head.fc.weight: copying a param with shape torch.Size([10, 512]) from checkpoint, the shape "
+            "in current model is torch.Size([100, 512]).\n\tsize mismatch for head.fc.bias: copying a param with shape "
+            "torch.Size([10]) from checkpoint, the shape in current model is torch.Size([100]).\n")
+    reading = read_log(body)
+    assert reading.kind == "user_code" and reading.exception == "RuntimeError"
+    keys = read_log('\tMissing key(s) in state_dict: "encoder.layer.0.weight", "encoder.layer.0.bias".\n')
+    assert keys.kind == "user_code" and keys.exception == "RuntimeError"
+    # ... and with its exception line it is read as before
+    whole = read_log("RuntimeError: Error(s) in loading state_dict for Net:\n" + body)
+    assert whole.kind == "user_code" and whole.line.startswith("RuntimeError: Error(s)")
+
+
+def test_misusing_distributed_data_parallel_is_the_programs_own_error():
+    said = ("RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one. This "
+            "error indicates that your module has parameters that were not used in producing loss.")
+    reading = read_log(tb("/home/u/train.py:88:main", "/opt/venv/lib/python3.11/site-packages/torch/nn/parallel/"
+                          "distributed.py:1139:forward", error=said))
+    assert reading.kind == "user_code" and reading.exception == "RuntimeError"
 
 
 def test_a_workers_error_whose_traceback_is_cut_is_the_one_its_wrapper_names():

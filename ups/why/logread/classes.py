@@ -172,7 +172,8 @@ CLASSES: tuple[LogClass, ...] = (
     LogClass("peer_lost", "this rank failed because another rank or process went away (or the network between them broke)",
              "another rank: the one that ended first is the cause, this one only saw it go",
              "the log of the rank that exited first (its exception, its exit code, the OOM killer)",
-             "fix what ended the other rank; if none ended, check the network between the nodes"),
+             "fix what ended the other rank; if none ended, check the network between the nodes",
+             refines=("nccl_system_error",)),
     LogClass("nccl_invalid_usage", "NCCL calls that are invalid or do not match between ranks (usage, configuration, or versions)",
              "the program or the environment: different NCCL builds or settings on the ranks, or an invalid call",
              "the NCCL version and NCCL_* environment on every node (NCCL_DEBUG=WARN prints the reason)",
@@ -349,22 +350,24 @@ SIGNS: tuple[Sign, ...] = (
     # peer_lost
     # A peer's socket gone is a distributed failure when gloo, c10d's store or NCCL says it; a
     # Python BrokenPipeError or an HTTP connection reset is not another rank.
+    # NCCL's "Net : Connection closed by remote peer" given as the reason of an error (its "Last
+    # error:") is the peer gone; NCCL's own WARN line of it is read as the network (below).
     _s("peer_lost", r"remote process exited or there was a network error|ncclRemoteError|"
-       r"(?:gloo|pair\.cc|c10d|TCPStore|Dist\w*Error|NCCL|sendBytes|recvBytes|Read error|Write error)[^\n]*"
-       r"(?:Connection (?:closed|reset) by peer|Broken pipe)|"
-       r"recvValue failed|failed to recv, got 0 bytes", SYMPTOM),
+       r"(?:gloo|pair\.cc|c10d|TCPStore|Dist\w*Error|NCCL|Net :|socket\w*:|sendBytes|recvBytes|Read error|Write error)[^\n]*"
+       r"(?:Connection (?:closed|reset) by (?:remote )?peer|Broken pipe)|"
+       r"recvValue failed|failed to recv, got 0 bytes|NCCL Error 6\b", SYMPTOM),
     # nccl_invalid_usage
     _s("nccl_invalid_usage", r"ncclInvalidUsage|\binvalid usage\b|NCCL version mismatch|"
        r"receiv(?:ing|ed) \d+ bytes instead of \d+|ncclInvalidArgument|Invalid config blocking attribute|"
-       r"NCCL error[^\n]*invalid argument"),
+       r"NCCL error[^\n]*invalid argument|NCCL Error 5\b"),
     # duplicate_gpu
     _s("duplicate_gpu", r"Duplicate GPU detected"),
     # nccl_network
     _s("nccl_network", r"NET/(?:IB|Socket|OFI|Plugin|GDR)\b[^\n]*(?:error|fail|with status|completion)|"
        r"Got completion from peer[^\n]*with (?:error|status)|\bsocket(?:Progress|StartConnect|PollConnect|"
-       r"FinalizeAccept|Connect|Accept|Wait)\b[^\n]*(?:fail|closed|refused|error|wrong|timed? ?out|abort)|"
+       r"FinalizeAccept|Connect|Accept|Wait)\b[^\n]*(?:fail|refused|error|wrong|timed? ?out|abort)|"
        r"Call to connect|Error encountered progressing operation=Connect|Failed to execute operation Connect|"
-       r"Connection closed by remote peer|no (?:socket )?interfaces? found|ibv_\w+ failed|IBV_WC_\w+ERR|"
+       r"NCCL WARN[^\n]*Connection closed by remote peer|no (?:socket )?interfaces? found|ibv_\w+ failed|IBV_WC_\w+ERR|"
        r"transport retry counter exceeded|NCCL WARN[^\n]*Connect(?:ion)? (?:to|refused|failed)"),
     # nccl_system_error
     _s("nccl_system_error", r"unhandled system error|ncclSystemError|NCCL Error 2\b", SYMPTOM),
@@ -378,7 +381,8 @@ SIGNS: tuple[Sign, ...] = (
        r"wait timeout after \d+ ?ms, keys:"),
     # address_in_use
     _s("address_in_use", r"Address already in use|EADDRINUSE|errno: 98\b|"
-       r"server socket has failed to listen on any|failed to listen on any local network address"),
+       r"server socket has failed to listen on any|failed to listen on any local network address|"
+       r"WinError 10048\b|Only one usage of each socket address"),  # Windows' words
     # c10d says a socket failed at WARNING level, then retries or gives up in an error line: when
     # a capture stops before that line, the warning is all there is.
     _s("address_in_use", r"failed to bind to \S+ \(errno: 98", SYMPTOM, on_warning=True),
@@ -387,43 +391,61 @@ SIGNS: tuple[Sign, ...] = (
     _s("cuda_oom", r"CUDA out of memory|CUDA error: out of memory|(?:cuda|torch)\.OutOfMemoryError|"
        r"CUBLAS_STATUS_ALLOC_FAILED|Cuda failure '?out of memory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation|"
        r"THCudaCheck FAIL[^\n]*out of memory|HIP out of memory|MPS backend out of memory|Tried to allocate [\d.]+ [KMGT]i?B \(GPU \d|CUDNN_STATUS_ALLOC_FAILED|"
-       r"cuda runtime error \(2\)|\bcuda\w*\b[^\n]{0,40}?\bout of memory|\bGPU\b[^\n]{0,20}?\bout of memory"),
+       r"cuda runtime error \(2\)|\bcuda\w*\b[^\n]{0,40}?\bout of memory|\b[GNXH]PU\b[^\n]{0,20}?\bout of memory|"
+       # the accelerator's memory as other runtimes say it (TensorFlow, XLA / torch_xla)
+       r"OOM when allocating tensor|RESOURCE_EXHAUSTED: Out of memory|Ran out of memory in memory space hbm"),
     # host_oom
     _s("host_oom", r"DefaultCPUAllocator|can't allocate memory|Cannot allocate memory|not enough memory: you tried|"
        r"Unable to allocate [\d.]+ [KMGTP]?i?B for an array|_ArrayMemoryError|std::bad_alloc|\[Errno 12\]|"
-       r"^(?:[\w.]+\.)?MemoryError\b|\bENOMEM\b|Buy new RAM"),
+       r"^(?:[\w.]+\.)?MemoryError\b|\bENOMEM\b|Buy new RAM|"
+       # Windows: the page file (the commit limit) cannot back the allocation
+       r"The paging file is too small for this operation|WinError 1455\b"),
     # oom_killed: the kernel, a scheduler or a worker's death say it (a cause) ...
     _s("oom_killed", r"Out of memory: Kill(?:ed)? process|Memory cgroup out of memory|invoked oom-killer|oom-kill|"
        r"OOMKilled|\boom_kill\b|killed by signal: Killed|task \d+: Out Of Memory|exceeded (?:job |step )?memory limit|"
-       r"Killed process \d+ \("),
+       r"Killed process \d+ \(|(?:killed|kill\w*) (?:due to|because of) (?:the node )?running low on memory|"
+       # the kernel's reaper after the kill; Kubernetes evicting a pod for the node's memory
+       r"oom_reaper: reaped process|The node was low on resource: memory"),
     # ... or only the exit code says it (how it ended)
     _s("oom_killed", _exit("-9", "137") + r"|Signal 9 \(SIGKILL\)|\bsignal 9\b|\bSIGKILL\b|"
-       r"^Killed\s*$|\d+ Killed\s+\S|signal: killed\b|task \d+: Killed|"
+       r"^Killed\s*$|\d+ Killed\s+\S|signal: killed\b|task \d+: Killed|^zsh: killed\b|"
+       # a shell's "Killed" in the user's language (glibc's strsignal: zh_CN, de, ru, ja, ko, fr)
+       r"^已杀死\s*$|\d+ 已杀死|^Getötet\s*$|\d+ Getötet\s|^Убито\s*$|^強制終了\s*$|^죽었음\s*$|^Processus arrêté\s*$|"
        r"^=+\s+EXIT CODE: (?:9|137)\s*$", KILLED),  # MPICH/Intel MPI's "BAD TERMINATION" box
     # shm_full
     # NCCL writes no file but its shared-memory segments: its "No space left" is /dev/shm's.
     _s("shm_full", r"NCCL WARN[^\n]*No space left on device|/dev/shm\b[^\n]*(?:No space left|failed|error)|No space left[^\n]*/dev/shm|"
        r"unable to write to file </torch_|unable to allocate shared memory|unable to mmap \d+ bytes from file </torch_|killed by signal: Bus error|"
        r"bus error encountered in worker|insufficient shared memory|shared memory segment[^\n]*No space left|"
-       r"Error while creating shared memory segment"),
+       r"Error while creating shared memory segment|"
+       # torch's shared tensors are files in /dev/shm ("</torch_1234_5678_0>"), whatever verb failed on them
+       r"</torch_[\w-]*>[^\n]*(?:No space left|\(28\)|errno:? 28)"),
     # Where the error was raised says which device is full: POSIX semaphores and shared memory
     # segments (multiprocessing's Lock, SharedMemory; torch's shared tensors) live in /dev/shm.
     _s("shm_full", r"No space left on device|\bENOSPC\b|\[Errno 28\]",
        in_frames=r"multiprocessing[/\\](?:synchronize|shared_memory|heap)\.py|torch[/\\]multiprocessing[/\\]"),
     _s("shm_full", _exit("-7", "135") + r"|Signal 7 \(SIGBUS\)|\bSIGBUS\b|^Bus error\b", KILLED),
     # cuda_illegal_memory_access
+    # ... also as CUDA's debuggers report it: cuda-gdb's exceptions ("CUDA Exception: Warp Illegal
+    # Address", CUDA_EXCEPTION_14) and compute-sanitizer's / cuda-memcheck's "Invalid __global__
+    # read of size 4 bytes".
     _s("cuda_illegal_memory_access", r"illegal memory access|cudaErrorIllegalAddress|CUDA_ERROR_ILLEGAL_ADDRESS|"
-       r"Cuda failure 700\b"),
+       r"Cuda failure 700\b|(?:Warp|Lane|Device) (?:Illegal|Out-of-range) Address|CUDA_EXCEPTION_(?:1|5|14)\b|"
+       r"Invalid __(?:global|shared|local)__ (?:read|write|atomic)|"
+       r"Memory access fault by GPU node-\d+"),  # ROCm's words for it
     # cuda_device_assert
     _s("cuda_device_assert", r"device-side assert(?:ion)? triggered|\.cu(?:h)?:\d+:[^\n]*Assertion `[^\n]*` failed|"
        r"block: \[[\d,]+\], thread: \[[\d,]+\] Assertion|cudaErrorAssert|CUDA_ERROR_ASSERT"),
     # cuda_no_kernel_image
     _s("cuda_no_kernel_image", r"no kernel image is available|cudaErrorNoKernelImageForDevice|"
-       r"CUDA error: invalid device function|invalid value for --gpu-architecture"),
-    # torch's warning that this GPU is not in its build: a warning never decides; its text cut
-    # from its "UserWarning:" line is read, after any error that says more.
-    _s("cuda_no_kernel_image", r"with CUDA capability sm_\d+ is not compatible with the current PyTorch installation",
-       SYMPTOM),
+       r"(?:CUDA|HIP) error: invalid device function|invalid value for --gpu-architecture|"
+       r"hipErrorNoBinaryForGpu|Unable to find code object for all current devices"),  # ROCm's
+    # torch's warning that this GPU is not in its build: read on the warning's message (its
+    # "UserWarning:" line or the line after), as a symptom: any error that says more decides.
+    _s("cuda_no_kernel_image", r"with CUDA capability sm_\d+ is not compatible with the current PyTorch installation|"
+       # ... and its older words for a GPU below the build's minimum
+       r"Found GPU\d+ [^\n]* which is of cuda capability \d+\.\d+|PyTorch no longer supports this GPU because it is too old",
+       SYMPTOM, on_warning=True),
     # cuda_driver_insufficient
     _s("cuda_driver_insufficient", r"driver version is insufficient|NVIDIA driver on your system is too old|"
        r"cudaErrorInsufficientDriver|CUDA_ERROR_INSUFFICIENT_DRIVER|unsupported display driver / cuda driver combination|"
@@ -434,6 +456,10 @@ SIGNS: tuple[Sign, ...] = (
     _s("gpu_lost", r"fallen off the bus|\bGPU is lost\b|GpuIsLost|NVML_ERROR_GPU_IS_LOST|NV_ERR_GPU_IS_LOST|"
        r"GPU lost from the bus|"
        r"Unable to determine the device handle for GPU|\bXid\b[^\n]*?:\s*79\b|\bXid[ :]+79\b"),
+    # The driver could not bring a GPU up (NVRM's "RmInitAdapter failed", "Cannot attach gpu"):
+    # the GPU is gone for the driver, whatever put it there (an ECC or an Xid said beside it
+    # says more).
+    _s("gpu_lost", r"RmInitAdapter failed|rm_init_adapter failed|Cannot attach gpu", SYMPTOM),
     # gpu_ecc
     _s("gpu_ecc", r"uncorrectable ECC error|ECC error encountered|cudaErrorECCUncorrectable|CUDA_ERROR_ECC_UNCORRECTABLE|"
        r"row remap(?:ping)? fail|double bit ECC|\bXid\b[^\n]*?:\s*(?:" + "|".join(map(str, _ECC_XIDS)) + r")\b|"
@@ -442,8 +468,10 @@ SIGNS: tuple[Sign, ...] = (
     # shows as Xid 13/31/43): a symptom beside a CUDA error.
     _s("gpu_xid", r"NVRM: Xid|\bXid \(PCI:|\bXid[ :]+\d+\b|NVRM:[^\n]*(?:GSP|heartbeat)[^\n]*timed out", SYMPTOM),
     # disk_full
-    _s("disk_full", r"No space left on device|\bENOSPC\b|\[Errno 28\]|PytorchStreamWriter failed writing|file write failed|"
-       r"unexpected pos \d+ vs \d+|Cannot write: No space|database or disk is full"),
+    _s("disk_full", r"No space left on device|There is not enough space on the disk|\bENOSPC\b|\[Errno 28\]|PytorchStreamWriter failed writing|file write failed|"
+       r"unexpected pos \d+ vs \d+|Cannot write: No space|database or disk is full|"
+       # Kubernetes evicting a pod for the node's disk (its ephemeral storage)
+       r"The node was low on resource: ephemeral-storage|ephemeral local storage usage exceeds"),
     # disk_quota
     _s("disk_quota", r"Disk quota exceeded|\bEDQUOT\b|\[Errno 122\]"),
     # read_only_fs
@@ -470,19 +498,30 @@ SIGNS: tuple[Sign, ...] = (
     _s("too_many_open_files", r"Too many open files|\bEMFILE\b|\[Errno 24\]|items of ancdata"),
     # segfault: a crash report is the cause; an exit code or an abort after a C++ exception is
     # only how the process ended.
-    _s("segfault", r"Segmentation fault|segmentation fault encountered in worker|killed by signal: Segmentation|"
+    _s("segfault", r"Segmentation fault|段错误|Speicherzugriffsfehler|Erreur de segmentation|Ошибка сегментирования|"
+       r"セグメンテーション違反|Violación de segmento|segmentation fault encountered in worker|killed by signal: Segmentation|"
        r"Fatal Python error: Segmentation|\bSIGSEGV\b received|double free or corruption|"
-       r"free\(\): invalid|malloc\(\): corrupted|corrupted size vs\. prev_size"),
-    _s("segfault", _exit("-11", "139") + r"|Signal 11 \(SIGSEGV\)|\bSIGSEGV\b", KILLED),
+       r"free\(\): invalid|malloc\(\): corrupted|corrupted size vs\. prev_size|"
+       # Windows' access violation (faulthandler's report of it)
+       r"Windows fatal exception: access violation"),
+    _s("segfault", _exit("-11", "139", "-1073741819", "3221225477") + r"|Signal 11 \(SIGSEGV\)|\bSIGSEGV\b|\bsignal 11\b|"
+       r"\b0xC0000005\b", KILLED),  # Windows' exit status of an access violation
     _s("segfault", _exit("-6", "134") + r"|Signal 6 \(SIGABRT\)|\bSIGABRT\b|^Aborted\b|killed by signal: Aborted|"
        r"Fatal Python error: Aborted", EXIT),
     # job_terminated
     _s("job_terminated", r"CANCELLED AT \S+ DUE TO|STEPD TERMINATED ON|Received (?:\d+|Signals\.\w+|SIG\w+) death signal|"
        r"got signal: (?:15|1|2|Signals\.SIG(?:TERM|HUP|INT))\b|DUE TO PREEMPTION|\bwas preempted\b|preemption notice|"
        r"Force Terminated job|spot (?:instance )?interruption|Received SIGTERM|"
-       r"Job deleted at request of \S+|\bjob preempted\b", on_warning=True),  # PBS/Torque's notice
+       r"Job deleted at request of \S+|\bjob preempted\b|"  # PBS/Torque's notice
+       # a scheduler's time limit as PBS and LSF word it
+       r"job killed: walltime \S+ exceeded limit|TERM_(?:RUNLIMIT|PREEMPT|OWNER|FORCE_OWNER|REQUEUE_\w+)\b|"
+       r"job killed after reaching LSF run time limit|"
+       # a job's own handler for its scheduler's signal (submitit, Lightning's SLURM plugin); not
+       # SIGINT: a user's Ctrl-C, often on a hang whose cause is elsewhere
+       r"\b(?:is|was|been|being|got) preempted\b|\bpreempted by (?:the )?(?:scheduler|slurm|a higher)|"
+       r"(?:caught|received|handling) (?:the )?signal:? SIG(?:TERM|HUP|USR1|USR2)\b", on_warning=True),
     _s("job_terminated", _exit("-15", "143") + r"|Signal 15 \(SIGTERM\)|^Terminated\s*$|tasks? [\d,-]+: Terminated|"
-       r"srun: Job step aborted|CANCELLED AT \S+", EXIT),
+       r"srun: Job step aborted|CANCELLED AT \S+|<Signals\.SIGTERM: 15>", EXIT),
 )
 
 
@@ -505,6 +544,27 @@ FRAME_SIGNS: tuple[FrameSign, ...] = (
     FrameSign("checkpoint_cuda_on_cpu", re.compile(r"torch[/\\]serialization\.py$"),
               re.compile(r"^(?:validate_cuda_device|_cuda_deserialize|default_restore_location)$")),
 )
+
+
+# A C++ exception's stack (c10's "frame #N: symbol + 0x..." dump, under a message a paste may
+# have cut) is read by the function that raised it: the first frame past c10's error
+# constructors. Weak (``EXIT``), like a cut Python traceback.
+CPP_FRAME_SIGNS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("collective_timeout", re.compile(r"ProcessGroupNCCL::WorkNCCL::checkTimeout\b")),
+    ("nccl_heartbeat", re.compile(r"ProcessGroupNCCL::(?:HeartbeatMonitor::runLoop|heartbeatMonitor)\b")),
+    ("cuda_oom", re.compile(r"DeviceCachingAllocator::malloc\b")),  # the caching allocator found no block
+    ("rendezvous_timeout", re.compile(r"c10d::TCPStore::doWait\b")),  # a key the store never got
+)
+# NCCL's notice that it retries a connection (INFO: "Call to connect returned Connection
+# refused, retrying", "socketPollConnect: connect returned No route to host, retrying (3/34)"):
+# the network, when the process never got past it (no other NCCL line of it follows).
+NCCL_RETRY = re.compile(r"\bconnect returned [^,\n]+, retrying", re.I)
+NCCL_RETRY_CLASS = "nccl_network"
+
+
+def cpp_frame_class(symbol: str) -> str | None:
+    """The class a C++ frame's function shows (the function that raised), if any."""
+    return next((cls for cls, pattern in CPP_FRAME_SIGNS if pattern.search(symbol)), None)
 
 
 def frame_class(frames: list[tuple[str, int, str | None]]) -> FrameSign | None:

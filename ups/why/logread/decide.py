@@ -45,16 +45,22 @@ USER_TYPES = frozenset((
     "JSONDecodeError", "UnicodeDecodeError", "UnicodeEncodeError", "SyntaxError", "IndentationError",
 ))
 USER_MESSAGES = re.compile(
-    r"shapes cannot be multiplied|size mismatch|Error\(s\) in loading state_dict|Expected all tensors to be on the same "
+    r"shapes cannot be multiplied|size mismatch|Error\(s\) in loading state_dict|(?:Missing|Unexpected) key\(s\) in state_dict|Expected all tensors to be on the same "
     r"device|does not require grad|Expected object of scalar type|expected scalar type|The size of tensor a|"
     r"shape '\[[^\]]*\]' is invalid for input of size|Given groups=|Sizes of tensors must match|modified by an inplace "
     r"operation|backward through the graph a second time|Input type .* and weight type .* should be the same|"
     r"Expected \d+D|must match the size of tensor|Expected input batch_size|expected input\[|"
-    r"Found dtype \w+ but expected \w+", re.I)
+    r"Found dtype \w+ but expected \w+|"
+    # DistributedDataParallel's checks of the program's use of it (unused parameters, reentrant backward)
+    r"Expected to have finished reduction in the prior iteration|Expected to mark a variable ready only once", re.I)
 # A shell tool's complaint in a job script ("rm: cannot remove 'x': No such file or directory"):
 # scripts go on after them, so they explain a failure only when nothing else does.
 SHELL_TOOL = re.compile(r"^(?:/(?:usr/)?bin/)?(?:rm|ls|cp|mv|mkdir|rmdir|cat|ln|chmod|chown|find|du|df|tar|touch|tee|"
                         r"module|source|wget|curl|git|fatal|bash|sh|zsh|sed|grep|awk|head|tail|cd)(?:\[\d+\])?:\s")
+# Classes whose failure a Python program raises (an exception ends it): said on a line of its own
+# ("No module named 'apex'", "[Errno 2] No such file or directory: 'x.yaml'") with an exception
+# after it, the program caught it and went on.
+PROGRAM_ERRORS = frozenset(("import_error", "file_missing"))
 # NCCL's return codes in its INFO trace (``file.cc:N -> 2``): 2 system error, 5 invalid usage, 6 remote error.
 NCCL_CODES = {2: "nccl_system_error", 5: "nccl_invalid_usage", 6: "peer_lost"}
 _RANK_WORDS = re.compile(r"\[Rank (\d+)\]|\bon rank:? (\d+)|\brank(\d+)\b|\blocal_rank:? (\d+)|\bRank (\d+) is running|"
@@ -167,7 +173,7 @@ def decide(events: list[Event]) -> Reading:
         if ev.superseded:
             continue
         if ev.kind == "code":
-            cls = NCCL_CODES.get(ev.code or 0)
+            cls = ev.shows or NCCL_CODES.get(ev.code or 0)
             if cls:
                 classed.append(Candidate(EXIT, ev, BY_NAME[cls]))
             continue
@@ -191,6 +197,8 @@ def decide(events: list[Event]) -> Reading:
         tier, _, cls, k = found[0]
         if SHELL_TOOL.match(ev.head.body):
             tier = max(tier, SYMPTOM)  # a script's `rm` or `cp` that failed and went on
+        elif cls.name in PROGRAM_ERRORS and ev.kind == "line" and _raised_later(events, ev):
+            tier = max(tier, SYMPTOM)  # a program's note of an error it went on after
         classed.append(Candidate(tier, ev, cls, k))
 
     for tier in (CAUSE, KILLED):
@@ -215,6 +223,11 @@ def decide(events: list[Event]) -> Reading:
         line = _shown(said.raw)
         return Reading("unknown", None, line, _rank(ev, line), ev.site(own=False), ev.etype, said.n)
     return Reading("none")
+
+
+def _raised_later(events: list[Event], ev: Event) -> bool:
+    """An exception of ``ev``'s stream comes after it: the program went on past ``ev``'s line."""
+    return any(e.kind == "exception" and e.n > ev.n and e.head.stream == ev.head.stream for e in events)
 
 
 def _nccl_process(ev: Event) -> str:

@@ -9,7 +9,9 @@ frame). The events an engineer looks for:
   and traceback line) and the agent's ``failed (exitcode: N) local_rank: R`` line;
 * any other line that may say what went wrong (NCCL WARN lines, CUDA errors, the kernel's
   Xid and OOM-killer lines, SLURM's, DataLoader workers' deaths, a shell's "Killed");
-* a traceback cut off before its exception (a paste that ends early).
+* a traceback cut off before its exception (a paste that ends early);
+* weak notices on context lines, read only when nothing else says more: NCCL's return codes
+  and connection retries (INFO), and the function a C++ stack says raised.
 
 Wrappers (``ChildFailedError``, ``CalledProcessError``, a DataLoader worker's "Caught X in
 DataLoader worker process N") report another process's failure: they are events, but the
@@ -21,6 +23,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from ups.why.logread.classes import NCCL_RETRY, NCCL_RETRY_CLASS, cpp_frame_class
 from ups.why.logread.lines import Line, frame_site, read_lines, return_code
 
 EXCEPTION = re.compile(
@@ -52,6 +55,7 @@ class Event:
     cause_of_next: bool = False  # an exception chained into the next one
     superseded: bool = False  # a wrapper whose wrapped failure the log also has
     code: int | None = None  # an NCCL return code (kind "code")
+    shows: str | None = None  # the class a weak notice shows (kind "code": a C++ frame, NCCL's retries)
 
     @property
     def n(self) -> int:
@@ -109,6 +113,8 @@ def parse(lines: list[Line]) -> list[Event]:
     opened: dict[str, Line] = {}  # each stream's open traceback's last frame line
     source: dict[str, Line] = {}  # the code under each stream's last frame
     last_exception: dict[str, Event] = {}
+    cpp: dict[str, bool] = {}  # each stream's C++ stack: whether the frame that raised was read
+    retries: list[Event] = []
     consumed: set[int] = set()
     for i, line in enumerate(lines):
         if line.n in consumed:
@@ -134,10 +140,24 @@ def parse(lines: list[Line]) -> list[Event]:
             code = return_code(line)
             if code is not None:
                 events.append(Event("code", [line], rank=line.rank, code=code))
+            elif line.nccl == "INFO" and NCCL_RETRY.search(line.body):
+                retries.append(Event("code", [line], rank=line.rank, shows=NCCL_RETRY_CLASS))
+                events.append(retries[-1])
+            cpp_frame = _CPP_FRAME.match(line.body)
+            if cpp_frame:
+                if cpp_frame.group("k") == "0":
+                    cpp[stream] = False
+                if not cpp.get(stream, True) and not _CPP_RAISING.match(cpp_frame.group("sym")):
+                    cpp[stream] = True
+                    shows = cpp_frame_class(cpp_frame.group("sym"))
+                    if shows:
+                        events.append(Event("code", [line], rank=line.rank, shows=shows))
         elif line.role in ("content", "warning"):
             event = _statement(lines, i, consumed)
             if event is None:
                 continue
+            if event.kind == "line" and stream not in last_exception:
+                event = _headless(event) or event
             if event.kind == "exception" or event.etype == "ChildFailedError":  # its traceback ends here
                 event.frames = frames.pop(stream, [])
                 opened.pop(stream, None)
@@ -147,7 +167,49 @@ def parse(lines: list[Line]) -> list[Event]:
     for stream in list(opened):
         _close(events, frames, opened, source, stream)
     _link_wrappers(events)
+    _drop_passed_retries(lines, retries)
     return events
+
+
+# The lines an exception's message goes on with, whose exception is known by them when a paste
+# cut its first line: load_state_dict's RuntimeError ("Error(s) in loading state_dict for X:").
+HEADLESS = (
+    ("RuntimeError", re.compile(r"^(?:size mismatch for [\w.]+: copying a param with shape|"
+                                r"(?:Missing|Unexpected) key\(s\) in state_dict: )")),
+)
+
+
+def _headless(event: Event) -> Event | None:
+    """The exception whose message ``event``'s line goes on with, when the paste cut its first
+    line (no exception came before it in its stream)."""
+    etype = next((t for t, pattern in HEADLESS if pattern.match(event.head.body)), None)
+    return Event("exception", event.lines, etype=etype, rank=event.rank) if etype else None
+
+
+_CPP_FRAME = re.compile(r"^frame #(?P<k>\d+): (?P<sym>.+?)(?: \+ 0x[0-9a-f]+)?(?: \(|$)")
+# c10's error constructors, the innermost frames of every C++ exception's stack
+_CPP_RAISING = re.compile(r"c10::Error::|c10::\w*Error::|c10::detail::|torchCheckFail|torchInternalAssertFail|"
+                          r"<unknown function>|c10::get_backtrace|c10::SourceLocation")
+_NCCL_PROCESS = re.compile(r"^\s*(\S+?:\d+):\d+ \[\d+\]")
+
+
+def _drop_passed_retries(lines: list[Line], retries: list[Event]) -> None:
+    """NCCL retries a connection quietly while a peer starts: its retry notices show the network
+    only when the process never got past them (no other NCCL line of it follows them)."""
+    if not retries:
+        return
+    last: dict[str, int] = {}  # each NCCL process's last line that is not a retry
+    for line in lines:
+        if line.nccl is not None and not NCCL_RETRY.search(line.body):
+            last[_who(line)] = line.n
+    for ev in retries:
+        if last.get(_who(ev.head), -1) > ev.n:
+            ev.superseded = True
+
+
+def _who(line: Line) -> str:
+    m = _NCCL_PROCESS.match(line.body)
+    return m.group(1) if m else f"stream:{line.stream}"
 
 
 # A statement that raises: ``raise RuntimeError('Attempting to deserialize object on a CUDA '``.
@@ -202,12 +264,14 @@ _DETAIL = re.compile(r"^(?:nccl[A-Z]\w*:|Last error:)")
 def _nccl_detail(lines: list[Line], i: int, consumed: set[int]) -> list[Line]:
     """NCCL's error explained under the line that reports it ("ncclInvalidUsage: ...",
     "Last error:" and the line after it): the reason belongs to the error, even when the
-    error's own line is garbled (two ranks' output interleaved)."""
+    error's own line is garbled (two ranks' output interleaved). A logger prefixes the first
+    line of a record only ("[rank1]:[E ...] ... NCCL error" and its unprefixed explanation):
+    lines with no prefix may carry a rank's."""
     stream = lines[i].stream
     out: list[Line] = []
     last_error = False
     for line in lines[i + 1: i + 1 + MAX_CONTINUATION]:
-        if line.stream != stream or line.role == "blank":  # a paste may double-space NCCL's lines
+        if (line.stream != stream and line.stream) or line.role == "blank":  # a paste may double-space NCCL's lines
             continue
         if line.role == "content" and (_DETAIL.match(line.body) or last_error):
             out.append(line)

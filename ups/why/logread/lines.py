@@ -2,9 +2,12 @@
 logger's level) and what role it plays. Roles:
 
 * ``context``: never decides anything. INFO and DEBUG lines (NCCL's ``NCCL INFO`` dumps,
-  which print "cannot open shared object file" in healthy runs), WARNING lines, Python
-  warnings and the lines they carry, boilerplate footers (CUDA's "Compile with
-  `TORCH_USE_CUDA_DSA`", "CUDA_LAUNCH_BLOCKING=1"), banners, progress bars, C++ frame dumps;
+  which print "cannot open shared object file" in healthy runs), the lines a Python warning
+  carries after its message, boilerplate footers (CUDA's "Compile with `TORCH_USE_CUDA_DSA`",
+  "CUDA_LAUNCH_BLOCKING=1"), banners, progress bars, C++ frame dumps;
+* ``warning``: a WARNING line, a Python warning's message (on its ``UserWarning:`` line or the
+  line after an empty one), an error the program says it caught: read only by the signs a
+  warning may show;
 * ``frame`` and ``source``: a Python traceback's ``File "...", line N`` and the code under it;
 * ``header`` (``Traceback (most recent call last):``) and ``chain`` (``During handling of the
   above exception`` / ``The above exception was the direct cause``);
@@ -18,6 +21,7 @@ is read as the one line it was printed as.
 
 from __future__ import annotations
 
+import html
 import itertools
 import re
 from dataclasses import dataclass
@@ -38,7 +42,9 @@ _OTHER_PREFIXES = (
     # a timestamp, a traceback), never before words ("Error: ...").
     re.compile(r"[A-Za-z][\w.-]*: (?=\S+:\d+:\d+ \[\d+\] |\[rank\d+\]|\[default\d+\]|\[\d{4}-\d\d-\d\d|"
                r"\d{4}-\d\d-\d\d[ T]|Traceback \(|\s*File \")"),
-    re.compile(r"\[(?:stderr|stdout)\]\s?"),
+    re.compile(r"\[(?:stderr|stdout)\]\s?|(?:stderr|stdout|STDERR|STDOUT):\s?"),
+    # docker compose's service label ("trainer-1  | ", v1's "trainer_1  | "), kubectl --prefix's
+    re.compile(r"[\w.-]+[-_]\d+\s+\|\s?|\[pod/[^\]\s]+\]\s?"),
     re.compile(r">{1,3}\s"),  # a quote in a pasted report, an interpreter's prompt
     re.compile(r"E {2,}(?=\S)"),  # pytest's failure lines
     re.compile(r"\[\d{1,7}\]\s"),  # a line or process number
@@ -77,7 +83,10 @@ FOOTERS = re.compile(
     r"|\(?run with NCCL_DEBUG=(?:INFO|WARN) for details\)?"
     r"|Details are lost due to multiprocessing\.\s*Rerunning with num_workers=0 may give better error trace\.?"
     r"|To enable traceback see: \S+"
-    r"|See inner exception for details\.?",
+    r"|See inner exception for details\.?"
+    # A list of what *might* have happened ("There are some potential root causes. (1) ... OOM
+    # killer (2) ... SIGSEGV") is a hint, not a report: its words say nothing happened.
+    r"|\b(?:There (?:are|is) (?:some |several |a few )?)?(?:potential|possible|probable) (?:root )?(?:causes?|reasons?)\b.*",
     re.I,
 )
 # Whole lines that are boilerplate whatever their level.
@@ -98,6 +107,11 @@ _BOILERPLATE = re.compile(
     r"|^Exception \(either an error or timeout\) detected by watchdog",
     re.I,
 )
+# A Python warning's category and message ("x.py:146: UserWarning: <message>"); the message may
+# be on the next line (torch's warnings start with a newline).
+_PY_WARNING = re.compile(r"(?:^|[\s:(\]])[A-Z]\w*Warning:\s*(?P<msg>.*)$")
+# A whole line in a paste's Markdown emphasis ("**Killed**", "`Segmentation fault`").
+_EMPHASIS = re.compile(r"^(\*\*|__|`)(?P<said>[^*_`].*?)\1$")
 _WARNING_LINE = re.compile(r"(?:^|[\s:(\]])(?:[A-Z]\w*)?Warning:|\bwarning:|^\s*warnings?\.warn\(|^\s*_?warn(?:ings\.warn)?\(")
 _EXCEPTION_LIKE = re.compile(r"^[\w.]*(?:Error|Exception)\b:?")
 # An error right under a warning is not the warning's message.
@@ -120,7 +134,9 @@ FRAME = re.compile(
     r"|^\s*File (?P<jpath>[^,\s]+\.py):(?P<jline>\d+)(?:, in (?P<jfn>\S+?)\(\))?"  # IPython
     r"|^\s*(?P<cpath>\S+\.py):(?P<cline>\d+) \((?P<cfn>\w+)\)\s*$"
     r"|^\s*at (?P<apath>\S+\.py):(?P<aline>\d+) in (?P<afn>\w+)\s*$"  # cleo / pretty tracebacks
-    r"|^\s*(?P<ipath><ipython-input-[^>]+>|Cell In\[\d+\]) in <?\w+>?|^\s*Cell In\[\d+\], line \d+"
+    r"|^\s*(?P<kpath>Cell In\[\d+\]), line (?P<kline>\d+)"  # Jupyter's cell (the program's own code)
+    r"|^\s*(?P<ipath><ipython-input-[^>]+>|Cell In\[\d+\]) in <?\w+>?"
+    r"|^\s*│\s*(?P<rpath>[^\s│]+\.py):(?P<rline>\d+) in (?P<rfn>[^\s│]+)"  # Rich's boxed traceback
 )
 _IPYTHON_CODE = re.compile(r"^\s*(?:-*>\s*)?\d+\s")
 
@@ -144,9 +160,10 @@ def frame_site(body: str) -> tuple[str, int, str | None] | None:
     m = FRAME.match(body)
     if not m:
         return None
-    for p, n, f in (("path", "line", "fn"), ("jpath", "jline", "jfn"), ("cpath", "cline", "cfn"), ("apath", "aline", "afn")):
+    for p, n, f in (("path", "line", "fn"), ("jpath", "jline", "jfn"), ("cpath", "cline", "cfn"), ("apath", "aline", "afn"),
+                    ("kpath", "kline", None), ("rpath", "rline", "rfn")):
         if m.group(n) is not None:
-            return m.group(p), int(m.group(n)), m.group(f)
+            return m.group(p), int(m.group(n)), m.group(f) if f else None
     return None
 
 
@@ -191,6 +208,9 @@ def _level(body: str) -> tuple[str | None, str | None, str | None, str]:
     return None, None, None, body
 
 
+# A terminal's escape sequences (colours, titles): a log written by a coloured logger has them.
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]")
+_ENTITY = re.compile(r"&(?:lt|gt|amp|quot|apos|#39|#x27|#34);")
 _NCCL_PREFIX = re.compile(r"\S+:\d+:\d+ \[\d+\] ")
 WRAP_WIDTH = 60  # narrower lines of one length are too common to be read as a wrap
 
@@ -209,18 +229,29 @@ def _starts_a_line(text: str) -> bool:
 
 
 def _log_width(physical: list[str]) -> int | None:
-    """The width a whole paste was wrapped at: its longest lines, when at least three distinct
-    ones share that length (at least WRAP_WIDTH), most are followed by the rest of a line (a
-    line that does not start one of its own), and a third of those wraps cut inside a word."""
+    """The width a whole paste was wrapped at: its longest lines, when at least three share that
+    length (at least WRAP_WIDTH; one line repeated, wrapped each time, counts), most are followed
+    by the rest of a line (a line that does not start one of its own), and a third of those
+    wraps cut inside a word or before the punctuation that goes on a line (",", ")")."""
     width = max((len(x) for x in physical), default=0)
     if width < WRAP_WIDTH:
         return None
     at = [k for k, x in enumerate(physical) if len(x) == width]
-    if len({physical[k] for k in at}) < 3:
+    if len(at) < 3:
         return None
     follows = [k for k in at if k + 1 < len(physical) and physical[k + 1] and not _starts_a_line(physical[k + 1])]
-    cut = [k for k in follows if physical[k][-1].isalnum() and physical[k + 1][0].isalnum()]
+    cut = [k for k in follows if _cut_inside(physical[k], physical[k + 1])]
     return width if len(follows) * 2 > len(at) and len(cut) * 3 >= len(follows) else None
+
+
+def _cut_inside(a: str, b: str) -> bool:
+    """``a`` and ``b`` are one line cut in two: inside a word, before punctuation that never
+    starts a line of its own, right after a comma, a bracket or a slash, or after a dot or a
+    space (a printed line seldom ends on one) before a lowercase word."""
+    end, start = a[-1:], b[:1]
+    word = (end.isalnum() or end == "_") and (start.isalnum() or start == "_")
+    return (word or (end.isalnum() and start in ",;)]}") or (end in ",([{/=" and start.isalnum())
+            or (end in ". " and start.islower()))
 
 
 def unwrap(physical: list[str]) -> list[tuple[int, str]]:
@@ -250,7 +281,7 @@ def unwrap(physical: list[str]) -> list[tuple[int, str]]:
             group = physical[k: j + 2]
             if (len(set(group[:-1])) == len(group) - 1 and 0 < len(group[-1]) <= width
                     and not any(_starts_a_line(g) for g in group[1:])
-                    and any(a[-1:].isalnum() and b[:1].isalnum() for a, b in itertools.pairwise(group))):
+                    and any(_cut_inside(a, b) for a, b in itertools.pairwise(group))):
                 out.append((k, "".join(group)))
                 k = j + 2
                 continue
@@ -264,10 +295,18 @@ def read_lines(text: str) -> list[Line]:
     end lines too; a hard-wrapped line is one line (:func:`unwrap`), numbered by its first."""
     roles = _Roles()
     out: list[Line] = []
+    text = _ANSI.sub("", text) if "\x1b" in text else text
+    if _ENTITY.search(text):  # a paste taken from a web page's HTML: "&lt;/torch_1234&gt;", "&#39;"
+        text = html.unescape(text)
+    if 'File \\"' in text:  # a paste from a string's repr or JSON: File \"/x.py\", line 3
+        text = text.replace('\\"', '"')
     for n, raw in unwrap(re.split(r"\r\n|\r|\n", text)):
         raw = raw.rstrip()
         body, rank, ts = _strip_prefixes(raw.strip())
         stream = f"rank{rank}" if rank is not None else ""
+        emphasis = _EMPHASIS.match(body)
+        if emphasis:
+            body = emphasis.group("said").strip()
         bar = _PROGRESS.match(body)
         if bar and not HEADER.search(body[: bar.end()]):
             body = body[bar.end():].lstrip(" |")  # an error printed right after a progress bar
@@ -284,11 +323,14 @@ def read_lines(text: str) -> list[Line]:
 def _rest_of_quiet_line(prev: Line, raw: str) -> bool:
     """``raw`` is the rest of an INFO line a terminal wrapped (too few lines of one width to
     tell the paste's width): the INFO line is long and stops on a character, and ``raw`` goes
-    on lowercase or with punctuation, with nothing that starts a line of its own."""
+    on lowercase or with punctuation, with nothing that starts a line of its own: not a level
+    word of its own ("submitit WARNING (...) - ..."), nor the first word the INFO line starts
+    with (a logger's name: its next line)."""
     quiet = prev.nccl in ("INFO", "TRACE") or (prev.nccl is None and prev.level in QUIET_LEVELS)
     return (quiet and prev.role == "context" and len(prev.raw) >= WRAP_WIDTH and prev.raw[-1:].strip() != ""
             and raw[:1].strip() != "" and not raw[:1].isupper() and not raw[:1].isdigit()
-            and not _OWN_WORDS.match(raw) and not _starts_a_line(raw))
+            and not _OWN_WORDS.match(raw) and not _starts_a_line(raw) and _LEVEL.match(raw) is None
+            and raw.split(None, 1)[0] != prev.raw.split(None, 1)[0])
 
 
 # Lines that start lowercase and still stand alone: NCCL's error names, a C++ exception's what().
@@ -303,14 +345,18 @@ class _Roles:
         self.in_warning = False  # the lines a Python warning carries (its message, `warnings.warn(`)
         self.after_frame = False  # the next line is the frame's source code
         self.ipython = False
+        self.message_next = False  # a Python warning's header had no message: the next line is it
+        self.rich = False  # inside Rich's boxed traceback ("╭── Traceback ... ──╮" to "╰──╯")
 
     def of(self, body: str, level: str | None, nccl: str | None) -> tuple[str, str]:
         if not body:
-            self.in_warning = self.after_frame = False
+            self.in_warning = self.after_frame = self.message_next = False
             return "blank", ""
+        message_next, self.message_next = self.message_next, False
         if HEADER.search(body):
             self.in_warning = self.after_frame = False
             self.ipython = bool(re.match(r"\S+\s{3,}Traceback", body))
+            self.rich = body.startswith("╭")
             return "header", body
         if CHAIN.search(body):
             self.in_warning = self.after_frame = False
@@ -318,6 +364,12 @@ class _Roles:
         if FRAME.match(body):
             self.after_frame = True
             return "frame", body
+        if self.rich:  # the box's other lines are its frames' code and locals
+            self.rich = not body.startswith("╰")
+            if body[:1] in "│╰":
+                self.after_frame = False
+                return "source" if body[:1] == "│" else "context", body
+            self.rich = False
         if self.after_frame and not _looks_like_statement(body):
             self.after_frame = False
             return "source", body
@@ -328,8 +380,17 @@ class _Roles:
             return "context", body
         if "arn" in body and _WARNING_LINE.search(body) and not _EXCEPTION_LIKE.match(body):
             self.in_warning = True
-            return "context", body
+            # A Python warning's message is a notice: read, like a WARNING line, only by the
+            # signs that a warning may show (:class:`ups.why.logread.classes.Sign`'s on_warning).
+            m = _PY_WARNING.search(body)
+            if m is None:
+                return "context", body
+            said = FOOTERS.sub("", m.group("msg")).strip()
+            self.message_next = not said
+            return ("warning", said) if said else ("context", body)
         if self.in_warning and not _looks_like_statement(body) and not _ERROR_WORDS.search(body):
+            if message_next:
+                return "warning", FOOTERS.sub("", body).strip()
             return "context", body
         self.in_warning = False
         said = FOOTERS.sub("", body).strip()
