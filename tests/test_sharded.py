@@ -87,6 +87,20 @@ def end(run: RunDir) -> None:
         run_ups("kill", str(run.path), "--force", timeout=60)
 
 
+def hang_named(tmp_path: Path, program: Path, steps: int, nproc: int = 2) -> dict:
+    """Rank 1 hangs in its own code: the verdict that names it (its line; no poll before named
+    anyone else; within LATENCY_S of the fault)."""
+    run = launch(tmp_path, program, "hang", steps, nproc)
+    try:
+        v, polls, latency = drill(run, named("rank_stuck_peers_wait"))
+    finally:
+        end(run)
+    no_wrong_culprit(polls)
+    assert v["where"]["site"] == line_of(program, "time.sleep(3600)"), v
+    assert latency <= LATENCY_S, (latency, v)
+    return v
+
+
 # (program, steps, what rank 0 waits in when rank 1 hangs or calls a one-sided all_reduce: a regex)
 PROGRAMS_WAITS = {
     "fsdp2": ("fsdp2_tutorial.py", 12, re.escape("all_gather_single (FSDP unshard of root)")),
@@ -99,16 +113,8 @@ PROGRAMS_WAITS = {
 @pytest.mark.parametrize("name", sorted(PROGRAMS_WAITS))
 def test_hang_in_own_code_names_rank_1_and_what_rank_0_waits_in(runs_root, tmp_path, name):
     file, steps, waits_in = PROGRAMS_WAITS[name]
-    program = SHARDED / file
-    run = launch(tmp_path, program, "hang", steps)
-    try:
-        v, polls, latency = drill(run, named("rank_stuck_peers_wait"))
-    finally:
-        end(run)
-    no_wrong_culprit(polls)
-    assert v["where"]["site"] == line_of(program, "time.sleep(3600)"), v
+    v = hang_named(tmp_path, SHARDED / file, steps)
     assert any(re.match(f"rank 0 waits in {waits_in}", e) for e in v["evidence"]), v["evidence"]
-    assert latency <= LATENCY_S, (latency, v)
 
 
 @pytest.mark.slow
@@ -151,19 +157,11 @@ def test_hang_on_a_2d_mesh_names_the_rank_and_each_group_that_waits(runs_root, t
     """FSDP2 over "dp" and tensor parallel over "tp" on a (2, 2) mesh, 4 ranks: rank 1 hangs in
     its own code. Rank 0 waits for it in TP's all_reduce on its 'tp' group [0, 1], rank 3 in
     FSDP's all-gather on its 'dp' group [1, 3]; rank 2 waits through them."""
-    program = SHARDED / "fsdp_tp_2d_tutorial.py"
-    run = launch(tmp_path, program, "hang", 12, nproc=4)
-    try:
-        v, polls, latency = drill(run, named("rank_stuck_peers_wait"))
-    finally:
-        end(run)
-    no_wrong_culprit(polls)
-    assert v["where"]["site"] == line_of(program, "time.sleep(3600)"), v
+    v = hang_named(tmp_path, SHARDED / "fsdp_tp_2d_tutorial.py", 12, nproc=4)
     ev = " ".join(v["evidence"])
     assert re.search(r"rank 0 waits in all_reduce \(TP RowwiseParallel\._prepare_output_fn\) #\d+ on mesh dim 'tp' \[0, 1\]", ev), v
     assert re.search(r"rank 3 waits in all_gather_single \(FSDP unshard of root\) #\d+ on mesh dim 'dp' \[1, 3\]", ev), v
     assert "waiting through them: rank 2" in ev, v
-    assert latency <= LATENCY_S, (latency, v)
 
 
 # ---------------------------------------------------------------------------------- NaN
