@@ -7,7 +7,7 @@ import json
 import time
 from pathlib import Path
 
-from helpers import run_ups, wait_for
+from helpers import run_ups, wait_for, why_now
 
 from ups.runs.rundir import RunDir
 from ups.status.series import read_series
@@ -37,6 +37,8 @@ def test_a_hang_restarted_twice_then_given_up_keeps_three_attempts(runs_root, tm
     events = run.read_events()
     hangs = [e for e in events if e["event"] == "hang"]
     assert [e["action"] for e in hangs] == ["restart", "restart", "kill: gave up after 2 restart(s)"]
+    assert why_now(run)["headline"].startswith(
+        "ended by ups on a proven hang (kill: gave up after 2 restart(s)): rank 0 is stalled"), why_now(run)
     assert [e["attempt"] for e in events if e["event"] == "restart"] == [2, 3]
     assert len([e for e in events if e["event"] == "start"]) == 3
     # stacks saved before each kill: the stack file holds a dump of the loop's own frame, three times
@@ -56,6 +58,10 @@ def test_observe_only_and_kill(runs_root, tmp_path):
     killed = _launch("--on-hang", "kill", HANG, "--hang-step", "3", cwd=tmp_path)
     wait_for(lambda: killed.read_manifest()["state"] == "failed", 90, interval=0.25, message="the kill on hang")
     assert killed.read_manifest()["summary"].startswith("ended on hang (--on-hang kill): attempt 1: rank 0 is stalled")
+    # The verdict is the hang that ups proved, not the SIGTERM it sent to end it.
+    v = why_now(killed)
+    assert v["headline"].startswith("ended by ups on a proven hang: rank 0 is stalled"), v
+    assert v["who"]["name"] == "rank-0" and any(e.startswith("proof: rank-0") for e in v["evidence"]), v
     hang = wait_for(lambda: [e for e in observed.read_events() if e["event"] == "hang"], 30, message="the observed hang")
     assert hang[0]["action"] == "observe-only: would restart"
     assert observed.read_manifest()["state"] == "running" and not (observed.path / "attempts").exists()

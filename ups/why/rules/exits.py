@@ -63,6 +63,9 @@ def ended(ev: Evidence) -> Verdict | None:
         who = kill.get("actor", "an operator")
         return Verdict("killed", f"the run was stopped by {who}" + (f" ({kill['reason']})" if kill.get("reason") else ""),
                        evidence=[summary] if summary else [], next=f"ups relaunch {view.run_id}")
+    by_watchdog = _ended_on_hang(ev)
+    if by_watchdog is not None:
+        return by_watchdog
     failure = m.get("failure") or {}
     record = _failing_record(ev, failure)
     verdict = classify_failure(ev, record, failure) if record is not None or failure else None
@@ -75,6 +78,29 @@ def ended(ev: Evidence) -> Verdict | None:
                        evidence=["no process wrote how it ended (a reboot, or everything SIGKILLed)"],
                        next=f"ups relaunch {view.run_id}")
     return Verdict("failed", summary or f"the run ended {state}", next=f"ups logs {view.run_id}")
+
+
+def _ended_on_hang(ev: Evidence) -> Verdict | None:
+    """A run that ups's own watchdog ended (--on-hang kill, or restarts spent) failed of the hang
+    it proved, not of the SIGTERM it sent: the verdict that ended it, said as such."""
+    m = ev.manifest
+    if m.get("state") != "failed":
+        return None
+    hang = next((e for e in reversed(ev.events) if e.get("event") == "hang"), None)
+    if hang is None or not str(hang.get("action") or "").startswith("kill"):
+        return None
+    attempts = [a for a in m.get("attempts") or [] if isinstance(a, dict) and isinstance(a.get("verdict"), dict)]
+    said = attempts[-1]["verdict"] if attempts else {}
+    how = "ended by ups on a proven hang" if hang["action"] == "kill" else f"ended by ups on a proven hang ({hang['action']})"
+    proof = (hang.get("proof") or {}).get("text") if isinstance(hang.get("proof"), dict) else None
+    who = said.get("who") if isinstance(said.get("who"), dict) else None
+    where = said.get("where") if isinstance(said.get("where"), dict) else None
+    return Verdict(str(hang.get("mode") or said.get("mode") or "hung"), f"{how}: {hang.get('headline') or said.get('headline')}",
+                   who=who, where=where, since=said.get("since") if isinstance(said.get("since"), (int, float)) else None,
+                   evidence=[str(e) for e in said.get("evidence") or [] if isinstance(e, str)][:4]
+                   + ([f"proof: {proof}"] if proof else []),
+                   next=(f"fix {where['site']}, then ups relaunch {ev.view.run_id}" if where and where.get("site")
+                         else f"ups stacks {ev.view.run_id} --group"))
 
 
 def _failing_record(ev: Evidence, failure: dict) -> StatusRecord | None:
