@@ -6,6 +6,7 @@ old ones). The held-out score is scripts/bench_why_corpus.py's."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import re
@@ -53,7 +54,6 @@ def test_a_log_that_says_nothing_known_is_not_classified():
 def test_the_bench_scores_a_file_tuned_on_as_seen_and_a_fresh_one_as_heldout(tmp_path: Path):
     # A held-out file, once scored and read, is tuned on: `--seen` reports it as "<stem>_seen";
     # `--heldout` still takes a never-tuned file.
-    import hashlib
     import subprocess
     import sys
 
@@ -74,3 +74,12 @@ def test_the_bench_scores_a_file_tuned_on_as_seen_and_a_fresh_one_as_heldout(tmp
     twin.write_bytes(old.read_bytes())
     clash = subprocess.run([*bench, "--seen", str(old), "--seen", str(twin)], capture_output=True, text=True, timeout=300)
     assert clash.returncode == 2 and "heldout_seen" in clash.stderr  # never two splits under one name
+
+
+def test_the_held_out_files_are_frozen():
+    """The fresh held-out sets are the claims in the README and docs/benchmarks.md: scored once
+    each, never edited after."""
+    frozen = {"heldout.jsonl": "39755ff20077faf4db8493ce29d7fb1fba2bf151cbcb7575bfda66653a207728",
+              "heldout3.jsonl": "c51745699c46f5586c8995fa61ad8617bfe2cb5e77d3124043c3b19e8891dac0"}
+    folder = Path(__file__).parent / "data" / "why_corpus"
+    assert {name: hashlib.sha256((folder / name).read_bytes()).hexdigest() for name in frozen} == frozen
