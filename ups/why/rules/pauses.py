@@ -33,18 +33,18 @@ def quiet_for(ev: Evidence, p: ProcessView) -> float:
     return max(0.0, ev.now - max(r.progress_at, r.phase_at)) if r.step else max(0.0, ev.now - r.started_at)
 
 
-def waited_for(ev: Evidence, p: ProcessView, waiting: list[ProcessView], waits_in: str) -> Verdict | None:
+def waited_for(ev: Evidence, p: ProcessView, waiting: list[ProcessView], waits_in: str | None) -> Verdict | None:
     """The rank its peers wait for (``waits_in``: "all_reduce", "DDP's gradient all-reduce
     (backward)"): busy, or being checked; None when it has been seen idle (the caller names it
     stuck) or there is no launcher to ask (the caller decides as before)."""
     state, doing = ev.doing(p)
     r = p.record
     where = where_of(ev, r)
-    peers = f"{label_list(waiting)} {'wait' if len(waiting) > 1 else 'waits'} for it in {waits_in}"
+    peers = f"{label_list(waiting)} {'wait' if len(waiting) > 1 else 'waits'} for it" + (f" in {waits_in}" if waits_in else "")
     if state == "busy":
         return Verdict("busy", f"{r.label} is busy {doing}{_at(where)}, {_for(quiet_for(ev, p))} so far; {peers}",
                        ok=True, who=who_of(r), where=where, since=max(r.progress_at, r.phase_at),
-                       evidence=[f"{r.label}: {doing}", f"{label_list(waiting)}: in {waits_in}"],
+                       evidence=[f"{r.label}: {doing}", f"{label_list(waiting)}: " + (f"in {waits_in}" if waits_in else f"waits for {r.label}")],
                        next=f"nothing to do: {r.label} is working; ups status {ev.view.run_id}")
     if state in ("checking", "unsure"):
         windows = (ev.observed.get(r.name) or {}).get("windows") or 0

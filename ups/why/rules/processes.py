@@ -66,7 +66,7 @@ def hung(ev: Evidence) -> Verdict | None:
         quiet = [q for q in peers if not q.record.collective and quiet_for(ev, q) >= PAUSE_SAID_AFTER_S]
         for q in quiet:
             pause = waited_for(ev, q, [p], "DDP's gradient all-reduce (backward)" if section is not None
-                               and in_backward(ev, p) else (r.collective or {}).get("op") or "its next collective")
+                               and in_backward(ev, p) else (r.collective or {}).get("op"))
             if pause is not None:
                 return pause
         others = f" ({label_list(peers)} not in trouble yet)" if peers else ""
