@@ -42,7 +42,7 @@ from ups.errors import RefusedSignal
 from ups.launch.proof import Observer, Watched
 from ups.runs.rundir import RunDir
 from ups.runs.view import RunView, load_run_view, node_view
-from ups.status.health import Health
+from ups.status.health import PAUSE_SAID_AFTER_S, Health
 from ups.status.host import hostname
 
 ON_HANG = ("observe", "dump", "kill", "restart")
@@ -189,9 +189,6 @@ class HangWatch:
         self._next = time.monotonic() + CHECK_EVERY_S
 
 
-QUIET_PEER_S = 5.0  # a rank with no progress this long while a peer is in trouble may be whom it waits for
-
-
 def quiet_peers(view: RunView, troubled: list) -> list:  # noqa: ANN401 - ProcessViews
     """Running ranks, not in trouble themselves (within a long phase's limit, or before their
     step time is learned), outside any collective and with no progress for a few seconds, while
@@ -199,7 +196,7 @@ def quiet_peers(view: RunView, troubled: list) -> list:  # noqa: ANN401 - Proces
     do (busy uploading, computing) rather than "settling"."""
     now = time.time()
     return [p for p in view.processes if p.record.role == "rank" and p not in troubled and p.record.state == "running"
-            and not p.record.collective and now - max(p.record.progress_at, p.record.phase_at) >= QUIET_PEER_S]
+            and not p.record.collective and now - max(p.record.progress_at, p.record.phase_at) >= PAUSE_SAID_AFTER_S]
 
 
 def proof_of(w: Watched) -> dict[str, Any]:

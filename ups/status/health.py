@@ -288,6 +288,7 @@ def classify_run(
 BUSY_PHASES = {"eval": "evaluating", "checkpoint": "writing a checkpoint", "load": "loading a checkpoint"}
 BUSY_CPU = 0.30  # the main thread's demand (on a CPU or runnable) over the record's last window
 BUSY_IO_BPS = 4096
+PAUSE_SAID_AFTER_S = 5.0  # no progress this long is a pause worth saying (or watching); shorter is a step
 
 
 def busy_doing(record: StatusRecord) -> str | None:

@@ -38,6 +38,7 @@ from ups.status.safeio import (
     text,
 )
 from ups.status.schema import (
+    COLL_RANKS_MAX,
     FINAL_STATES,
     ROLES,
     SCHEMA_VERSION,
@@ -246,7 +247,6 @@ def _metrics(v: Any) -> dict[str, Any]:
     return out
 
 
-COLL_RANKS_MAX = 256  # a larger group's ranks are not written (its name and description are)
 _WALL = number(0.0)  # a UNIX time, finite and before the year 5138
 _MONO = optional(number(0.0, 1e12))
 _SMALL = optional(integer(0, PID_MAX))

@@ -40,7 +40,7 @@ from ups.status.exceptions import describe_exception
 from ups.status.files import append_opener, folder_identity, write_atomic
 from ups.status.host import boot_id, hostname
 from ups.status.procs import process_start_time
-from ups.status.schema import SCHEMA_VERSION, process_name
+from ups.status.schema import COLL_RANKS_MAX, SCHEMA_VERSION, process_name
 
 ENV_ATTEMPT = "UPS_ATTEMPT"  # 1 for a run's first attempt; a restart after a hang counts up
 
@@ -816,7 +816,7 @@ def _collective_dict(current: tuple | None, wall: float) -> dict[str, Any] | Non
            "prev_op": prev[0] if prev else None, "prev_site": prev[2] if prev else None}
     if info is not None:
         group, desc, ranks, context, new, peer, waiting = info
-        out.update(group=group, group_desc=desc, ranks=list(ranks) if ranks is not None and len(ranks) <= 256 else None, context=context,
+        out.update(group=group, group_desc=desc, ranks=list(ranks) if ranks is not None and len(ranks) <= COLL_RANKS_MAX else None, context=context,
                    new=new, peer=peer, waiting=waiting)
     return out
 

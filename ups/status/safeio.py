@@ -110,7 +110,6 @@ def read_tail(path: str | os.PathLike[str], max_bytes: int, start: int | None = 
     return sgr_only(text) if colours else printable(text, lines=True)
 
 
-
 def _read_end(fd: int, max_bytes: int, start: int | None = None) -> bytes:
     """The last ``max_bytes`` of an open file (from ``start`` when given); closes ``fd``."""
     try:
@@ -126,6 +125,7 @@ def _read_end(fd: int, max_bytes: int, start: int | None = None) -> bytes:
     finally:
         os.close(fd)
     return b"".join(chunks)
+
 
 MAX_LOG_BYTES = 8 << 20  # a log read as a whole (``ups why --log``): its last 8 MiB
 OPEN_LOG = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC  # a file the user names: a symlink to it is fine

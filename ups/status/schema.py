@@ -66,3 +66,5 @@ def process_label(
     if role == "helper":
         return f"rank {r} / helper {pid}"
     return f"rank {r}"
+
+COLL_RANKS_MAX = 256  # a collective's group: a larger group's ranks are not written (its name and description are)

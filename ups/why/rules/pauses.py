@@ -11,7 +11,7 @@ idle, the rules that name a stuck process speak.
 from __future__ import annotations
 
 from ups.runs.view import ProcessView
-from ups.status.health import Health
+from ups.status.health import PAUSE_SAID_AFTER_S, Health
 from ups.why.evidence import Evidence
 from ups.why.rules.common import in_backward, label_list, where_of
 from ups.why.verdict import Verdict, who_of
@@ -56,9 +56,6 @@ def waited_for(ev: Evidence, p: ProcessView, waiting: list[ProcessView], waits_i
                        ok=True, since=max(r.progress_at, r.phase_at), evidence=[f"{r.label}: {p.verdict.reason}"],
                        next=f"ups why {ev.view.run_id} again in a few seconds")
     return None
-
-
-PAUSE_SAID_AFTER_S = 5.0  # a busy phase shorter than this is just a step of the run
 
 
 def busy_pause(ev: Evidence) -> Verdict | None:

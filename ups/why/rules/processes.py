@@ -4,10 +4,10 @@ stopped yet), and a healthy run."""
 
 from __future__ import annotations
 
-from ups.status.health import Health
+from ups.status.health import PAUSE_SAID_AFTER_S, Health
 from ups.why.evidence import Evidence
 from ups.why.rules.common import in_backward, label_list, where_of
-from ups.why.rules.pauses import PAUSE_SAID_AFTER_S, quiet_for, waited_for
+from ups.why.rules.pauses import quiet_for, waited_for
 from ups.why.rules.workers import waits_on_worker, worker_verdict
 from ups.why.verdict import Verdict, who_of
 
