@@ -87,18 +87,23 @@ def end(run: RunDir) -> None:
         run_ups("kill", str(run.path), "--force", timeout=60)
 
 
-def hang_named(tmp_path: Path, program: Path, steps: int, nproc: int = 2) -> dict:
-    """Rank 1 hangs in its own code: the verdict that names it (its line; no poll before named
-    anyone else; within LATENCY_S of the fault)."""
-    run = launch(tmp_path, program, "hang", steps, nproc)
+def fault_named(tmp_path: Path, program: Path, fault: str, steps: int, done, line: str, nproc: int = 2) -> dict:
+    """Rank 1's fault at FAULT_STEP: the first verdict ``done`` accepts, which must name the
+    program's ``line``; no poll before it named anyone else; within LATENCY_S of the fault."""
+    run = launch(tmp_path, program, fault, steps, nproc)
     try:
-        v, polls, latency = drill(run, named("rank_stuck_peers_wait"))
+        v, polls, latency = drill(run, done)
     finally:
         end(run)
     no_wrong_culprit(polls)
-    assert v["where"]["site"] == line_of(program, "time.sleep(3600)"), v
+    assert v["where"]["site"] == line_of(program, line), v
     assert latency <= LATENCY_S, (latency, v)
     return v
+
+
+def hang_named(tmp_path: Path, program: Path, steps: int, nproc: int = 2) -> dict:
+    """Rank 1 hangs in its own code: the verdict that names it at its line."""
+    return fault_named(tmp_path, program, "hang", steps, named("rank_stuck_peers_wait"), "time.sleep(3600)", nproc)
 
 
 # (program, steps, what rank 0 waits in when rank 1 hangs or calls a one-sided all_reduce: a regex)
@@ -121,35 +126,22 @@ def test_hang_in_own_code_names_rank_1_and_what_rank_0_waits_in(runs_root, tmp_p
 @pytest.mark.parametrize("name", sorted(PROGRAMS_WAITS))
 def test_raise_names_rank_1_and_its_line(runs_root, tmp_path, name):
     file, steps, _ = PROGRAMS_WAITS[name]
-    program = SHARDED / file
-    run = launch(tmp_path, program, "raise", steps)
-    try:
-        v, polls, latency = drill(run, lambda v: (v.get("who") or {}).get("rank") == 1 and v["mode"] == "exception")
-    finally:
-        end(run)
-    no_wrong_culprit(polls)
-    assert v["where"]["site"] == line_of(program, 'raise RuntimeError(f"fault injected'), v
+    v = fault_named(tmp_path, SHARDED / file, "raise", steps,
+                    lambda v: (v.get("who") or {}).get("rank") == 1 and v["mode"] == "exception",
+                    'raise RuntimeError(f"fault injected')
     assert "fault injected on rank 1 at step 5" in v["headline"], v
-    assert latency <= LATENCY_S, (latency, v)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(PROGRAMS_WAITS))
 def test_one_sided_collective_names_rank_1_and_shows_both_sides(runs_root, tmp_path, name):
     file, steps, waits_in = PROGRAMS_WAITS[name]
-    program = SHARDED / file
-    run = launch(tmp_path, program, "onesided", steps)
-    try:
-        v, polls, latency = drill(run, lambda v: (v.get("who") or {}).get("rank") == 1
-                                  and v["mode"] in ("one_sided_collective", "collective_mismatch"))
-    finally:
-        end(run)
-    no_wrong_culprit(polls)
-    assert v["where"]["site"] == line_of(program, "dist.all_reduce(torch.ones(1))"), v
+    v = fault_named(tmp_path, SHARDED / file, "onesided", steps,
+                    lambda v: (v.get("who") or {}).get("rank") == 1 and v["mode"] in ("one_sided_collective", "collective_mismatch"),
+                    "dist.all_reduce(torch.ones(1))")
     text = " ".join([v["headline"], *v["evidence"]])
     assert "rank 1" in text and "all_reduce" in text, v
     assert re.search(f"rank 0(:| was in) {waits_in}", text), v
-    assert latency <= LATENCY_S, (latency, v)
 
 
 @pytest.mark.slow

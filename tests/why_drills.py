@@ -163,8 +163,11 @@ def check_exception(run: RunDir, v: dict) -> None:
     assert m["summary"].startswith("rank 1 failed: FloatingPointError: loss is NaN at step 5 (at ddp_train.py:")
     assert "in main" in m["summary"] and m.get("verdict", {}).get("mode") == "exception", "run.json's verdict"
     # torchrun's own report names it too: the error file was written without @record.
+    # (Its root-cause block: a peer that torchrun SIGTERMed first on a busy box is listed
+    # under Failures with no error file, as it should be.)
     log = run.log_path("job").read_text()
-    assert "FloatingPointError: loss is NaN at step 5" in log and "error_file: <N/A>" not in log
+    root = log.partition("Root Cause (first observed failure):")[2]
+    assert "FloatingPointError: loss is NaN at step 5" in root and "error_file: <N/A>" not in root, root[:800]
     assert "Traceback" in (run.path / "stacks" / "rank-1.txt").read_text()
     shown = run_ups("status", str(run.path), "--wide").stdout  # the verdict heads the ended run's status
     assert "why: rank 1 raised FloatingPointError: loss is NaN at step 5. Where: ddp_train.py:" in " ".join(shown.split())
@@ -527,7 +530,7 @@ def run_drill(drill: Drill, tmp: Path, *, visible_within: float = 120.0, poll: f
             out["verdict_s"] = round(max(0.0, at - seen), 2)
             break
         except Exception as exc:  # noqa: BLE001 - e.g. run.json's verdict not written yet: retried to the deadline
-            out["problem"] = str(exc) or repr(exc)
+            out["problem"] = str(exc) or f"{exc!r} at {_assert_line(exc)}"
         if time.monotonic() > deadline:
             return out
         time.sleep(poll)
@@ -538,6 +541,14 @@ def run_drill(drill: Drill, tmp: Path, *, visible_within: float = 120.0, poll: f
     right = culprit(out["verdict"])
     out["wrong"] = [s for s in shown if s[2] is not None and s[2] != right]
     return out
+
+
+def _assert_line(exc: BaseException) -> str:
+    """file:line of the failed check (an assert without a message says nothing else)."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    return f"{Path(frames[-1].filename).name}:{frames[-1].lineno}: {frames[-1].line}" if frames else "?"
 
 
 def assert_drill(drill: Drill, tmp: Path) -> None:
