@@ -41,6 +41,19 @@ def test_record_tracks_phase_progress_and_final_state(runs_root):
     assert final["state"] == "done" and final["exit_code"] == 0
 
 
+def test_a_failed_record_carries_the_metrics_of_its_last_steps(runs_root):
+    """fail() may be a process's last write (its launcher kills it after a peer failed): what
+    its samplers hold now is in it, whether or not a heartbeat sampled since."""
+    run = RunDir.create(runs_root, "test")
+    rep = Reporter(run.path, rank=0, interval=3600).start()  # no heartbeat tick in this test
+    try:
+        rep.add_sampler(lambda: {"loss": 0.5, "logged": {"train_loss": 0.5}})
+        rep.fail(RuntimeError("peer gone"), exit_code=1)
+        assert _read(run)["metrics"] == {"loss": 0.5, "logged": {"train_loss": 0.5}}
+    finally:
+        rep.close()
+
+
 def test_exception_marks_record_failed_with_text(runs_root):
     run = RunDir.create(runs_root, "test")
     try:

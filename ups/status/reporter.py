@@ -561,6 +561,10 @@ class Reporter:
         self._error_site = site
         self._state = "failed"
         self._exit_code = exit_code
+        # The last loss and logged values too: this may be the process's last write (a peer's
+        # failure gets it killed before close()), and the heartbeat may not have sampled since
+        # its last steps on a busy box. Samplers never wait (ups.instrument.metrics).
+        self._sample_metrics()
         self.flush()
 
     def done(self, exit_code: int | None = 0) -> None:
