@@ -921,7 +921,7 @@ NO_SIGNAL = dict(health=Health.NO_SIGNAL, reason="no progress signal for 11 min 
 
 
 @case(no_signal, "a script with no progress signal, nothing seen yet: neither healthy nor stalled", "no_signal",
-      who="rank 0", words=("rank 0 reports no progress signal", "neither healthy nor stalled"))
+      who="rank 0", words=("rank 0 reports no progress signal", "not judged either way"))
 def _(s: Scene) -> None:
     s.manifest["kind"] = "python"
     s.add("rank", 0, **NO_SIGNAL)

@@ -111,6 +111,6 @@ def no_signal(ev: Evidence) -> Verdict | None:
     seen_text = f" (the launcher sees it {state}: {doing})" if state in ("idle", "unsure") and doing else (
         "; checking whether it is working" if state == "checking" else "")
     return Verdict("no_signal", f"{r.label} reports no progress signal ({_for(quiet_for(ev, p))} since it started, phase "
-                                f"{r.phase}{_at(where)}): neither healthy nor stalled{seen_text}", ok=True,
+                                f"{r.phase}{_at(where)}): not judged either way until it reports progress{seen_text}", ok=True,
                    who=who_of(r), where=where, since=r.started_at, evidence=[p.verdict.reason],
                    next=f"ups logs {ev.view.run_id} -f  (print progress, use tqdm, or pass --total-steps)")
