@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -27,23 +28,46 @@ def runs_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """An empty runs root, also exported as UPS_RUNS_DIR for CLI calls and subprocesses.
 
     At teardown every run still live under it is force-killed, passed or failed: a failing
-    assertion must not leave a detached job running for the rest of the suite."""
+    assertion must not leave a detached job running for the rest of the suite. Then no
+    process of a launched run may be left (its environment names the run): one that is, after
+    the test's own end and `ups kill --force`, is a leak of `ups` (seen: the hung ranks of a
+    torchrun job, each in a session of its own, outlived a forced kill); it is SIGKILLed and
+    the test errors, naming it."""
     root = tmp_path / "runs"
     root.mkdir()
     monkeypatch.setenv("UPS_RUNS_DIR", str(root))
     yield root
-    from helpers import run_ups
+    from helpers import live_processes, run_ups
 
     from ups.runs.rundir import FINAL_RUN_STATES, list_runs
 
+    launched = []
     for summary in list_runs(root, missing_ok=True):
         # Only runs a test launched (they have a launcher): a test may also write records of
         # its own process into a run, and that run is no job to kill.
-        if summary.state not in FINAL_RUN_STATES and (summary.manifest or {}).get("launcher"):
+        if not (summary.manifest or {}).get("launcher"):
+            continue
+        launched.append(f"UPS_RUN_DIR={Path(summary.path).resolve()}".encode())
+        if summary.state not in FINAL_RUN_STATES:
             try:
                 run_ups("kill", str(summary.path), "--force", timeout=60)
             except Exception:  # noqa: BLE001 - teardown goes on
                 pass
+    if not launched:
+        return
+
+    def left() -> list[str]:
+        return live_processes(lambda env, cmd: any(n in env.split(b"\0") for n in launched))
+
+    deadline = time.monotonic() + 15  # a killed process's exit, on a busy box
+    while (found := left()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for line in found:
+        try:
+            os.kill(int(line.split()[0]), signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    assert not found, f"processes of a run outlived its end and `ups kill --force`: {found}"
 
 
 class ProcessJanitor:

@@ -19,6 +19,7 @@ import signal
 import textwrap
 from pathlib import Path
 
+import pytest
 from helpers import job_processes, run_ups, wait_for
 
 from ups.runs.rundir import FINAL_RUN_STATES, RunDir
@@ -98,3 +99,45 @@ def test_kill_after_the_launcher_died_ends_the_helpers_no_record_names(runs_root
     assert res.returncode == 0, res.stderr
     assert "rank-0" in res.stdout and all(f"pid {p}" in res.stdout for p in helpers), res.stdout
     assert_all_gone(run, helpers[:1])  # `sleep` writes no record; the Python helper has its own
+
+
+DDP_HANG = textwrap.dedent(
+    """
+    import time
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    print(f"rank {rank} ready", flush=True)
+    if rank == 1:
+        time.sleep(300)  # a rank stuck in its own code
+    dist.all_reduce(torch.ones(1))  # rank 0 waits for it here
+    dist.destroy_process_group()
+    """
+)
+
+
+@pytest.mark.parametrize("force", [True, False], ids=["force", "plain"])
+def test_kill_of_a_hung_torchrun_job_ends_every_rank(runs_root, tmp_path, force):
+    """torchrun starts each rank in a session of its own. A forced kill that SIGKILLed the
+    agent before proving the ranks found them re-parented to init, no longer provably the
+    job's, refused them and left both ranks hung for good (the sharded drills leaked 2 to 4
+    ranks each, for the rest of the suite). Every process is proven before the first signal."""
+    prog = tmp_path / "hang.py"
+    prog.write_text(DDP_HANG)
+    res = run_ups("launch", "torchrun", "--detach", "--json", "--standalone", "--nproc-per-node", "2", str(prog),
+                  cwd=tmp_path, timeout=120)
+    assert res.returncode == 0, res.stderr
+    run = RunDir(json.loads(res.stdout)["run_dir"])
+    wait_for(lambda: _log(run).count(" ready") >= 2, 90, interval=0.2, message="both ranks ready")
+    ranks = wait_for(lambda: len(list(run.status_dir.glob("rank-*.json"))) >= 2 or None, 30, interval=0.2,
+                     message="both ranks' records")
+    assert ranks
+
+    res = run_ups("kill", str(run.path), *(["--force"] if force else []), timeout=90)
+    assert "refused" not in res.stdout, res.stdout
+    assert res.returncode == 0, (res.stdout, res.stderr)
+    wait_for(lambda: not job_pids(run) or None, 20, interval=0.2,
+             message=f"every process of the job gone (left: {job_processes(run)})")
+    assert run.read_manifest()["state"] == "killed"

@@ -86,6 +86,18 @@ def check_identity(run: RunDir, record: StatusRecord, scope: JobScope | None = N
     return scope.prove(record.pid, record.pid_start, record.label)
 
 
+def _same_process(record: StatusRecord, proof: str) -> str:
+    """``proof`` again, when ``record.pid`` is still the process that was proven the job's
+    (alive, the same start time): a pid is never reused while its process lives."""
+    live = process_start_time(record.pid)
+    if live is None:
+        raise RefusedSignal(f"{record.label} (pid {record.pid}) is not running", exit_code=1)
+    if not same_start(live, record.pid_start):
+        raise RefusedSignal(f"pid {record.pid} is not {record.label} of this run any more "
+                            f"(started {live:.2f}, record says {record.pid_start:.2f}): refusing to signal it")
+    return proof
+
+
 def is_alive(record: StatusRecord) -> bool:
     """The record's process lives on this host (another host's pid says nothing here)."""
     if record.host != hostname():
@@ -94,9 +106,12 @@ def is_alive(record: StatusRecord) -> bool:
 
 
 def send_signal(run: RunDir, record: StatusRecord, signum: int, *, actor: str, reason: str,
-                scope: JobScope | None = None) -> None:
-    """Send one signal after the identity and ownership proof, and log it with the proof."""
-    proof = check_identity(run, record, scope)
+                scope: JobScope | None = None, proof: str | None = None) -> None:
+    """Send one signal after the identity and ownership proof, and log it with the proof.
+
+    ``proof``: the ownership proof :func:`check_identity` gave for this very process earlier in
+    the same action (see :func:`terminate`); then only its identity is checked again."""
+    proof = check_identity(run, record, scope) if proof is None else _same_process(record, proof)
     try:
         os.kill(record.pid, signum)
     except ProcessLookupError:
@@ -140,17 +155,32 @@ def terminate(
     force: bool = False,
 ) -> list[KillResult]:
     """SIGTERM (SIGKILL with ``force``) each live record's process, wait up to ``grace``,
-    then SIGKILL the survivors. Identity is re-checked before every signal."""
+    then SIGKILL the survivors.
+
+    Every process is proven the job's before the first signal, while the process tree is
+    whole: torchrun starts each rank in a session of its own, so once its agent is gone a rank
+    is re-parented to init and nothing in the kernel ties it to the job any more (a forced kill
+    that signalled the agent first then refused every rank and left them running). Identity
+    (the pid's start time) is re-checked before every signal."""
+    records = list(records)
     results: dict[str, KillResult] = {}
     waiting: list[StatusRecord] = []
     first = signal.SIGKILL if force else signal.SIGTERM
     scope = JobScope.of_run(run.path)  # refuses a run this user may not act on, before any signal
+    proofs: dict[str, str] = {}
     for rec in records:
         try:
-            send_signal(run, rec, first, actor=actor, reason=reason, scope=scope)
+            proofs[rec.name] = check_identity(run, rec, scope)
         except RefusedSignal as exc:
             gone = process_start_time(rec.pid) is None or exc.exit_code == 1
             results[rec.name] = KillResult(rec.name, rec.pid, "already gone" if gone else f"refused: {exc}")
+    for rec in records:
+        if rec.name not in proofs:
+            continue
+        try:
+            send_signal(run, rec, first, actor=actor, reason=reason, scope=scope, proof=proofs[rec.name])
+        except RefusedSignal:
+            results[rec.name] = KillResult(rec.name, rec.pid, "already gone")
             continue
         waiting.append(rec)
     deadline = time.monotonic() + (grace if not force else 2.0)
@@ -160,7 +190,8 @@ def terminate(
             time.sleep(0.05)
     for rec in waiting:
         try:
-            send_signal(run, rec, signal.SIGKILL, actor=actor, reason=f"{reason} (no exit after {grace:g} s)", scope=scope)
+            send_signal(run, rec, signal.SIGKILL, actor=actor, reason=f"{reason} (no exit after {grace:g} s)", scope=scope,
+                        proof=proofs[rec.name])
         except RefusedSignal:
             results[rec.name] = KillResult(rec.name, rec.pid, "terminated")
             continue
