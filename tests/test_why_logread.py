@@ -398,6 +398,19 @@ TEMPLATES = [
 ]
 
 
+def test_a_batch_of_unequal_samples_is_the_programs_own_error():
+    # the default collate stacks the samples: samples of different sizes are the dataset's (the program's) doing
+    text = tb("/home/u/train.py:40:main", "/opt/venv/lib/python3.11/site-packages/torch/utils/data/_utils/collate.py:214:"
+              "collate_tensor_fn", error="RuntimeError: stack expects each tensor to be equal size, but got [62] at entry 0 "
+                                         "and [63] at entry 1")
+    reading = read_log(text)
+    assert reading.kind == "user_code" and reading.exception == "RuntimeError"
+    # ... a RuntimeError from the same frame that says nothing of the sizes is unknown
+    other = text.replace("stack expects each tensor to be equal size, but got [62] at entry 0 and [63] at entry 1",
+                         "unexpected storage device in the batch")
+    assert read_log(other).kind == "unknown"
+
+
 @pytest.mark.parametrize(("name", "text"), TEMPLATES, ids=[f"{n}:{k}" for k, (n, _) in enumerate(TEMPLATES)])
 def test_a_librarys_message_template_is_named(name: str, text: str):
     assert read_log(text + "\n").name == name
@@ -460,6 +473,30 @@ def test_a_list_of_possible_causes_is_not_a_cause():
     # Ray's memory monitor says what it did
     said = "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.\n"
     assert read_log(said).name == "oom_killed"
+
+
+def test_an_accelerators_out_of_memory_in_another_frameworks_words_is_cuda_oom():
+    # PaddlePaddle's allocator says it in its own words, after an exception line or a glog WARNING
+    paddle = ("ResourceExhaustedError:\n\nOut of memory error on GPU 0. Cannot allocate 129.394531MB memory on GPU 0, "
+              "23.611938GB memory has been allocated and available memory is only 31.687500MB.\n\n"
+              "Please check whether there is any other process using GPU 0.\n"
+              " (at /paddle/paddle/fluid/memory/allocation/cuda_allocator.cc:95)\n")
+    assert read_log(paddle).name == "cuda_oom"
+    # ... but the host's memory is not the GPU's
+    host = "OSError: [Errno 12] Cannot allocate memory\n"
+    assert read_log(host).name == "host_oom"
+    assert read_log("Out of memory error on CPU. Cannot allocate 2.0GB memory on CPU\n").name != "cuda_oom"
+
+
+def test_rays_memory_monitor_killing_workers_is_the_oom_killer():
+    raylet = ("(raylet) [2024-08-25 19:21:02,241 E 1111013 1111013] (raylet) node_manager.cc:3064: 12 Workers (tasks / "
+              "actors) killed due to memory pressure (OOM), 0 Workers crashed due to other reasons at node (ID: b8aad7ac, "
+              "IP: 172.31.105.218) over the last time period.\n")
+    assert read_log(raylet).name == "oom_killed"
+    # its advice on how to avoid it is no kill
+    advice = ("(raylet) Refer to the documentation on how to address the out of memory issue: https://docs.ray.io/en/latest/"
+              "ray-core/scheduling/ray-oom-prevention.html. Consider provisioning more memory on this node.\n")
+    assert read_log(advice).name is None
 
 
 def test_a_cuda_debuggers_report_of_a_bad_address_is_an_illegal_memory_access():

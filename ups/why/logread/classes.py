@@ -393,7 +393,9 @@ SIGNS: tuple[Sign, ...] = (
        r"THCudaCheck FAIL[^\n]*out of memory|HIP out of memory|MPS backend out of memory|Tried to allocate [\d.]+ [KMGT]i?B \(GPU \d|CUDNN_STATUS_ALLOC_FAILED|"
        r"cuda runtime error \(2\)|\bcuda\w*\b[^\n]{0,40}?\bout of memory|\b[GNXH]PU\b[^\n]{0,20}?\bout of memory|"
        # the accelerator's memory as other runtimes say it (TensorFlow, XLA / torch_xla)
-       r"OOM when allocating tensor|RESOURCE_EXHAUSTED: Out of memory|Ran out of memory in memory space hbm"),
+       r"OOM when allocating tensor|RESOURCE_EXHAUSTED: Out of memory|Ran out of memory in memory space hbm|"
+       # PaddlePaddle's allocator: "Out of memory error on GPU 0. Cannot allocate 18.06MB memory on GPU 0"
+       r"\bout of memory\b[^\n]{0,12}?\bon [GNXH]PU\b|Cannot allocate [\d.]+ ?[KMGT]?i?B memory on [GNXH]PU\b"),
     # host_oom
     _s("host_oom", r"DefaultCPUAllocator|can't allocate memory|Cannot allocate memory|not enough memory: you tried|"
        r"Unable to allocate [\d.]+ [KMGTP]?i?B for an array|_ArrayMemoryError|std::bad_alloc|\[Errno 12\]|"
@@ -403,7 +405,7 @@ SIGNS: tuple[Sign, ...] = (
     # oom_killed: the kernel, a scheduler or a worker's death say it (a cause) ...
     _s("oom_killed", r"Out of memory: Kill(?:ed)? process|Memory cgroup out of memory|invoked oom-killer|oom-kill|"
        r"OOMKilled|\boom_kill\b|killed by signal: Killed|task \d+: Out Of Memory|exceeded (?:job |step )?memory limit|"
-       r"Killed process \d+ \(|(?:killed|kill\w*) (?:due to|because of) (?:the node )?running low on memory|"
+       r"Killed process \d+ \(|(?:killed|kill\w*) (?:due to|because of) (?:the node )?(?:running low on memory|memory pressure)|"
        # the kernel's reaper after the kill; Kubernetes evicting a pod for the node's memory
        r"oom_reaper: reaped process|The node was low on resource: memory"),
     # ... or only the exit code says it (how it ended)

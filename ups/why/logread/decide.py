@@ -50,7 +50,7 @@ USER_MESSAGES = re.compile(
     r"shape '\[[^\]]*\]' is invalid for input of size|Given groups=|Sizes of tensors must match|modified by an inplace "
     r"operation|backward through the graph a second time|Input type .* and weight type .* should be the same|"
     r"Expected \d+D|must match the size of tensor|Expected input batch_size|expected input\[|"
-    r"Found dtype \w+ but expected \w+|"
+    r"Found dtype \w+ but expected \w+|stack expects each tensor to be equal size|"
     # DistributedDataParallel's checks of the program's use of it (unused parameters, reentrant backward)
     r"Expected to have finished reduction in the prior iteration|Expected to mark a variable ready only once", re.I)
 # A shell tool's complaint in a job script ("rm: cannot remove 'x': No such file or directory"):
