@@ -579,6 +579,31 @@ def test_nccl_retrying_a_connection_is_the_network_only_when_it_never_got_past_i
     assert read_log(other).name == "nccl_network"
 
 
+def test_nccls_return_code_trace_is_the_network_when_its_errno_is_a_sockets():
+    trace = ("g105:26921:27058 [0] NCCL INFO misc/socket.cc:505 -> 2 (Operation now in progress)\n"
+             "g105:26921:27058 [0] NCCL INFO misc/socket.cc:570 -> 2\n"
+             "g105:26921:27058 [0] NCCL INFO bootstrap.cc:275 -> 2\n"
+             "g105:26921:27058 [0] NCCL INFO init.cc:1493 -> 2\n"
+             "g105:26921:27058 [0] NCCL INFO group.cc:64 -> 2 [Async thread]\n")
+    assert read_log(trace).name == "nccl_network"
+    assert read_log(trace.replace("Operation now in progress", "Connection refused")).name == "nccl_network"
+    # no errno, or one no socket sets: only a system error
+    assert read_log(trace.replace(" (Operation now in progress)", "")).name == "nccl_system_error"
+    assert read_log(trace.replace("Operation now in progress", "Cannot allocate memory")).name == "nccl_system_error"
+
+
+def test_nccls_own_warn_line_of_a_socket_reset_is_the_network_in_either_prefix():
+    # older NCCL releases print the file and line with a space ("include/socket.h 398")
+    old = ("worker0:15:91 [3] include/socket.h 398 NCCL WARN Call to write failed : Connection reset by peer.\n"
+           "worker0:15:91 [3] transport.cu:153 NCCL WARN transport.cu:153 ->2 [Proxy thread error]\n")
+    assert read_log(old).name == "nccl_network"
+    new = old.replace("include/socket.h 398", "misc/socket.cc:398")
+    assert read_log(new).name == "nccl_network"
+    # a broken pipe on NCCL's line is a peer that went away; an INFO line still never decides
+    assert read_log(old.replace("Connection reset by peer", "Broken pipe")).name == "peer_lost"
+    assert not read_log(old.replace("NCCL WARN", "NCCL INFO")).failed
+
+
 # -- what no class knows ----------------------------------------------------------------------------
 def test_an_unknown_text_says_it_is_unknown():
     text = tb("/home/u/train.py:50:main", "/opt/venv/lib/python3.11/site-packages/torch/cuda/__init__.py:300:_lazy_init",

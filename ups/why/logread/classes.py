@@ -368,7 +368,10 @@ SIGNS: tuple[Sign, ...] = (
        r"FinalizeAccept|Connect|Accept|Wait)\b[^\n]*(?:fail|refused|error|wrong|timed? ?out|abort)|"
        r"Call to connect|Error encountered progressing operation=Connect|Failed to execute operation Connect|"
        r"NCCL WARN[^\n]*Connection closed by remote peer|no (?:socket )?interfaces? found|ibv_\w+ failed|IBV_WC_\w+ERR|"
-       r"transport retry counter exceeded|NCCL WARN[^\n]*Connect(?:ion)? (?:to|refused|failed)"),
+       r"transport retry counter exceeded|NCCL WARN[^\n]*Connect(?:ion)? (?:to|refused|failed)|"
+       # NCCL's own WARN line of a socket call that failed for the network (NCCL's SYSCHECK:
+       # "Call to recv failed : Connection reset by peer"); a broken pipe is a peer gone (peer_lost)
+       r"NCCL WARN[^\n]*(?:Connection reset by peer|No route to host|Network is unreachable|Connection timed out)"),
     # nccl_system_error
     _s("nccl_system_error", r"unhandled system error|ncclSystemError|NCCL Error 2\b", SYMPTOM),
     # rendezvous_timeout
@@ -562,6 +565,12 @@ CPP_FRAME_SIGNS: tuple[tuple[str, re.Pattern[str]], ...] = (
 # the network, when the process never got past it (no other NCCL line of it follows).
 NCCL_RETRY = re.compile(r"\bconnect returned [^,\n]+, retrying", re.I)
 NCCL_RETRY_CLASS = "nccl_network"
+# NCCL's return-code trace names the errno of a system error that failed ("misc/socket.cc:505 -> 2
+# (Operation now in progress)"): an errno only a socket sets says the system call was the
+# network's (a connect that never completed, a peer unreachable or refusing).
+NCCL_NET_ERRNO = re.compile(r"-> 2 \((?:Operation now in progress|Connection (?:refused|timed out|reset by peer)|"
+                            r"No route to host|Network is unreachable|Host is (?:down|unreachable)|"
+                            r"Software caused connection abort|Cannot assign requested address)\)", re.I)
 
 
 def cpp_frame_class(symbol: str) -> str | None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ups.why.logread.classes import NCCL_RETRY, NCCL_RETRY_CLASS, cpp_frame_class
+from ups.why.logread.classes import NCCL_NET_ERRNO, NCCL_RETRY, NCCL_RETRY_CLASS, cpp_frame_class
 from ups.why.logread.lines import Line, frame_site, read_lines, return_code
 
 EXCEPTION = re.compile(
@@ -139,7 +139,8 @@ def parse(lines: list[Line]) -> list[Event]:
         elif line.role == "context":
             code = return_code(line)
             if code is not None:
-                events.append(Event("code", [line], rank=line.rank, code=code))
+                net = NCCL_RETRY_CLASS if NCCL_NET_ERRNO.search(line.raw) else None
+                events.append(Event("code", [line], rank=line.rank, code=code, shows=net))
             elif line.nccl == "INFO" and NCCL_RETRY.search(line.body):
                 retries.append(Event("code", [line], rank=line.rank, shows=NCCL_RETRY_CLASS))
                 events.append(retries[-1])

@@ -65,7 +65,8 @@ TIMESTAMP = re.compile(r"(?:(?P<date>\d{4}-\d\d-\d\d)[ T]|[IWEF](?P<md>\d{3,4}) 
 # glog (``E0325 20:57:27.620 2606 api.py:869]``) and c10d (``[W socket.cpp:426]``,
 # ``[E626 06:24:44.903 ProcessGroupNCCL.cpp:616]``): the level is the first letter.
 _GLOG = re.compile(r"\[?(?P<lvl>[IWEF])(?:\d{4})?(?: ?\d\d:\d\d:\d\d\.\d+)?(?:\s+\d+)?\s+(?P<site>[\w./-]+\.\w+:\d+)\]\s?")
-_NCCL = re.compile(r"(?:\S+:\d+:\d+ )?(?:\[\d+\] )?(?:[\w./-]+\.\w+:\d+ )?NCCL (?P<lvl>INFO|WARN|TRACE|ERROR)\b")
+# NCCL's prefix: host:pid:tid, the device, and the file:line (older releases: "include/socket.h 398")
+_NCCL = re.compile(r"(?:\S+:\d+:\d+ )?(?:\[\d+\] )?(?:[\w./-]+\.\w+[: ]\d+ )?NCCL (?P<lvl>INFO|WARN|TRACE|ERROR)\b")
 # A logger's level word near the start: "INFO:", "[INFO]", "- INFO -", "| INFO |", "[INFO|x.py:3]".
 _LEVEL = re.compile(r"^.{0,60}?(?:^|[\s\[|(:*-])(?P<lvl>INFO|DEBUG|TRACE|WARNING|WARN|ERROR|CRITICAL|FATAL)(?=[\s\]\[|:)*-]|$)")
 _TF_LEVEL = re.compile(r"(?P<lvl>[IWEF]) (?:tensorflow|external|torch)/")
@@ -194,8 +195,8 @@ def _level(body: str) -> tuple[str | None, str | None, str | None, str]:
     """(level, nccl level, site, body without a glog/c10d prefix)."""
     m = _NCCL.match(body) if "NCCL " in body else None
     if m:
-        site = re.search(r"([\w./-]+\.\w+:\d+) NCCL", body)
-        return m.group("lvl"), m.group("lvl"), site.group(1) if site else None, body
+        site = re.search(r"([\w./-]+\.\w+)[: ](\d+) NCCL", body)
+        return m.group("lvl"), m.group("lvl"), f"{site.group(1)}:{site.group(2)}" if site else None, body
     m = _GLOG.match(body)
     if m:
         return m.group("lvl"), None, m.group("site"), body[m.end():]
