@@ -604,6 +604,24 @@ def test_nccls_own_warn_line_of_a_socket_reset_is_the_network_in_either_prefix()
     assert not read_log(old.replace("NCCL WARN", "NCCL INFO")).failed
 
 
+def test_waiting_in_the_store_based_barrier_is_a_rendezvous_timeout_only_when_it_never_got_past_it():
+    wait = ("Waiting in store based barrier to initialize process group for rank: 0, key: store_based_barrier_key:1 "
+            "(world_size=4, worker_count=8, timeout=0:30:00)\n")
+    assert read_log("Added key: store_based_barrier_key:1 to store for rank: 0\n" + wait * 3).name == "rendezvous_timeout"
+    # ... with the logger's INFO prefix, and the traceback it was interrupted in
+    info = "INFO:torch.distributed.distributed_c10d:" + wait
+    cut = tb("/home/u/train.py:494:main", "/opt/venv/lib/python3.10/site-packages/torch/distributed/distributed_c10d.py:"
+             "627:init_process_group", error="").rstrip("\n")
+    assert read_log(info * 2 + cut).name == "rendezvous_timeout"
+    # the barrier completed, or the run went on: nothing failed
+    done = wait * 2 + "Rank 0: Completed store-based barrier for key:store_based_barrier_key:1 with 4 nodes.\n"
+    assert not read_log(done).failed
+    assert not read_log(wait + "epoch 0 step 10 loss 2.31\n").failed
+    # an error that says more decides
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.1 GiB total capacity)\n"
+    assert read_log(wait * 2 + oom).name == "cuda_oom"
+
+
 # -- what no class knows ----------------------------------------------------------------------------
 def test_an_unknown_text_says_it_is_unknown():
     text = tb("/home/u/train.py:50:main", "/opt/venv/lib/python3.11/site-packages/torch/cuda/__init__.py:300:_lazy_init",

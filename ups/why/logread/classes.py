@@ -565,6 +565,12 @@ CPP_FRAME_SIGNS: tuple[tuple[str, re.Pattern[str]], ...] = (
 # the network, when the process never got past it (no other NCCL line of it follows).
 NCCL_RETRY = re.compile(r"\bconnect returned [^,\n]+, retrying", re.I)
 NCCL_RETRY_CLASS = "nccl_network"
+# c10d's store-based barrier says every 10 s that it still waits for the other ranks to join
+# ("Waiting in store based barrier to initialize process group for rank: 0, key:
+# store_based_barrier_key:1 (world_size=4, worker_count=8, timeout=0:30:00)"; torch 2: "...
+# num_workers_joined=1 ..."): the ranks never met, when the process never got past it.
+STORE_BARRIER_WAIT = re.compile(r"Waiting in store based barrier to initialize process group", re.I)
+STORE_BARRIER_WAIT_CLASS = "rendezvous_timeout"
 # NCCL's return-code trace names the errno of a system error that failed ("misc/socket.cc:505 -> 2
 # (Operation now in progress)"): an errno only a socket sets says the system call was the
 # network's (a connect that never completed, a peer unreachable or refusing).

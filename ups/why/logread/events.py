@@ -23,7 +23,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ups.why.logread.classes import NCCL_NET_ERRNO, NCCL_RETRY, NCCL_RETRY_CLASS, cpp_frame_class
+from ups.why.logread.classes import (
+    NCCL_NET_ERRNO,
+    NCCL_RETRY,
+    NCCL_RETRY_CLASS,
+    STORE_BARRIER_WAIT,
+    STORE_BARRIER_WAIT_CLASS,
+    cpp_frame_class,
+)
 from ups.why.logread.lines import Line, frame_site, read_lines, return_code
 
 EXCEPTION = re.compile(
@@ -115,11 +122,16 @@ def parse(lines: list[Line]) -> list[Event]:
     last_exception: dict[str, Event] = {}
     cpp: dict[str, bool] = {}  # each stream's C++ stack: whether the frame that raised was read
     retries: list[Event] = []
+    waits: list[Event] = []  # the store-based barrier's notices that it still waits
     consumed: set[int] = set()
     for i, line in enumerate(lines):
         if line.n in consumed:
             continue
         stream = line.stream
+        if line.role in ("context", "content", "warning") and STORE_BARRIER_WAIT.search(line.body):
+            waits.append(Event("code", [line], rank=line.rank, shows=STORE_BARRIER_WAIT_CLASS))
+            events.append(waits[-1])
+            continue
         if line.role == "header":
             _close(events, frames, opened, source, stream)
             frames[stream] = []
@@ -169,6 +181,7 @@ def parse(lines: list[Line]) -> list[Event]:
         _close(events, frames, opened, source, stream)
     _link_wrappers(events)
     _drop_passed_retries(lines, retries)
+    _drop_passed_waits(lines, waits)
     return events
 
 
@@ -205,6 +218,24 @@ def _drop_passed_retries(lines: list[Line], retries: list[Event]) -> None:
             last[_who(line)] = line.n
     for ev in retries:
         if last.get(_who(ev.head), -1) > ev.n:
+            ev.superseded = True
+
+
+def _drop_passed_waits(lines: list[Line], waits: list[Event]) -> None:
+    """The store-based barrier's notices that it waits show that the ranks never met only when
+    the process never got past them: nothing of its stream follows the last one but the
+    traceback and the exception it ended with (a later line, the barrier's "Completed
+    store-based barrier" or a step's, says it went on)."""
+    if not waits:
+        return
+    went_on: dict[str, int] = {}  # each stream's last line that is neither a notice nor how it ended
+    for line in lines:
+        if line.role in ("blank", "header", "frame", "source", "chain"):
+            continue
+        if not STORE_BARRIER_WAIT.search(line.body) and not EXCEPTION.match(line.body):
+            went_on[line.stream] = line.n
+    for ev in waits:
+        if went_on.get(ev.head.stream, -1) > ev.n:
             ev.superseded = True
 
 
