@@ -545,6 +545,22 @@ def test_a_loggers_prefix_on_a_records_first_line_covers_the_record():
     assert reading.name == "duplicate_gpu" and reading.rank == 1
 
 
+def test_nccls_explanation_with_a_ranks_label_belongs_to_the_unlabelled_error_above():
+    # srun --label prefixes every line; a paste that cut the first line's label leaves the explanation labelled
+    text = ("torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:317, "
+            "invalid usage (run with NCCL_DEBUG=WARN for details), NCCL version 2.21.5\n"
+            "3: ncclInvalidUsage: This usually reflects invalid usage of NCCL library.\n3: Last error:\n"
+            "3: Duplicate GPU detected : rank 3 and rank 0 both on CUDA device 3000\n")
+    assert read_log(text).name == "duplicate_gpu"
+    # ... but not once that rank has printed an error of its own: then the explanation is its own error's
+    own = ("torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, invalid usage, NCCL version 2.21.5\n"
+           "3: Traceback (most recent call last):\n"
+           "3: ncclInvalidUsage: This usually reflects invalid usage of NCCL library.\n3: Last error:\n"
+           "3: Duplicate GPU detected : rank 3 and rank 0 both on CUDA device 3000\n")
+    reading = read_log(own)
+    assert reading.name == "nccl_invalid_usage" and reading.line.startswith("torch.distributed.DistBackendError")
+
+
 def cpp_stack(*symbols: str) -> str:
     return "".join(f"frame #{k}: {s} + 0x{40 + k:x} (0x7f00{k:08x} in /opt/venv/lib/python3.11/site-packages/torch/lib/"
                    f"libtorch_cuda.so)\n" for k, s in enumerate(symbols))

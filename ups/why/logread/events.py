@@ -298,12 +298,13 @@ def _nccl_detail(lines: list[Line], i: int, consumed: set[int]) -> list[Line]:
     "Last error:" and the line after it): the reason belongs to the error, even when the
     error's own line is garbled (two ranks' output interleaved). A logger prefixes the first
     line of a record only ("[rank1]:[E ...] ... NCCL error" and its unprefixed explanation):
-    lines with no prefix may carry a rank's."""
+    lines with no prefix may carry a rank's, and the explanation of a line with no prefix may
+    carry a rank's (a paste that cut the first line's label)."""
     stream = lines[i].stream
     out: list[Line] = []
     last_error = False
     for line in lines[i + 1: i + 1 + MAX_CONTINUATION]:
-        if (line.stream != stream and line.stream) or line.role == "blank":  # a paste may double-space NCCL's lines
+        if line.role == "blank" or (line.stream != stream and line.stream and stream):  # a paste may double-space NCCL's lines
             continue
         if line.role == "content" and (_DETAIL.match(line.body) or last_error):
             out.append(line)
@@ -316,14 +317,21 @@ def _nccl_detail(lines: list[Line], i: int, consumed: set[int]) -> list[Line]:
 
 def _carried(lines: list[Line], i: int, consumed: set[int], *, what: bool = False) -> list[Line]:
     """The lines that carry on an exception's message (NCCL's "Last error:" and what follows,
-    a driver message over several lines), in the same stream."""
+    a driver message over several lines), in the same stream. NCCL's explanation under an
+    exception line with no rank prefix is that exception's even when its lines carry a rank's
+    (srun --label's "3: ncclInvalidUsage: ...", "3: Last error:" under a line a paste cut the
+    label from)."""
     stream = lines[i].stream
     out: list[Line] = []
+    own: set[str] = set()  # the other streams that printed a line of their own
     for k, line in enumerate(lines[i + 1:], i + 1):
         if len(out) >= MAX_CONTINUATION:
             break
         if line.stream != stream:
-            continue
+            # a rank's explanation is the unprefixed error's until that rank says something of its own
+            if stream or line.stream in own or not _nccl_explains(line, out):
+                own.add(line.stream)
+                continue
         if line.role == "blank" and _detail_follows(lines, k, out[-1] if out else lines[i]):
             continue
         if what and not out:
@@ -339,6 +347,12 @@ def _carried(lines: list[Line], i: int, consumed: set[int], *, what: bool = Fals
         out.append(line)
         consumed.add(line.n)
     return out
+
+
+def _nccl_explains(line: Line, carried: list[Line]) -> bool:
+    """``line`` is NCCL's explanation of the error above: its error's name ("ncclInvalidUsage:
+    ..."), "Last error:", or the line after an empty "Last error:"."""
+    return line.role == "content" and bool(_DETAIL.match(line.body) or (carried and carried[-1].body.strip() == "Last error:"))
 
 
 def _detail_follows(lines: list[Line], k: int, last: Line) -> bool:
