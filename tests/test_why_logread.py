@@ -312,6 +312,24 @@ def test_richs_boxed_traceback_is_frames_and_code():
     assert oom.name == "cuda_oom" and oom.site == "train.py:42"
 
 
+def test_a_rich_frame_row_wrapped_past_the_box_is_one_frame():
+    # a path longer than the box goes on a row of its own, its line and function on the next;
+    # the paste may also cut the box's top
+    box = ("│    181 │   if location.startswith('cuda'):                                                │\n"
+           "│                                                                                            │\n"
+           "│ C:\\Users\\u\\AppData\\Local\\Programs\\Python\\Python310\\lib\\site-packages\\torch\\serialization.py: │\n"
+           "│ {line} in {fn}                                                                    │\n"
+           "│                                                                                            │\n"
+           "│ ❱  182 │   │   device = validate_cuda_device(location)                                     │\n")
+    reading = read_log(box.format(line="182", fn="_cuda_deserialize"))
+    assert reading.name == "checkpoint_cuda_on_cpu" and reading.site == "serialization.py:182"
+    # ... read by where it stopped like any frame: another function of the same file says nothing
+    assert read_log(box.format(line="1020", fn="_legacy_save")).name is None
+    # a row that is a path alone, with words after it, is no frame
+    words = box.replace("│ {line} in {fn}", "│ is where the checkpoint was").format()
+    assert read_log(words).name is None
+
+
 def test_a_jupyter_cell_is_the_programs_own_frame():
     text = ("---------------------------------------------------------------------------\n"
             "ValueError                                Traceback (most recent call last)\n"

@@ -301,7 +301,7 @@ def read_lines(text: str) -> list[Line]:
         text = html.unescape(text)
     if 'File \\"' in text:  # a paste from a string's repr or JSON: File \"/x.py\", line 3
         text = text.replace('\\"', '"')
-    for n, raw in unwrap(re.split(r"\r\n|\r|\n", text)):
+    for n, raw in _join_rich_frames(unwrap(re.split(r"\r\n|\r|\n", text))):
         raw = raw.rstrip()
         body, rank, ts = _strip_prefixes(raw.strip())
         stream = f"rank{rank}" if rank is not None else ""
@@ -318,6 +318,43 @@ def read_lines(text: str) -> list[Line]:
         if role in ("content", "warning") and out and _rest_of_quiet_line(out[-1], raw):
             role, stream, rank = "context", out[-1].stream, out[-1].rank
         out.append(Line(n, raw, body, role, level, rank, stream, ts, site, nccl))
+    return out
+
+
+# A row of Rich's boxed traceback ("│ <text> │") and what a frame's row says ("path.py:182 in fn").
+_BOX_ROW = re.compile(r"^\s*│\s?(?P<said>.*?)\s*│?\s*$")
+_BOX_PATH = re.compile(r"^[^\s│]*[/\\][^\s│]*$")
+_RICH_FRAME_SAYS = re.compile(r"^[^\s│]+\.py:\d+ in [^\s│]+$")
+
+
+def _join_rich_frames(printed: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """Rich's boxed traceback puts a frame's ``path.py:182 in fn`` on one row, and a path
+    longer than the box on a row of its own, its line and function on the next (or the path
+    folded over two rows): those rows are the one frame line."""
+    out: list[tuple[int, str]] = []
+    k = 0
+    while k < len(printed):
+        n, raw = printed[k]
+        row = _BOX_ROW.match(raw) if "│" in raw else None
+        joined = None
+        if row and _BOX_PATH.match(row.group("said")):
+            said = row.group("said")
+            for j in range(k + 1, min(k + 4, len(printed))):
+                nxt = _BOX_ROW.match(printed[j][1])
+                if nxt is None or not nxt.group("said"):
+                    break
+                said += nxt.group("said")
+                if _RICH_FRAME_SAYS.match(said):
+                    joined = j
+                    break
+                if " " in nxt.group("said"):
+                    break
+        if joined is None:
+            out.append((n, raw))
+            k += 1
+            continue
+        out.append((n, f"│ {said} │"))
+        k = joined + 1
     return out
 
 
@@ -364,6 +401,8 @@ class _Roles:
             return "chain", body
         if FRAME.match(body):
             self.after_frame = True
+            # a Rich frame row is inside its box even when the paste cut the box's top
+            self.rich = self.rich or body.startswith("│")
             return "frame", body
         if self.rich:  # the box's other lines are its frames' code and locals
             self.rich = not body.startswith("╰")
