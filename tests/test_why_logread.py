@@ -323,6 +323,9 @@ def test_a_rich_frame_row_wrapped_past_the_box_is_one_frame():
            "│ ❱  182 │   │   device = validate_cuda_device(location)                                     │\n")
     reading = read_log(box.format(line="182", fn="_cuda_deserialize"))
     assert reading.name == "checkpoint_cuda_on_cpu" and reading.site == "serialization.py:182"
+    # ... with a rank's label on each row
+    labelled = "".join("[rank0]: " + x + "\n" for x in box.format(line="182", fn="_cuda_deserialize").splitlines())
+    assert read_log(labelled).name == "checkpoint_cuda_on_cpu"
     # ... read by where it stopped like any frame: another function of the same file says nothing
     assert read_log(box.format(line="1020", fn="_legacy_save")).name is None
     # a row that is a path alone, with words after it, is no frame
@@ -570,6 +573,7 @@ def test_nccls_explanation_with_a_ranks_label_belongs_to_the_unlabelled_error_ab
             "3: ncclInvalidUsage: This usually reflects invalid usage of NCCL library.\n3: Last error:\n"
             "3: Duplicate GPU detected : rank 3 and rank 0 both on CUDA device 3000\n")
     assert read_log(text).name == "duplicate_gpu"
+    assert read_log(text.replace("\n", "\n\n")).name == "duplicate_gpu"  # a paste that double-spaces its lines
     # ... but not once that rank has printed an error of its own: then the explanation is its own error's
     own = ("torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, invalid usage, NCCL version 2.21.5\n"
            "3: Traceback (most recent call last):\n"
@@ -647,6 +651,8 @@ def test_waiting_in_the_store_based_barrier_is_a_rendezvous_timeout_only_when_it
     cut = tb("/home/u/train.py:494:main", "/opt/venv/lib/python3.10/site-packages/torch/distributed/distributed_c10d.py:"
              "627:init_process_group", error="").rstrip("\n")
     assert read_log(info * 2 + cut).name == "rendezvous_timeout"
+    # ... in a Markdown fence, double-spaced
+    assert read_log("```\n" + (info * 2 + cut).replace("\n", "\n\n") + "\n```\n").name == "rendezvous_timeout"
     # the barrier completed, or the run went on: nothing failed
     done = wait * 2 + "Rank 0: Completed store-based barrier for key:store_based_barrier_key:1 with 4 nodes.\n"
     assert not read_log(done).failed
@@ -654,6 +660,23 @@ def test_waiting_in_the_store_based_barrier_is_a_rendezvous_timeout_only_when_it
     # an error that says more decides
     oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.1 GiB total capacity)\n"
     assert read_log(wait * 2 + oom).name == "cuda_oom"
+
+
+def test_a_paste_indented_or_quoted_as_a_whole_is_read_as_its_lines():
+    # a terminal's wrap is found by the lines' own indentation, not the code block's or the quote's
+    said = ("[rank6]:[F ProcessGroupNCCL.cpp:1169] [PG 0 Rank 6] ProcessGroupNCCL's watchdog got stuck for 600 seconds "
+            "without making progress in monitoring enqueued collectives. This typically indicates a NCCL/CUDA API hang "
+            "blocking the watchdog, and could be triggered by another thread holding the GIL inside a CUDA api, or other "
+            "deadlock-prone behaviors. If you suspect the watchdog is not actually stuck and a longer timeout would help, "
+            "you can increase the timeout (TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC). workMetaList_.size() = 42")
+    wrapped = "".join(said[k: k + 100] + "\n" for k in range(0, len(said), 100)) + "srun: error: node17: task 6: Aborted\n"
+    assert read_log(wrapped).name == "nccl_heartbeat"
+    for lead in ("    ", "> "):
+        assert read_log("".join(lead + x + "\n" for x in wrapped.splitlines())).name == "nccl_heartbeat", lead
+    # a traceback's own indentation is kept: its code lines decide nothing
+    code = tb("/home/u/train.py:12:main", error="KeyError: 'label'").replace("    pass", "    raise OSError('No space left on device')")
+    reading = read_log("".join("    " + x + "\n" for x in code.splitlines()))
+    assert reading.kind == "user_code" and reading.exception == "KeyError"
 
 
 # -- what no class knows ----------------------------------------------------------------------------

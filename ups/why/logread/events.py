@@ -221,6 +221,9 @@ def _drop_passed_retries(lines: list[Line], retries: list[Event]) -> None:
             ev.superseded = True
 
 
+_SAYS = re.compile(r"[^\W_]")  # a line with a word on it (not a Markdown fence or a rule)
+
+
 def _drop_passed_waits(lines: list[Line], waits: list[Event]) -> None:
     """The store-based barrier's notices that it waits show that the ranks never met only when
     the process never got past them: nothing of its stream follows the last one but the
@@ -229,10 +232,14 @@ def _drop_passed_waits(lines: list[Line], waits: list[Event]) -> None:
     if not waits:
         return
     went_on: dict[str, int] = {}  # each stream's last line that is neither a notice nor how it ended
+    in_traceback: set[str] = set()  # the streams inside a traceback (its lines up to its exception)
     for line in lines:
-        if line.role in ("blank", "header", "frame", "source", "chain"):
-            continue
-        if not STORE_BARRIER_WAIT.search(line.body) and not EXCEPTION.match(line.body):
+        if line.role in ("header", "chain"):
+            in_traceback.add(line.stream)
+        elif EXCEPTION.match(line.body):
+            in_traceback.discard(line.stream)
+        elif (line.stream not in in_traceback and line.role not in ("blank", "frame", "source")
+              and not STORE_BARRIER_WAIT.search(line.body) and _SAYS.search(line.body)):
             went_on[line.stream] = line.n
     for ev in waits:
         if went_on.get(ev.head.stream, -1) > ev.n:
@@ -360,7 +367,8 @@ def _detail_follows(lines: list[Line], k: int, last: Line) -> bool:
     lines): the line before is an empty "Last error:", or the next one is NCCL's detail."""
     if last.body.strip() == "Last error:":
         return True
-    after = next((ln for ln in lines[k + 1: k + 4] if ln.role != "blank" and ln.stream == last.stream), None)
+    after = next((ln for ln in lines[k + 1: k + 4] if ln.role != "blank" and (ln.stream == last.stream or not last.stream)),
+                 None)
     return after is not None and after.role == "content" and bool(_DETAIL.match(after.body))
 
 

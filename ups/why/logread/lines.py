@@ -255,6 +255,28 @@ def _cut_inside(a: str, b: str) -> bool:
             or (end in ". " and start.islower()))
 
 
+_QUOTED = re.compile(r"^(?:> ?|\s+)")
+
+
+def _dedent(physical: list[str]) -> list[str]:
+    """A paste indented or quoted as a whole (a Markdown code block, a quoted reply: every line
+    starts with the same spaces or "> ") without it: its lines' own indentation is what tells
+    a line that starts from the rest of a wrapped one."""
+    lines = [x for x in physical if x.strip() not in ("", ">")]  # a quoted reply's empty lines are ">"
+    if not lines:
+        return physical
+    m = _QUOTED.match(lines[0])
+    lead = m.group(0) if m else ""
+    if lead.strip() == ">":
+        lead = lead if all(x.startswith(lead) for x in lines) else ""
+    else:
+        lead = min((re.match(r"\s*", x).group(0) for x in lines), key=len)
+        lead = lead if all(x.startswith(lead) for x in lines) else ""
+    if not lead:
+        return physical
+    return [x[len(lead):] if x.startswith(lead) else x.lstrip(" >") for x in physical]
+
+
 def unwrap(physical: list[str]) -> list[tuple[int, str]]:
     """(index of its first physical line, text) of each printed line. A run of two or more
     distinct lines of one width (at least WRAP_WIDTH) and the shorter line after them are one
@@ -301,7 +323,7 @@ def read_lines(text: str) -> list[Line]:
         text = html.unescape(text)
     if 'File \\"' in text:  # a paste from a string's repr or JSON: File \"/x.py\", line 3
         text = text.replace('\\"', '"')
-    for n, raw in _join_rich_frames(unwrap(re.split(r"\r\n|\r|\n", text))):
+    for n, raw in _join_rich_frames(unwrap(_dedent(re.split(r"\r\n|\r|\n", text)))):
         raw = raw.rstrip()
         body, rank, ts = _strip_prefixes(raw.strip())
         stream = f"rank{rank}" if rank is not None else ""
@@ -335,27 +357,37 @@ def _join_rich_frames(printed: list[tuple[int, str]]) -> list[tuple[int, str]]:
     k = 0
     while k < len(printed):
         n, raw = printed[k]
-        row = _BOX_ROW.match(raw) if "│" in raw else None
+        row = _box_row(raw)
         joined = None
-        if row and _BOX_PATH.match(row.group("said")):
-            said = row.group("said")
-            for j in range(k + 1, min(k + 4, len(printed))):
-                nxt = _BOX_ROW.match(printed[j][1])
-                if nxt is None or not nxt.group("said"):
+        if row is not None and _BOX_PATH.match(row):
+            said = row
+            for j in range(k + 1, min(k + 6, len(printed))):
+                if not printed[j][1].strip() and j + 1 < len(printed) and printed[j - 1][1].strip():
+                    continue  # a paste that double-spaces its lines
+                nxt = _box_row(printed[j][1])
+                if not nxt:
                     break
-                said += nxt.group("said")
+                said += nxt
                 if _RICH_FRAME_SAYS.match(said):
                     joined = j
                     break
-                if " " in nxt.group("said"):
+                if " " in nxt:
                     break
         if joined is None:
             out.append((n, raw))
             k += 1
             continue
-        out.append((n, f"│ {said} │"))
+        out.append((n, raw[: raw.index("│")] + f"│ {said} │"))
         k = joined + 1
     return out
+
+
+def _box_row(raw: str) -> str | None:
+    """What a row of Rich's box says (after the line's prefixes), or None for another line."""
+    if "│" not in raw:
+        return None
+    row = _BOX_ROW.match(_strip_prefixes(raw.strip())[0])
+    return row.group("said") if row else None
 
 
 def _rest_of_quiet_line(prev: Line, raw: str) -> bool:
