@@ -758,6 +758,32 @@ def test_a_cut_traceback_is_read_by_where_it_stopped_only_when_nothing_says_more
     assert read_log(elsewhere).kind == "unknown"
 
 
+def test_a_frame_line_a_paste_wrapped_inside_its_path_is_one_frame():
+    cut = ('Traceback (most recent call last):\n  File "main.py", line 113, in main\n    model = build()\n'
+           '  File "/home/u/anaconda3/envs/x/lib/python3.6/site-packages/torch\n    /serialization.py", line 368, in load\n'
+           '    return _load(f, map_location, pickle_module)\n'
+           '  File "/home/u/anaconda3/envs/x/lib/python3.6/site-packages/torch\n  /serialization.py", line 114, in '
+           'default_restore_location\n')
+    reading = read_log(cut)
+    assert reading.name == "checkpoint_cuda_on_cpu" and reading.site == "main.py:113"
+    # the joined frame's code is still code: its words decide nothing
+    code = cut.replace("    return _load(f, map_location, pickle_module)", "    raise OSError('No space left on device')")
+    assert read_log(code + "KeyError: 'state_dict'\n").kind == "user_code"
+    # a line with an open quote and no frame's rest after it is left as it is
+    assert read_log('  File "/home/u/notes\nwere not found\n').kind == "none"
+
+
+def test_the_end_of_the_cuda_on_cpu_message_is_that_message():
+    # a paste that starts inside the message, or shows only its last source line
+    tail = ("please use torch.load with map_location=torch.device('cpu') to map your storages to the CPU.\n")
+    assert read_log("RuntimeError                              Traceback (most recent call last)\n" + tail).name == (
+        "checkpoint_cuda_on_cpu")
+    # a checkpoint saved on a GPU this machine does not have is not this class
+    other = ("RuntimeError: Attempting to deserialize object on CUDA device 2 but torch.cuda.device_count() is 1. Please use "
+             "torch.load with map_location to map your storages to an existing device.\n")
+    assert read_log(other).name is None
+
+
 def test_nothing_failed_says_so():
     reading = read_log("Epoch 1: 100%|██████████| 50/50 [00:05<00:00,  9.12it/s, loss=0.512]\n`Trainer.fit` stopped.\n")
     assert reading.kind == "none" and not reading.failed and reading.summary == "no failure in this log"

@@ -490,7 +490,9 @@ SIGNS: tuple[Sign, ...] = (
        r"inline_container\.cc[^\n]*file not found|storage has wrong (?:byte )?size"),
     _s("checkpoint_corrupt", r"Ran out of input", unless_frames=r"multiprocessing|spawn\.py|reduction\.py|queues\.py"),
     # checkpoint_cuda_on_cpu
-    _s("checkpoint_cuda_on_cpu", r"Attempting to deserialize object on a CUDA\b"),
+    # ... or the end of its message ("... please use torch.load with map_location=torch.device('cpu') to map
+    # your storages to the CPU."), when a paste or a wrap cut its start
+    _s("checkpoint_cuda_on_cpu", r"Attempting to deserialize object on a CUDA\b|to map your storages to the CPU\b"),
     # file_missing
     _s("file_missing", r"FileNotFoundError|No such file or directory|\[Errno 2\]|can't open file|"
        r"errno = 2, error message = 'No such file|does not appear to have a file named|\bno file named [\w.]+|"

@@ -255,6 +255,27 @@ def _cut_inside(a: str, b: str) -> bool:
             or (end in ". " and start.islower()))
 
 
+_FRAME_OPEN = re.compile(r'^\s*File "[^"]+$')  # a frame line whose path a paste wrapped
+_FRAME_REST = re.compile(r'^\s*[^"\s]*", line \d+')
+
+
+def _join_cut_frames(printed: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """A traceback's ``File "..."`` line that a paste wrapped inside its path (``File
+    "/opt/.../site-packages/torch`` / ``/serialization.py", line 114, in default_restore_location``)
+    is the one frame line it was printed as."""
+    out: list[tuple[int, str]] = []
+    k = 0
+    while k < len(printed):
+        n, raw = printed[k]
+        if k + 1 < len(printed) and _FRAME_OPEN.match(raw) and _FRAME_REST.match(printed[k + 1][1]):
+            out.append((n, raw + printed[k + 1][1].lstrip()))
+            k += 2
+            continue
+        out.append((n, raw))
+        k += 1
+    return out
+
+
 _QUOTED = re.compile(r"^(?:> ?|\s+)")
 
 
@@ -323,7 +344,7 @@ def read_lines(text: str) -> list[Line]:
         text = html.unescape(text)
     if 'File \\"' in text:  # a paste from a string's repr or JSON: File \"/x.py\", line 3
         text = text.replace('\\"', '"')
-    for n, raw in _join_rich_frames(unwrap(_dedent(re.split(r"\r\n|\r|\n", text)))):
+    for n, raw in _join_rich_frames(_join_cut_frames(unwrap(_dedent(re.split(r"\r\n|\r|\n", text))))):
         raw = raw.rstrip()
         body, rank, ts = _strip_prefixes(raw.strip())
         stream = f"rank{rank}" if rank is not None else ""
