@@ -413,6 +413,22 @@ TEMPLATES = [
                    "request of 32Gi."),
     ("disk_full", "Message: The node was low on resource: ephemeral-storage. Container trainer was using 212Gi."),
     ("oom_killed", "[88213.402118] oom_reaper: reaped process 40211 (python), now anon-rss:0kB, file-rss:0kB"),
+    # schedulers and a notebook host killing for memory; HF datasets' disk check; NCCL's shm segment
+    ("oom_killed", "=>> PBS: job killed: mem 38427376kb exceeded limit 33554432kb"),
+    ("oom_killed", "=>> PBS: job killed: vmem 3372163072 exceeded limit 2147483648"),
+    ("oom_killed", "TERM_MEMLIMIT: job killed after reaching LSF memory usage limit."),
+    ("oom_killed", "Your session crashed after using all available RAM. If you are interested in access to high-RAM runtimes, "
+                   "you may want to check out Colab Pro."),
+    ("disk_full", "OSError: Not enough disk space. Needed: 12.43 GiB (download: 5.20 GiB, generated: 7.23 GiB, post-processed: "
+                  "Unknown size)"),
+    ("shm_full", "node1:511:602 [0] include/shm.h:48 NCCL WARN Error: failed to extend /dev/shm/nccl-6wbP8B to 9637892 bytes"),
+    ("shm_full", "ERROR: Unexpected BUS error encountered in DataLoader worker. This might be caused by insufficient shared memory"),
+    # weights that are no weights: a Git LFS pointer, a truncated or foreign HDF5 file
+    ("checkpoint_corrupt", "OSError: You seem to have cloned a repository without having git-lfs installed. Please install "
+                           "git-lfs and run `git lfs install` followed by `git lfs pull` in the folder you cloned."),
+    ("checkpoint_corrupt", "OSError: Unable to open file (truncated file: eof = 96468992, sblock->base_addr = 0, stored_eof = "
+                           "553457328)"),
+    ("checkpoint_corrupt", "OSError: Unable to synchronously open file (file signature not found)"),
     # torch's shared tensors live in /dev/shm, whatever the call that failed on them
     ("shm_full", "RuntimeError: unable to open shared memory object </torch_4120_2871823_3> in read-write mode: No space "
                  "left on device (28)"),
@@ -518,6 +534,21 @@ def test_rays_memory_monitor_killing_workers_is_the_oom_killer():
     advice = ("(raylet) Refer to the documentation on how to address the out of memory issue: https://docs.ray.io/en/latest/"
               "ray-core/scheduling/ray-oom-prevention.html. Consider provisioning more memory on this node.\n")
     assert read_log(advice).name is None
+
+
+def test_a_guess_between_causes_is_not_a_cause():
+    # joblib names two causes it cannot tell apart: neither is said to have happened
+    guess = ("joblib.externals.loky.process_executor.TerminatedWorkerError: A worker process managed by the executor was "
+             "unexpectedly terminated. This could be caused by a segmentation fault while calling the function or by an "
+             "excessive memory usage causing the Operating System to kill the worker.\n")
+    assert read_log(guess).kind == "unknown"
+    # ... what it reports after the guess still decides
+    assert read_log(guess + "\nThe exit codes of the workers are {SIGKILL(-9)}\n").name == "oom_killed"
+    # one cause named, with what happened, is read
+    one = "ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient shared memory (shm).\n"
+    assert read_log(one).name == "shm_full"
+    # ... and a scheduler's other limit is not memory
+    assert read_log("=>> PBS: job killed: walltime 3610 exceeded limit 3600\n").name == "job_terminated"
 
 
 def test_a_cuda_debuggers_report_of_a_bad_address_is_an_illegal_memory_access():

@@ -410,7 +410,10 @@ SIGNS: tuple[Sign, ...] = (
        r"OOMKilled|\boom_kill\b|killed by signal: Killed|task \d+: Out Of Memory|exceeded (?:job |step )?memory limit|"
        r"Killed process \d+ \(|(?:killed|kill\w*) (?:due to|because of) (?:the node )?(?:running low on memory|memory pressure)|"
        # the kernel's reaper after the kill; Kubernetes evicting a pod for the node's memory
-       r"oom_reaper: reaped process|The node was low on resource: memory"),
+       r"oom_reaper: reaped process|The node was low on resource: memory|"
+       # a scheduler killing a job over its memory limit (PBS, LSF); a notebook's host doing it (Colab)
+       r"job killed: p?v?mem\b[^\n]*?exceeded limit|Job exceeded a memory resource limit|TERM_MEMLIMIT\b|job killed after reaching LSF memory usage limit|"
+       r"session crashed after using all available RAM"),
     # ... or only the exit code says it (how it ended)
     _s("oom_killed", _exit("-9", "137") + r"|Signal 9 \(SIGKILL\)|\bsignal 9\b|\bSIGKILL\b|"
        r"^Killed\s*$|\d+ Killed\s+\S|signal: killed\b|task \d+: Killed|^zsh: killed\b|"
@@ -421,7 +424,7 @@ SIGNS: tuple[Sign, ...] = (
     # NCCL writes no file but its shared-memory segments: its "No space left" is /dev/shm's.
     _s("shm_full", r"NCCL WARN[^\n]*No space left on device|/dev/shm\b[^\n]*(?:No space left|failed|error)|No space left[^\n]*/dev/shm|"
        r"unable to write to file </torch_|unable to allocate shared memory|unable to mmap \d+ bytes from file </torch_|killed by signal: Bus error|"
-       r"bus error encountered in worker|insufficient shared memory|shared memory segment[^\n]*No space left|"
+       r"bus error encountered in (?:DataLoader )?worker|failed to extend /dev/shm\b|insufficient shared memory|shared memory segment[^\n]*No space left|"
        r"Error while creating shared memory segment|"
        # torch's shared tensors are files in /dev/shm ("</torch_1234_5678_0>"), whatever verb failed on them
        r"</torch_[\w-]*>[^\n]*(?:No space left|\(28\)|errno:? 28)"),
@@ -476,7 +479,9 @@ SIGNS: tuple[Sign, ...] = (
     _s("disk_full", r"No space left on device|There is not enough space on the disk|\bENOSPC\b|\[Errno 28\]|PytorchStreamWriter failed writing|file write failed|"
        r"unexpected pos \d+ vs \d+|Cannot write: No space|database or disk is full|"
        # Kubernetes evicting a pod for the node's disk (its ephemeral storage)
-       r"The node was low on resource: ephemeral-storage|ephemeral local storage usage exceeds"),
+       r"The node was low on resource: ephemeral-storage|ephemeral local storage usage exceeds|"
+       # HF datasets' check before it downloads and prepares a dataset
+       r"Not enough disk space\. Needed:"),
     # disk_quota
     _s("disk_quota", r"Disk quota exceeded|\bEDQUOT\b|\[Errno 122\]"),
     # read_only_fs
@@ -487,7 +492,11 @@ SIGNS: tuple[Sign, ...] = (
        r"UnpicklingError(?!: Weights only load failed)|pickle data was truncated|unexpected EOF, expected \d+ more bytes|"
        r"Unable to load weights from pytorch checkpoint file|storage has wrong byte size|"
        r"is not a zip file|BadZipFile|file might be corrupted|\bPytorchStreamReader\b|Invalid magic number; corrupt file|"
-       r"inline_container\.cc[^\n]*file not found|storage has wrong (?:byte )?size"),
+       r"inline_container\.cc[^\n]*file not found|storage has wrong (?:byte )?size|"
+       # a Git LFS pointer where the weights should be (transformers says so); an HDF5 weights file
+       # (Keras) that is truncated or not HDF5 at all
+       r"cloned a repository without having git-lfs installed|"
+       r"Unable to (?:synchronously )?open file \((?:truncated file|file signature not found|bad object header)"),
     _s("checkpoint_corrupt", r"Ran out of input", unless_frames=r"multiprocessing|spawn\.py|reduction\.py|queues\.py"),
     # checkpoint_cuda_on_cpu
     # ... or the end of its message ("... please use torch.load with map_location=torch.device('cpu') to map

@@ -87,7 +87,10 @@ FOOTERS = re.compile(
     r"|See inner exception for details\.?"
     # A list of what *might* have happened ("There are some potential root causes. (1) ... OOM
     # killer (2) ... SIGSEGV") is a hint, not a report: its words say nothing happened.
-    r"|\b(?:There (?:are|is) (?:some |several |a few )?)?(?:potential|possible|probable) (?:root )?(?:causes?|reasons?)\b.*",
+    r"|\b(?:There (?:are|is) (?:some |several |a few )?)?(?:potential|possible|probable) (?:root )?(?:causes?|reasons?)\b.*"
+    # ... and so is a guess between causes ("This could be caused by a segmentation fault ... or by an
+    # excessive memory usage": joblib's words for a worker that died)
+    r"|\b(?:could|might|may) (?:be|have been) caused by\b[^\n]*?\bor (?:by|due to|because)\b.*",
     re.I,
 )
 # Whole lines that are boilerplate whatever their level.
