@@ -369,6 +369,17 @@ def test_srun_labels_a_tracebacks_indented_lines_too():
     assert reading.kind == "user_code" and reading.rank == 3 and reading.site == "data.py:40"
 
 
+def test_sagemakers_mpirun_tags_and_a_container_runtimes_log_lines_are_prefixes():
+    trace = tb("/opt/ml/code/train.py:12:main", "/opt/ml/code/data.py:40:load", error="KeyError: 'label'").splitlines()
+    sagemaker = "\n".join(f"[1,mpirank:2,algo-1]<stderr>:{line}" for line in trace)
+    reading = read_log(sagemaker)
+    assert reading.kind == "user_code" and reading.rank == 2 and reading.site == "data.py:40"
+    cri = "\n".join(f"2024-05-01T10:00:00.123456789Z stderr F {line}" for line in trace)
+    assert read_log(cri).kind == "user_code"
+    # a line that only starts with the word is not prefixed
+    assert read_log("stderr F-score dropped to 0.1\n").kind == "none"
+
+
 # Libraries' message templates, filled in as they print them (not any one thread's words).
 TEMPLATES = [
     ("collective_mismatch", "horovod.common.exceptions.HorovodInternalError: Mismatched ALLGATHER tensor shapes: One rank sent a "

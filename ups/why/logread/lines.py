@@ -32,6 +32,7 @@ _RANK_PREFIXES = (
     re.compile(r"\[rank(?P<rank>\d+)\]:\s?"),  # torchrun's per-rank output (torch >= 2.2)
     re.compile(r"\[default(?P<rank>\d+)\]:\s?"),  # torchrun --tee (older)
     re.compile(r"\[\d+,(?P<rank>\d+)\]<(?:stdout|stderr)>:\s?"),  # mpirun --tag-output
+    re.compile(r"\[\d+,mpirank:(?P<rank>\d+),[^\]\s]*\]<(?:stdout|stderr)>:\s?"),  # ... as SageMaker's mpirun tags it
     re.compile(r"\[RANK (?P<rank>\d+)\]\s?"),
     re.compile(r"(?P<rank>\d{1,5}): (?=\s*\S)"),  # srun --label (its indented lines too: a traceback's frames)
 )
@@ -43,6 +44,7 @@ _OTHER_PREFIXES = (
     re.compile(r"[A-Za-z][\w.-]*: (?=\S+:\d+:\d+ \[\d+\] |\[rank\d+\]|\[default\d+\]|\[\d{4}-\d\d-\d\d|"
                r"\d{4}-\d\d-\d\d[ T]|Traceback \(|\s*File \")"),
     re.compile(r"\[(?:stderr|stdout)\]\s?|(?:stderr|stdout|STDERR|STDOUT):\s?"),
+    re.compile(r"(?:stdout|stderr) [FP] "),  # a container runtime's log file (CRI): "<time> stderr F <line>"
     # docker compose's service label ("trainer-1  | ", v1's "trainer_1  | "), kubectl --prefix's
     re.compile(r"[\w.-]+[-_]\d+\s+\|\s?|\[pod/[^\]\s]+\]\s?"),
     re.compile(r">{1,3}\s"),  # a quote in a pasted report, an interpreter's prompt
