@@ -380,6 +380,20 @@ def test_sagemakers_mpirun_tags_and_a_container_runtimes_log_lines_are_prefixes(
     assert read_log("stderr F-score dropped to 0.1\n").kind == "none"
 
 
+def test_vllms_worker_label_is_a_rank_and_its_log_layout_a_level():
+    head = "(VllmWorker rank=1 pid=12231) ERROR 03-25 21:13:53 multiproc_executor.py:374] "
+    trace = tb("/opt/venv/lib/python3.12/site-packages/vllm/v1/worker/gpu_model_runner.py:1036:capture_model",
+               "/home/u/my_model.py:88:load_weights", error="KeyError: 'model.layers.0.mlp'").splitlines()
+    text = "".join(head + line + "\n" for line in trace)
+    reading = read_log(text)
+    assert reading.kind == "user_code" and reading.rank == 1 and reading.site == "my_model.py:88"
+    # the newer layout, and its INFO lines are context
+    info = "INFO 05-07 02:57:53 [__init__.py:239] Automatically detected platform cuda. Out of memory checks are off.\n"
+    new = info + "".join("ERROR 06-10 03:43:37 [core.py:500] " + line + "\n" for line in trace)
+    assert read_log(new).kind == "user_code"
+    assert not read_log(info).failed
+
+
 # Libraries' message templates, filled in as they print them (not any one thread's words).
 TEMPLATES = [
     ("collective_mismatch", "horovod.common.exceptions.HorovodInternalError: Mismatched ALLGATHER tensor shapes: One rank sent a "
@@ -811,6 +825,10 @@ def test_a_frame_line_a_paste_wrapped_inside_its_path_is_one_frame():
     # the joined frame's code is still code: its words decide nothing
     code = cut.replace("    return _load(f, map_location, pickle_module)", "    raise OSError('No space left on device')")
     assert read_log(code + "KeyError: 'state_dict'\n").kind == "user_code"
+    # ... under a rank's label, or double-spaced
+    labelled = "".join(f"[rank0]: {line}\n" for line in cut.splitlines())
+    assert read_log(labelled).name == "checkpoint_cuda_on_cpu"
+    assert read_log(cut.replace("\n", "\n\n")).name == "checkpoint_cuda_on_cpu"
     # a line with an open quote and no frame's rest after it is left as it is
     assert read_log('  File "/home/u/notes\nwere not found\n').kind == "none"
 

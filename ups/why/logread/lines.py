@@ -35,6 +35,7 @@ _RANK_PREFIXES = (
     re.compile(r"\[\d+,mpirank:(?P<rank>\d+),[^\]\s]*\]<(?:stdout|stderr)>:\s?"),  # ... as SageMaker's mpirun tags it
     re.compile(r"\[RANK (?P<rank>\d+)\]\s?"),
     re.compile(r"(?P<rank>\d{1,5}): (?=\s*\S)"),  # srun --label (its indented lines too: a traceback's frames)
+    re.compile(r"\((?:\w+ )?rank=(?P<rank>\d+) pid=\d+[^)]*\)\s?"),  # vLLM's workers: "(VllmWorker rank=1 pid=12231)"
 )
 _OTHER_PREFIXES = (
     re.compile(r"\((?:\w+ )?pid=[^)]*\)\s?"),  # Ray workers
@@ -71,6 +72,10 @@ _GLOG = re.compile(r"\[?(?P<lvl>[IWEF])(?:\d{4})?(?: ?\d\d:\d\d:\d\d\.\d+)?(?:\s
 _NCCL = re.compile(r"(?:\S+:\d+:\d+ )?(?:\[\d+\] )?(?:[\w./-]+\.\w+[: ]\d+ )?NCCL (?P<lvl>INFO|WARN|TRACE|ERROR)\b")
 # A logger's level word near the start: "INFO:", "[INFO]", "- INFO -", "| INFO |", "[INFO|x.py:3]".
 _LEVEL = re.compile(r"^.{0,60}?(?:^|[\s\[|(:*-])(?P<lvl>INFO|DEBUG|TRACE|WARNING|WARN|ERROR|CRITICAL|FATAL)(?=[\s\]\[|:)*-]|$)")
+# glog's layout with the level's word (vLLM's loggers): "ERROR 03-25 21:13:53 [core.py:500] ", older
+# "ERROR 03-25 21:13:53 multiproc_executor.py:374] "
+_WORD_GLOG = re.compile(r"(?P<lvl>INFO|DEBUG|WARNING|WARN|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? "
+                        r"\[?(?P<site>[\w./-]+\.\w+:\d+)\]\s?")
 _TF_LEVEL = re.compile(r"(?P<lvl>[IWEF]) (?:tensorflow|external|torch)/")
 
 QUIET_LEVELS = frozenset(("INFO", "DEBUG", "TRACE", "I"))
@@ -202,7 +207,7 @@ def _level(body: str) -> tuple[str | None, str | None, str | None, str]:
     if m:
         site = re.search(r"([\w./-]+\.\w+)[: ](\d+) NCCL", body)
         return m.group("lvl"), m.group("lvl"), f"{site.group(1)}:{site.group(2)}" if site else None, body
-    m = _GLOG.match(body)
+    m = _GLOG.match(body) or _WORD_GLOG.match(body)
     if m:
         return m.group("lvl"), None, m.group("site"), body[m.end():]
     m = _TF_LEVEL.match(body)
@@ -272,10 +277,15 @@ def _join_cut_frames(printed: list[tuple[int, str]]) -> list[tuple[int, str]]:
     k = 0
     while k < len(printed):
         n, raw = printed[k]
-        if k + 1 < len(printed) and _FRAME_OPEN.match(raw) and _FRAME_REST.match(printed[k + 1][1]):
-            out.append((n, raw + printed[k + 1][1].lstrip()))
-            k += 2
-            continue
+        if "File \"" in raw and _FRAME_OPEN.match(_strip_prefixes(raw.strip())[0]):
+            # the rest is on the next line (the next but one in a paste that double-spaces its lines),
+            # under the same prefix or none
+            j = k + 2 if k + 2 < len(printed) and not printed[k + 1][1].strip() else k + 1
+            rest = _strip_prefixes(printed[j][1].strip())[0] if j < len(printed) else ""
+            if _FRAME_REST.match(rest):
+                out.append((n, raw.rstrip() + rest.lstrip()))
+                k = j + 1
+                continue
         out.append((n, raw))
         k += 1
     return out
