@@ -713,6 +713,8 @@ def test_waiting_in_the_store_based_barrier_is_a_rendezvous_timeout_only_when_it
     done = wait * 2 + "Rank 0: Completed store-based barrier for key:store_based_barrier_key:1 with 4 nodes.\n"
     assert not read_log(done).failed
     assert not read_log(wait + "epoch 0 step 10 loss 2.31\n").failed
+    # ... another rank's step after it: that rank waited a while and joined
+    assert not read_log("[rank1]: " + wait + "[rank0]: epoch 0 step 10 loss 2.31\n").failed
     # an error that says more decides
     oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.1 GiB total capacity)\n"
     assert read_log(wait * 2 + oom).name == "cuda_oom"

@@ -226,12 +226,12 @@ _SAYS = re.compile(r"[^\W_]")  # a line with a word on it (not a Markdown fence 
 
 def _drop_passed_waits(lines: list[Line], waits: list[Event]) -> None:
     """The store-based barrier's notices that it waits show that the ranks never met only when
-    the process never got past them: nothing of its stream follows the last one but the
-    traceback and the exception it ended with (a later line, the barrier's "Completed
-    store-based barrier" or a step's, says it went on)."""
+    the log never got past them: nothing follows the last one but tracebacks and the exceptions
+    they ended with (a later line of any rank, the barrier's "Completed store-based barrier" or
+    a step's, says the job went on: a rank that waited a while and joined is no failure)."""
     if not waits:
         return
-    went_on: dict[str, int] = {}  # each stream's last line that is neither a notice nor how it ended
+    went_on = -1  # the last line that is neither a notice nor how a process ended
     in_traceback: set[str] = set()  # the streams inside a traceback (its lines up to its exception)
     for line in lines:
         if line.role in ("header", "chain"):
@@ -240,9 +240,9 @@ def _drop_passed_waits(lines: list[Line], waits: list[Event]) -> None:
             in_traceback.discard(line.stream)
         elif (line.stream not in in_traceback and line.role not in ("blank", "frame", "source")
               and not STORE_BARRIER_WAIT.search(line.body) and _SAYS.search(line.body)):
-            went_on[line.stream] = line.n
+            went_on = line.n
     for ev in waits:
-        if went_on.get(ev.head.stream, -1) > ev.n:
+        if went_on > ev.n:
             ev.superseded = True
 
 
