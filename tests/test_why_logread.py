@@ -737,6 +737,21 @@ def test_a_paste_indented_or_quoted_as_a_whole_is_read_as_its_lines():
     assert reading.kind == "user_code" and reading.exception == "KeyError"
 
 
+def test_a_connection_the_peer_closed_is_the_network_only_when_nothing_says_why_the_peer_went():
+    for said in ("socketProgress: Connection closed by remote peer node2<51234>", "Call to recv failed : Connection reset by peer"):
+        warn = f"node1:1234:1300 [0] misc/socket.cc:49 NCCL WARN {said}\n"
+        assert read_log(warn).name == "nccl_network", said
+        # the peer was killed, or raised: that is why its end of the connection went
+        killed = warn + ("E0101 10:00:01.000 torch/distributed/elastic/multiprocessing/api.py:826] failed (exitcode: -9) "
+                         "local_rank: 1 (pid: 1236) of binary: /usr/bin/python3\n")
+        assert read_log(killed).name == "oom_killed", said
+        oom = warn + "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+        assert read_log(oom).name == "cuda_oom", said
+    # an unreachable peer is the network whatever else the log says
+    route = "node1:1234:1300 [0] misc/socket.cc:484 NCCL WARN socketStartConnect: Connect to 10.0.0.2<35457> failed : No route to host\n"
+    assert read_log(route + "E0101 10:00:01.000 api.py:826] failed (exitcode: -9) local_rank: 1 (pid: 1236)\n").name == "nccl_network"
+
+
 # -- what no class knows ----------------------------------------------------------------------------
 def test_an_unknown_text_says_it_is_unknown():
     text = tb("/home/u/train.py:50:main", "/opt/venv/lib/python3.11/site-packages/torch/cuda/__init__.py:300:_lazy_init",

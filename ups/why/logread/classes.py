@@ -367,11 +367,14 @@ SIGNS: tuple[Sign, ...] = (
        r"Got completion from peer[^\n]*with (?:error|status)|\bsocket(?:Progress|StartConnect|PollConnect|"
        r"FinalizeAccept|Connect|Accept|Wait)\b[^\n]*(?:fail|refused|error|wrong|timed? ?out|abort)|"
        r"Call to connect|Error encountered progressing operation=Connect|Failed to execute operation Connect|"
-       r"NCCL WARN[^\n]*Connection closed by remote peer|no (?:socket )?interfaces? found|ibv_\w+ failed|IBV_WC_\w+ERR|"
+       r"no (?:socket )?interfaces? found|ibv_\w+ failed|IBV_WC_\w+ERR|"
        r"transport retry counter exceeded|NCCL WARN[^\n]*Connect(?:ion)? (?:to|refused|failed)|"
        # NCCL's own WARN line of a socket call that failed for the network (NCCL's SYSCHECK:
-       # "Call to recv failed : Connection reset by peer"); a broken pipe is a peer gone (peer_lost)
-       r"NCCL WARN[^\n]*(?:Connection reset by peer|No route to host|Network is unreachable|Connection timed out)"),
+       # "Call to recv failed : No route to host")
+       r"NCCL WARN[^\n]*(?:No route to host|Network is unreachable|Connection timed out)"),
+    # ... a connection the other end closed or reset, on NCCL's own WARN line: the network, unless
+    # the log says why the peer went (its own error, its kill); a broken pipe is a peer gone (peer_lost)
+    _s("nccl_network", r"NCCL WARN[^\n]*(?:Connection closed by remote peer|Connection reset by peer)", SYMPTOM),
     # nccl_system_error
     _s("nccl_system_error", r"unhandled system error|ncclSystemError|NCCL Error 2\b", SYMPTOM),
     # rendezvous_timeout
