@@ -752,6 +752,111 @@ def test_a_connection_the_peer_closed_is_the_network_only_when_nothing_says_why_
     assert read_log(route + "E0101 10:00:01.000 api.py:826] failed (exitcode: -9) local_rank: 1 (pid: 1236)\n").name == "nccl_network"
 
 
+def test_a_command_typed_at_a_prompt_is_the_users_words_not_the_jobs():
+    xid = ("[3629619.021460] NVRM: Xid (PCI:0000:00:0e): 31, pid=810735, name=python, channel 0x0000000d, intr 00000000. "
+           "MMU Fault: ENGINE GRAPHICS GPC1 GPCCLIENT_T1_3 faulted @ 0x7f74_e9d5f000. Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_READ\n")
+    for prompt in ('# dmesg | grep -iE "xid|nvidia|fallen off the bus" | tail -30', "$ dmesg | grep -i 'fallen off the bus\\|xid'",
+                   "root@node1:~# dmesg | grep -e 'GPU has fallen off the bus' -e Xid"):
+        assert read_log(prompt + "\n" + xid).name == "gpu_xid", prompt
+    # what the command printed is the job's: the kernel's own line decides
+    fell = "[3629620.000001] NVRM: GPU at PCI:0000:00:0e: GPU has fallen off the bus.\n"
+    assert read_log('# dmesg | grep -iE "xid|fallen off the bus"\n' + xid + fell).name == "gpu_lost"
+    assert read_log("$ python train.py\nSegmentation fault (core dumped)\n").name == "segfault"
+
+
+def test_nccls_prefix_with_the_host_alone_is_nccls():
+    warn = ("2025-11-24T03:20:21.001125857Z [2025-11-24 11:20:21] gpu-server320 [5] misc/socket.cc:46 NCCL WARN socketProgressOpt: "
+            "Call to send to 10.0.0.2<52905> failed : Connection reset by peer\n"
+            "2025-11-24T03:20:21.001128133Z gpu-server320 [5] NCCL INFO misc/socket.cc:64 -> 6\n")
+    assert read_log(warn).name == "nccl_network"
+    # its INFO line never decides
+    info = "gpu-server320 [5] NCCL INFO misc/socket.cc:46 Call to send failed : Connection reset by peer\n"
+    assert read_log(info).name != "nccl_network"
+
+
+def test_a_cuda_error_torch_only_warns_about_is_still_the_cuda_error():
+    end = "terminate called after throwing an instance of 'c10::CUDAError'\n"
+    said = "Warning: CUDA warning: an illegal memory access was encountered (function destroyEvent)\n"
+    assert read_log(said + end).name == "cuda_illegal_memory_access"
+    assert read_log("[W CUDAGuardImpl.h:115] " + said + end).name == "cuda_illegal_memory_access"  # c10's glog prefix
+    # another CUDA warning names no class; a bare "Warning:" line is still a warning, read as one
+    assert read_log("Warning: CUDA warning: driver shutting down (function destroyEvent)\n" + end).name is None
+    assert read_log("Warning: No space left on device for the cache, caching disabled\n").name is None
+
+
+def test_the_flight_recorders_analysis_of_a_mismatch_is_a_collective_mismatch():
+    head = ("Collective 39 at entry 38 errors\ngroup info: 0:default_pg\ncollective: nccl:all_reduce\n"
+            "input sizes: [[1025]]\noutput sizes: [[1025]]\nworld size: 8\ncollective state: scheduled\n")
+    for kind in ("SIZE_OR_SYNTAX_MISMATCH", "COLLECTIVE_TYPE_MISMATCH", "COLLECTIVE_STATE_MISMATCH", "COLLECTIVE_DTYPE_MISMATCH"):
+        text = head + f"error msg: Culprit rank 2; Error type: {kind}, Expected input sizes: '[[1025]]' does not match found input sizes: '[[262144]]'\n"
+        assert read_log(text).name == "collective_mismatch", kind
+    assert read_log(head).name is None
+
+
+def test_open_mpis_peer_disconnected_box_is_a_peer_lost():
+    box = ("--------------------------------------------------------------------------\n"
+           "An MPI communication peer process has unexpectedly disconnected.  This\n"
+           "usually indicates a failure in the peer process (e.g., a crash or\n"
+           "otherwise exiting without calling MPI_FINALIZE first).\n\n"
+           "  Local host: node1\n  Local PID:  12629\n  Peer host:  node2\n"
+           "--------------------------------------------------------------------------\n")
+    assert read_log(box).name == "peer_lost"
+    # the peer's own end says why it went
+    assert read_log("[node2:04321] *** Process received signal ***\n[node2:04321] Signal: Segmentation fault (11)\n"
+                    + box).name == "segfault"
+
+
+def test_a_failed_system_call_on_nccls_warn_line_is_nccls_system_error():
+    warn = ("g148:14937:69361 [0] misc/shmutils.cc:93 NCCL WARN Call to open failed: No such file or directory\n"
+            "g148:14937:69361 [0] misc/shmutils.cc:129 NCCL WARN Error while attaching to shared memory segment "
+            "/dev/shm/nccl-glnlGK (size 14156128), error: No such file or directory (2)\n")
+    assert read_log(warn).name == "nccl_system_error"
+    # a file the job needs is missing; NCCL's shared memory that is full is shm_full
+    assert read_log(tb("/home/u/train.py:12:main", error="FileNotFoundError: [Errno 2] No such file or directory: 'data/train.csv'")).name == "file_missing"
+    full = ("g148:14937:69361 [0] misc/shmutils.cc:60 NCCL WARN Error: failed to extend /dev/shm/nccl-03v824 to 9637892 bytes, "
+            "error: No space left on device (28)\n")
+    assert read_log(full).name == "shm_full"
+
+
+def test_nccl_failing_to_register_memory_is_a_system_error_not_the_network():
+    for call in ("ibv_reg_mr_iova2", "ibv_reg_mr", "ibv_reg_dmabuf_mr"):
+        warn = f"node1:1458548:1480527 [0] misc/ibvwrap.cc:182 NCCL WARN Call to {call} failed with error Invalid argument\n"
+        assert read_log(warn).name == "nccl_system_error", call
+    qp = "node1:1458548:1480527 [0] misc/ibvwrap.cc:295 NCCL WARN Call to ibv_modify_qp failed with error Connection timed out\n"
+    assert read_log(qp).name == "nccl_network"
+
+
+def test_a_local_path_transformers_cannot_load_from_is_a_missing_file():
+    for said in ("OSError: Can't load config for '/data/models/roberta-large'. Make sure that:",
+                 "OSError: Can't load tokenizer for './checkpoints/run1'. If you were trying to load it from 'https://huggingface.co/models'",
+                 "OSError: Incorrect path_or_model_id: '/mnt/ckpt/llama-7b'. Please provide either the path to a local folder or the repo_id of a model on the Hub.",
+                 "huggingface_hub.errors.HFValidationError: Repo id must be in the form 'repo_name' or 'namespace/repo_name': '/mnt/ckpt/llama-7b'. Use `repo_type` argument if needed."):
+        text = tb("/home/u/run.py:237:main", "/opt/venv/lib/python3.11/site-packages/transformers/configuration_utils.py:362:get_config_dict", error=said)
+        assert read_log(text).name == "file_missing", said
+    # a Hub id that would not load is not a missing file
+    hub = tb("/home/u/run.py:237:main", "/opt/venv/lib/python3.11/site-packages/transformers/configuration_utils.py:362:get_config_dict",
+             error="OSError: Can't load config for 'roberta-large-uncased'. Make sure that:")
+    assert read_log(hub).name != "file_missing"
+
+
+def test_no_space_for_a_semaphore_or_a_memory_file_system_is_shared_memory():
+    joblib = ("/venv/lib/python3.8/site-packages/joblib/_multiprocessing_helpers.py:46: UserWarning: [Errno 28] No space left on device.  "
+              "joblib will operate in serial mode\n  warnings.warn('%s.  joblib will operate in serial mode' % (e,))\n")
+    assert read_log(joblib).name == "shm_full"
+    # another warning of a full disk is a warning
+    assert read_log("/venv/lib/python3.8/site-packages/x/cache.py:46: UserWarning: [Errno 28] No space left on device\n").name is None
+    err = "OSError: [Errno 28] No space left on device"
+    assert read_log(tb("/w/train.py:111:main", "/venv/lib/python3.9/site-packages/pandarallel/core.py:263:closure", error=err)).name == "shm_full"
+    assert read_log(tb("/w/train.py:111:main", "/venv/lib/python3.9/site-packages/pandas/io/parquet.py:263:write", error=err)).name == "disk_full"
+
+
+def test_ncclS_invalid_argument_code_is_read_as_invalid_usage():
+    trace = ("[1,1]<stdout>:node1:126624:126758 [1] misc/argcheck.cc:39 NCCL WARN Broadcast : invalid root 0 (root should be in the 0..-1 range)\n"
+             "[1,1]<stdout>:node1:126624:126758 [1] NCCL INFO enqueue.cc:1450 -> {code}\n")
+    assert read_log(trace.format(code=4)).name == "nccl_invalid_usage"
+    assert read_log(trace.format(code=3)).name is None  # an internal error names no class
+
+
 # -- what no class knows ----------------------------------------------------------------------------
 def test_an_unknown_text_says_it_is_unknown():
     text = tb("/home/u/train.py:50:main", "/opt/venv/lib/python3.11/site-packages/torch/cuda/__init__.py:300:_lazy_init",

@@ -338,7 +338,10 @@ SIGNS: tuple[Sign, ...] = (
        # Horovod's coordinator: "Mismatched ALLREDUCE tensor shapes: One rank sent ..., but another rank sent ..."
        r"Mismatched [^:\n]{1,60}: One rank (?:had|did|sent|specified)[^\n]*but another rank|"
        # accelerate's gather/reduce checks the shapes of every process first
-       r"Cannot apply desired operation due to shape mismatches"),
+       r"Cannot apply desired operation due to shape mismatches|"
+       # torch's flight recorder analyser (fr_trace) names the culprit rank and how its entry
+       # differs: "Culprit rank 22; Error type: SIZE_OR_SYNTAX_MISMATCH, Expected input sizes ..."
+       r"Error type: (?:COLLECTIVE_TYPE|SIZE_OR_SYNTAX|COLLECTIVE_STATE|COLLECTIVE_DTYPE)_MISMATCH\b"),
     # collective_timeout
     _s("collective_timeout", r"Watchdog caught collective operation timeout|"
        r"WorkNCCL\([^)]*\) ran for \d+ milliseconds before timing out|"
@@ -355,7 +358,10 @@ SIGNS: tuple[Sign, ...] = (
     _s("peer_lost", r"remote process exited or there was a network error|ncclRemoteError|"
        r"(?:gloo|pair\.cc|c10d|TCPStore|Dist\w*Error|NCCL|Net :|socket\w*:|sendBytes|recvBytes|Read error|Write error)[^\n]*"
        r"(?:Connection (?:closed|reset) by (?:remote )?peer|Broken pipe)|"
-       r"recvValue failed|failed to recv, got 0 bytes|NCCL Error 6\b", SYMPTOM),
+       r"recvValue failed|failed to recv, got 0 bytes|NCCL Error 6\b|"
+       # Open MPI's help box when a peer's connection drops ("An MPI communication peer process has
+       # unexpectedly disconnected. This usually indicates a failure in the peer process")
+       r"MPI communication peer process has unexpectedly disconnected", SYMPTOM),
     # nccl_invalid_usage
     _s("nccl_invalid_usage", r"ncclInvalidUsage|\binvalid usage\b|NCCL version mismatch|"
        r"receiv(?:ing|ed) \d+ bytes instead of \d+|ncclInvalidArgument|Invalid config blocking attribute|"
@@ -367,7 +373,7 @@ SIGNS: tuple[Sign, ...] = (
        r"Got completion from peer[^\n]*with (?:error|status)|\bsocket(?:Progress|StartConnect|PollConnect|"
        r"FinalizeAccept|Connect|Accept|Wait)\b[^\n]*(?:fail|refused|error|wrong|timed? ?out|abort)|"
        r"Call to connect|Error encountered progressing operation=Connect|Failed to execute operation Connect|"
-       r"no (?:socket )?interfaces? found|ibv_\w+ failed|IBV_WC_\w+ERR|"
+       r"no (?:socket )?interfaces? found|ibv_(?!reg_)\w+ failed|IBV_WC_\w+ERR|"
        r"transport retry counter exceeded|NCCL WARN[^\n]*Connect(?:ion)? (?:to|refused|failed)|"
        # NCCL's own WARN line of a socket call that failed for the network (NCCL's SYSCHECK:
        # "Call to recv failed : No route to host")
@@ -377,6 +383,10 @@ SIGNS: tuple[Sign, ...] = (
     _s("nccl_network", r"NCCL WARN[^\n]*(?:Connection closed by remote peer|Connection reset by peer)", SYMPTOM),
     # nccl_system_error
     _s("nccl_system_error", r"unhandled system error|ncclSystemError|NCCL Error 2\b", SYMPTOM),
+    # ... and the call that failed, when it registers memory with the NIC ("Call to ibv_reg_mr
+    # failed", "ibv_reg_dmabuf_mr failed"): the host's locked-memory limit or GPUDirect's peer
+    # memory module, not the network between the nodes
+    _s("nccl_system_error", r"ibv_reg_(?:dmabuf_)?mr\w* failed"),
     # rendezvous_timeout
     _s("rendezvous_timeout", r"Rendezvous\w*TimeoutError|RendezvousConnectionError|"
        r"Timed out initializing process group in store based barrier|client socket has timed out|"
@@ -425,7 +435,7 @@ SIGNS: tuple[Sign, ...] = (
        r"^=+\s+EXIT CODE: (?:9|137)\s*$", KILLED),  # MPICH/Intel MPI's "BAD TERMINATION" box
     # shm_full
     # NCCL writes no file but its shared-memory segments: its "No space left" is /dev/shm's.
-    _s("shm_full", r"NCCL WARN[^\n]*No space left on device|/dev/shm\b[^\n]*(?:No space left|failed|error)|No space left[^\n]*/dev/shm|"
+    _s("shm_full", r"NCCL WARN[^\n]*No space left on device|/dev/shm\b[^\n]*(?:No space left|failed|error)(?![^\n]*No such file)|No space left[^\n]*/dev/shm|"
        r"unable to write to file </torch_|unable to allocate shared memory|unable to mmap \d+ bytes from file </torch_|killed by signal: Bus error|"
        r"bus error encountered in (?:DataLoader )?worker|failed to extend /dev/shm\b|insufficient shared memory|shared memory segment[^\n]*No space left|"
        r"Error while creating shared memory segment|"
@@ -433,8 +443,12 @@ SIGNS: tuple[Sign, ...] = (
        r"</torch_[\w-]*>[^\n]*(?:No space left|\(28\)|errno:? 28)"),
     # Where the error was raised says which device is full: POSIX semaphores and shared memory
     # segments (multiprocessing's Lock, SharedMemory; torch's shared tensors) live in /dev/shm.
+    # pandarallel writes its chunks to files only on its memory file system (/dev/shm).
     _s("shm_full", r"No space left on device|\bENOSPC\b|\[Errno 28\]",
-       in_frames=r"multiprocessing[/\\](?:synchronize|shared_memory|heap)\.py|torch[/\\]multiprocessing[/\\]"),
+       in_frames=r"multiprocessing[/\\](?:synchronize|shared_memory|heap)\.py|torch[/\\]multiprocessing[/\\]|pandarallel[/\\]"),
+    # joblib's start-up check creates a semaphore (in /dev/shm) and warns when it cannot: "[Errno 28]
+    # No space left on device.  joblib will operate in serial mode"
+    _s("shm_full", r"(?:No space left on device|\[Errno 28\])[^\n]*joblib will operate in serial mode", SYMPTOM, on_warning=True),
     _s("shm_full", _exit("-7", "135") + r"|Signal 7 \(SIGBUS\)|\bSIGBUS\b|^Bus error\b", KILLED),
     # cuda_illegal_memory_access
     # ... also as CUDA's debuggers report it: cuda-gdb's exceptions ("CUDA Exception: Warp Illegal
@@ -444,6 +458,9 @@ SIGNS: tuple[Sign, ...] = (
        r"Cuda failure 700\b|(?:Warp|Lane|Device) (?:Illegal|Out-of-range) Address|CUDA_EXCEPTION_(?:1|5|14)\b|"
        r"Invalid __(?:global|shared|local)__ (?:read|write|atomic)|"
        r"Memory access fault by GPU node-\d+"),  # ROCm's words for it
+    # CUDA's error is sticky: after the fault every call returns it, also the ones torch only warns
+    # about (c10's "CUDA warning: an illegal memory access was encountered (function destroyEvent)")
+    _s("cuda_illegal_memory_access", r"CUDA warning: an illegal memory access|cudaErrorIllegalAddress", on_warning=True),
     # cuda_device_assert
     _s("cuda_device_assert", r"device-side assert(?:ion)? triggered|\.cu(?:h)?:\d+:[^\n]*Assertion `[^\n]*` failed|"
        r"block: \[[\d,]+\], thread: \[[\d,]+\] Assertion|cudaErrorAssert|CUDA_ERROR_ASSERT"),
@@ -509,6 +526,10 @@ SIGNS: tuple[Sign, ...] = (
     _s("file_missing", r"FileNotFoundError|No such file or directory|\[Errno 2\]|can't open file|"
        r"errno = 2, error message = 'No such file|does not appear to have a file named|\bno file named [\w.]+|"
        r"The system cannot find the (?:file|path) specified"),
+    # ... a local path transformers or huggingface_hub could not load from: a name that is a path
+    # ("/data/models/x", "./ckpt") and not a Hub id is a folder that is not there
+    _s("file_missing", r"(?:Can't load (?:the )?[\w ]{3,40}? (?:for|of) |Incorrect path_or_model_id: |Repo id must [^\n]*?: )"
+       r"'(?:/|\.{1,2}/|~/|[A-Za-z]:[\\/])"),
     # import_error
     _s("import_error", r"ModuleNotFoundError|\bImportError\b|No module named|cannot open shared object file|"
        r"undefined symbol|DLL load failed|cannot import name|Failed to import [\w.]+ because|"

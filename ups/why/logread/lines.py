@@ -68,8 +68,9 @@ TIMESTAMP = re.compile(r"(?:(?P<date>\d{4}-\d\d-\d\d)[ T]|[IWEF](?P<md>\d{3,4}) 
 # glog (``E0325 20:57:27.620 2606 api.py:869]``) and c10d (``[W socket.cpp:426]``,
 # ``[E626 06:24:44.903 ProcessGroupNCCL.cpp:616]``): the level is the first letter.
 _GLOG = re.compile(r"\[?(?P<lvl>[IWEF])(?:\d{4})?(?: ?\d\d:\d\d:\d\d\.\d+)?(?:\s+\d+)?\s+(?P<site>[\w./-]+\.\w+:\d+)\]\s?")
-# NCCL's prefix: host:pid:tid, the device, and the file:line (older releases: "include/socket.h 398")
-_NCCL = re.compile(r"(?:\S+:\d+:\d+ )?(?:\[\d+\] )?(?:[\w./-]+\.\w+[: ]\d+ )?NCCL (?P<lvl>INFO|WARN|TRACE|ERROR)\b")
+# NCCL's prefix: host:pid:tid (or the host alone: "gpu-server320 [5] misc/socket.cc:46 NCCL WARN"),
+# the device, and the file:line (older releases: "include/socket.h 398")
+_NCCL = re.compile(r"(?:\S+(?::\d+:\d+)? )?(?:\[\d+\] )?(?:[\w./-]+\.\w+[: ]\d+ )?NCCL (?P<lvl>INFO|WARN|TRACE|ERROR)\b")
 # A logger's level word near the start: "INFO:", "[INFO]", "- INFO -", "| INFO |", "[INFO|x.py:3]".
 _LEVEL = re.compile(r"^.{0,60}?(?:^|[\s\[|(:*-])(?P<lvl>INFO|DEBUG|TRACE|WARNING|WARN|ERROR|CRITICAL|FATAL)(?=[\s\]\[|:)*-]|$)")
 # glog's layout with the level's word (vLLM's loggers): "ERROR 03-25 21:13:53 [core.py:500] ", older
@@ -120,7 +121,7 @@ _BOILERPLATE = re.compile(
 )
 # A Python warning's category and message ("x.py:146: UserWarning: <message>"); the message may
 # be on the next line (torch's warnings start with a newline).
-_PY_WARNING = re.compile(r"(?:^|[\s:(\]])[A-Z]\w*Warning:\s*(?P<msg>.*)$")
+_PY_WARNING = re.compile(r"(?:^|[\s:(\]])[A-Z]\w*Warning:\s*(?P<msg>.*)$|^Warning:\s*(?P<bare>.*)$")
 # A whole line in a paste's Markdown emphasis ("**Killed**", "`Segmentation fault`").
 _EMPHASIS = re.compile(r"^(\*\*|__|`)(?P<said>[^*_`].*?)\1$")
 _WARNING_LINE = re.compile(r"(?:^|[\s:(\]])(?:[A-Z]\w*)?Warning:|\bwarning:|^\s*warnings?\.warn\(|^\s*_?warn(?:ings\.warn)?\(")
@@ -135,6 +136,10 @@ _HANDLED = re.compile(r"^(?:[\w-]+ ){0,3}?(?:errors?|exceptions?) (?:was |were )
                       r"(?:errors?|exceptions?):", re.I)
 _PROGRESS = re.compile(r"^.*?\d+/\d+\s*\[[\d:<?]+[^\]]*\]")  # tqdm: "42%|████ | 21/50 [00:03<00:04, 7.1it/s]"
 _CARETS = re.compile(r"^[\s^~]+$")
+# A command typed at a shell's prompt and pasted with its output ("# dmesg | grep -i xid",
+# "$ nvidia-smi", "user@node:~$ python train.py"): the user's words (a grep's pattern, a
+# script's name), not a line the job printed.
+_PROMPT = re.compile(r"^(?:[\w.-]+@[\w.-]+(?::\S*)?\s?)?[$#] (?:sudo )?[a-z][\w.-]*(?: |$)")
 
 # -- tracebacks ----------------------------------------------------------------------------------
 HEADER = re.compile(r"Traceback \(most recent call last\):?")
@@ -222,7 +227,7 @@ def _level(body: str) -> tuple[str | None, str | None, str | None, str]:
 # A terminal's escape sequences (colours, titles): a log written by a coloured logger has them.
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]")
 _ENTITY = re.compile(r"&(?:lt|gt|amp|quot|apos|#39|#x27|#34);")
-_NCCL_PREFIX = re.compile(r"\S+:\d+:\d+ \[\d+\] ")
+_NCCL_PREFIX = re.compile(r"\S+(?::\d+:\d+)? \[\d+\] (?=[\w./-]+\.\w+[: ]\d+ NCCL |NCCL )")
 WRAP_WIDTH = 60  # narrower lines of one length are too common to be read as a wrap
 
 
@@ -459,6 +464,9 @@ class _Roles:
             self.in_warning = self.after_frame = self.message_next = False
             return "blank", ""
         message_next, self.message_next = self.message_next, False
+        if _PROMPT.match(body):
+            self.in_warning = self.after_frame = False
+            return "context", body
         if HEADER.search(body):
             self.in_warning = self.after_frame = False
             self.ipython = bool(re.match(r"\S+\s{3,}Traceback", body))
@@ -493,7 +501,7 @@ class _Roles:
             m = _PY_WARNING.search(body)
             if m is None:
                 return "context", body
-            said = FOOTERS.sub("", m.group("msg")).strip()
+            said = FOOTERS.sub("", m.group("msg") if m.group("msg") is not None else m.group("bare")).strip()
             self.message_next = not said
             return ("warning", said) if said else ("context", body)
         if self.in_warning and not _looks_like_statement(body) and not _ERROR_WORDS.search(body):
