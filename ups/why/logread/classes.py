@@ -340,8 +340,10 @@ SIGNS: tuple[Sign, ...] = (
        # accelerate's gather/reduce checks the shapes of every process first
        r"Cannot apply desired operation due to shape mismatches|"
        # torch's flight recorder analyser (fr_trace) names the culprit rank and how its entry
-       # differs: "Culprit rank 22; Error type: SIZE_OR_SYNTAX_MISMATCH, Expected input sizes ..."
-       r"Error type: (?:COLLECTIVE_TYPE|SIZE_OR_SYNTAX|COLLECTIVE_STATE|COLLECTIVE_DTYPE)_MISMATCH\b"),
+       # differs: "Culprit rank 22; Error type: SIZE_OR_SYNTAX_MISMATCH, Expected input sizes ...";
+       # not COLLECTIVE_STATE_MISMATCH (one rank finished, another only scheduled: a rank that did
+       # not arrive, a hang's sign rather than a different call)
+       r"Error type: (?:COLLECTIVE_TYPE|SIZE_OR_SYNTAX|COLLECTIVE_DTYPE)_MISMATCH\b"),
     # collective_timeout
     _s("collective_timeout", r"Watchdog caught collective operation timeout|"
        r"WorkNCCL\([^)]*\) ran for \d+ milliseconds before timing out|"
