@@ -312,6 +312,27 @@ def test_richs_boxed_traceback_is_frames_and_code():
     assert oom.name == "cuda_oom" and oom.site == "train.py:42"
 
 
+def test_a_rich_frame_row_wrapped_past_the_box_is_one_frame():
+    # a path longer than the box goes on a row of its own, its line and function on the next;
+    # the paste may also cut the box's top
+    box = ("│    181 │   if location.startswith('cuda'):                                                │\n"
+           "│                                                                                            │\n"
+           "│ C:\\Users\\u\\AppData\\Local\\Programs\\Python\\Python310\\lib\\site-packages\\torch\\serialization.py: │\n"
+           "│ {line} in {fn}                                                                    │\n"
+           "│                                                                                            │\n"
+           "│ ❱  182 │   │   device = validate_cuda_device(location)                                     │\n")
+    reading = read_log(box.format(line="182", fn="_cuda_deserialize"))
+    assert reading.name == "checkpoint_cuda_on_cpu" and reading.site == "serialization.py:182"
+    # ... with a rank's label on each row
+    labelled = "".join("[rank0]: " + x + "\n" for x in box.format(line="182", fn="_cuda_deserialize").splitlines())
+    assert read_log(labelled).name == "checkpoint_cuda_on_cpu"
+    # ... read by where it stopped like any frame: another function of the same file says nothing
+    assert read_log(box.format(line="1020", fn="_legacy_save")).name is None
+    # a row that is a path alone, with words after it, is no frame
+    words = box.replace("│ {line} in {fn}", "│ is where the checkpoint was").format()
+    assert read_log(words).name is None
+
+
 def test_a_jupyter_cell_is_the_programs_own_frame():
     text = ("---------------------------------------------------------------------------\n"
             "ValueError                                Traceback (most recent call last)\n"
@@ -346,6 +367,31 @@ def test_srun_labels_a_tracebacks_indented_lines_too():
                                                  error="ValueError: bad split 'tes'").splitlines())
     reading = read_log(text)
     assert reading.kind == "user_code" and reading.rank == 3 and reading.site == "data.py:40"
+
+
+def test_sagemakers_mpirun_tags_and_a_container_runtimes_log_lines_are_prefixes():
+    trace = tb("/opt/ml/code/train.py:12:main", "/opt/ml/code/data.py:40:load", error="KeyError: 'label'").splitlines()
+    sagemaker = "\n".join(f"[1,mpirank:2,algo-1]<stderr>:{line}" for line in trace)
+    reading = read_log(sagemaker)
+    assert reading.kind == "user_code" and reading.rank == 2 and reading.site == "data.py:40"
+    cri = "\n".join(f"2024-05-01T10:00:00.123456789Z stderr F {line}" for line in trace)
+    assert read_log(cri).kind == "user_code"
+    # a line that only starts with the word is not prefixed
+    assert read_log("stderr F-score dropped to 0.1\n").kind == "none"
+
+
+def test_vllms_worker_label_is_a_rank_and_its_log_layout_a_level():
+    head = "(VllmWorker rank=1 pid=12231) ERROR 03-25 21:13:53 multiproc_executor.py:374] "
+    trace = tb("/opt/venv/lib/python3.12/site-packages/vllm/v1/worker/gpu_model_runner.py:1036:capture_model",
+               "/home/u/my_model.py:88:load_weights", error="KeyError: 'model.layers.0.mlp'").splitlines()
+    text = "".join(head + line + "\n" for line in trace)
+    reading = read_log(text)
+    assert reading.kind == "user_code" and reading.rank == 1 and reading.site == "my_model.py:88"
+    # the newer layout, and its INFO lines are context
+    info = "INFO 05-07 02:57:53 [__init__.py:239] Automatically detected platform cuda. Out of memory checks are off.\n"
+    new = info + "".join("ERROR 06-10 03:43:37 [core.py:500] " + line + "\n" for line in trace)
+    assert read_log(new).kind == "user_code"
+    assert not read_log(info).failed
 
 
 # Libraries' message templates, filled in as they print them (not any one thread's words).
@@ -392,10 +438,39 @@ TEMPLATES = [
                    "request of 32Gi."),
     ("disk_full", "Message: The node was low on resource: ephemeral-storage. Container trainer was using 212Gi."),
     ("oom_killed", "[88213.402118] oom_reaper: reaped process 40211 (python), now anon-rss:0kB, file-rss:0kB"),
+    # schedulers and a notebook host killing for memory; HF datasets' disk check; NCCL's shm segment
+    ("oom_killed", "=>> PBS: job killed: mem 38427376kb exceeded limit 33554432kb"),
+    ("oom_killed", "=>> PBS: job killed: vmem 3372163072 exceeded limit 2147483648"),
+    ("oom_killed", "TERM_MEMLIMIT: job killed after reaching LSF memory usage limit."),
+    ("oom_killed", "Your session crashed after using all available RAM. If you are interested in access to high-RAM runtimes, "
+                   "you may want to check out Colab Pro."),
+    ("disk_full", "OSError: Not enough disk space. Needed: 12.43 GiB (download: 5.20 GiB, generated: 7.23 GiB, post-processed: "
+                  "Unknown size)"),
+    ("shm_full", "node1:511:602 [0] include/shm.h:48 NCCL WARN Error: failed to extend /dev/shm/nccl-6wbP8B to 9637892 bytes"),
+    ("shm_full", "ERROR: Unexpected BUS error encountered in DataLoader worker. This might be caused by insufficient shared memory"),
+    # weights that are no weights: a Git LFS pointer, a truncated or foreign HDF5 file
+    ("checkpoint_corrupt", "OSError: You seem to have cloned a repository without having git-lfs installed. Please install "
+                           "git-lfs and run `git lfs install` followed by `git lfs pull` in the folder you cloned."),
+    ("checkpoint_corrupt", "OSError: Unable to open file (truncated file: eof = 96468992, sblock->base_addr = 0, stored_eof = "
+                           "553457328)"),
+    ("checkpoint_corrupt", "OSError: Unable to synchronously open file (file signature not found)"),
     # torch's shared tensors live in /dev/shm, whatever the call that failed on them
     ("shm_full", "RuntimeError: unable to open shared memory object </torch_4120_2871823_3> in read-write mode: No space "
                  "left on device (28)"),
 ]
+
+
+def test_a_batch_of_unequal_samples_is_the_programs_own_error():
+    # the default collate stacks the samples: samples of different sizes are the dataset's (the program's) doing
+    text = tb("/home/u/train.py:40:main", "/opt/venv/lib/python3.11/site-packages/torch/utils/data/_utils/collate.py:214:"
+              "collate_tensor_fn", error="RuntimeError: stack expects each tensor to be equal size, but got [62] at entry 0 "
+                                         "and [63] at entry 1")
+    reading = read_log(text)
+    assert reading.kind == "user_code" and reading.exception == "RuntimeError"
+    # ... a RuntimeError from the same frame that says nothing of the sizes is unknown
+    other = text.replace("stack expects each tensor to be equal size, but got [62] at entry 0 and [63] at entry 1",
+                         "unexpected storage device in the batch")
+    assert read_log(other).kind == "unknown"
 
 
 @pytest.mark.parametrize(("name", "text"), TEMPLATES, ids=[f"{n}:{k}" for k, (n, _) in enumerate(TEMPLATES)])
@@ -462,6 +537,45 @@ def test_a_list_of_possible_causes_is_not_a_cause():
     assert read_log(said).name == "oom_killed"
 
 
+def test_an_accelerators_out_of_memory_in_another_frameworks_words_is_cuda_oom():
+    # PaddlePaddle's allocator says it in its own words, after an exception line or a glog WARNING
+    paddle = ("ResourceExhaustedError:\n\nOut of memory error on GPU 0. Cannot allocate 129.394531MB memory on GPU 0, "
+              "23.611938GB memory has been allocated and available memory is only 31.687500MB.\n\n"
+              "Please check whether there is any other process using GPU 0.\n"
+              " (at /paddle/paddle/fluid/memory/allocation/cuda_allocator.cc:95)\n")
+    assert read_log(paddle).name == "cuda_oom"
+    # ... but the host's memory is not the GPU's
+    host = "OSError: [Errno 12] Cannot allocate memory\n"
+    assert read_log(host).name == "host_oom"
+    assert read_log("Out of memory error on CPU. Cannot allocate 2.0GB memory on CPU\n").name != "cuda_oom"
+
+
+def test_rays_memory_monitor_killing_workers_is_the_oom_killer():
+    raylet = ("(raylet) [2024-08-25 19:21:02,241 E 1111013 1111013] (raylet) node_manager.cc:3064: 12 Workers (tasks / "
+              "actors) killed due to memory pressure (OOM), 0 Workers crashed due to other reasons at node (ID: b8aad7ac, "
+              "IP: 172.31.105.218) over the last time period.\n")
+    assert read_log(raylet).name == "oom_killed"
+    # its advice on how to avoid it is no kill
+    advice = ("(raylet) Refer to the documentation on how to address the out of memory issue: https://docs.ray.io/en/latest/"
+              "ray-core/scheduling/ray-oom-prevention.html. Consider provisioning more memory on this node.\n")
+    assert read_log(advice).name is None
+
+
+def test_a_guess_between_causes_is_not_a_cause():
+    # joblib names two causes it cannot tell apart: neither is said to have happened
+    guess = ("joblib.externals.loky.process_executor.TerminatedWorkerError: A worker process managed by the executor was "
+             "unexpectedly terminated. This could be caused by a segmentation fault while calling the function or by an "
+             "excessive memory usage causing the Operating System to kill the worker.\n")
+    assert read_log(guess).kind == "unknown"
+    # ... what it reports after the guess still decides
+    assert read_log(guess + "\nThe exit codes of the workers are {SIGKILL(-9)}\n").name == "oom_killed"
+    # one cause named, with what happened, is read
+    one = "ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient shared memory (shm).\n"
+    assert read_log(one).name == "shm_full"
+    # ... and a scheduler's other limit is not memory
+    assert read_log("=>> PBS: job killed: walltime 3610 exceeded limit 3600\n").name == "job_terminated"
+
+
 def test_a_cuda_debuggers_report_of_a_bad_address_is_an_illegal_memory_access():
     gdb = ("CUDA Exception: Warp Illegal Address\nThe exception was triggered at PC 0x7fffd3a1c2f0\n\n"
            'Thread 1 "python" received signal CUDA_EXCEPTION_14, Warp Illegal Address.\n')
@@ -508,6 +622,23 @@ def test_a_loggers_prefix_on_a_records_first_line_covers_the_record():
     assert reading.name == "duplicate_gpu" and reading.rank == 1
 
 
+def test_nccls_explanation_with_a_ranks_label_belongs_to_the_unlabelled_error_above():
+    # srun --label prefixes every line; a paste that cut the first line's label leaves the explanation labelled
+    text = ("torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:317, "
+            "invalid usage (run with NCCL_DEBUG=WARN for details), NCCL version 2.21.5\n"
+            "3: ncclInvalidUsage: This usually reflects invalid usage of NCCL library.\n3: Last error:\n"
+            "3: Duplicate GPU detected : rank 3 and rank 0 both on CUDA device 3000\n")
+    assert read_log(text).name == "duplicate_gpu"
+    assert read_log(text.replace("\n", "\n\n")).name == "duplicate_gpu"  # a paste that double-spaces its lines
+    # ... but not once that rank has printed an error of its own: then the explanation is its own error's
+    own = ("torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, invalid usage, NCCL version 2.21.5\n"
+           "3: Traceback (most recent call last):\n"
+           "3: ncclInvalidUsage: This usually reflects invalid usage of NCCL library.\n3: Last error:\n"
+           "3: Duplicate GPU detected : rank 3 and rank 0 both on CUDA device 3000\n")
+    reading = read_log(own)
+    assert reading.name == "nccl_invalid_usage" and reading.line.startswith("torch.distributed.DistBackendError")
+
+
 def cpp_stack(*symbols: str) -> str:
     return "".join(f"frame #{k}: {s} + 0x{40 + k:x} (0x7f00{k:08x} in /opt/venv/lib/python3.11/site-packages/torch/lib/"
                    f"libtorch_cuda.so)\n" for k, s in enumerate(symbols))
@@ -540,6 +671,193 @@ def test_nccl_retrying_a_connection_is_the_network_only_when_it_never_got_past_i
     # another process still retrying is its own
     other = connected + "node4:8100:8120 [1] NCCL INFO Call to connect returned Connection refused, retrying\n"
     assert read_log(other).name == "nccl_network"
+
+
+def test_nccls_return_code_trace_is_the_network_when_its_errno_is_a_sockets():
+    trace = ("g105:26921:27058 [0] NCCL INFO misc/socket.cc:505 -> 2 (Operation now in progress)\n"
+             "g105:26921:27058 [0] NCCL INFO misc/socket.cc:570 -> 2\n"
+             "g105:26921:27058 [0] NCCL INFO bootstrap.cc:275 -> 2\n"
+             "g105:26921:27058 [0] NCCL INFO init.cc:1493 -> 2\n"
+             "g105:26921:27058 [0] NCCL INFO group.cc:64 -> 2 [Async thread]\n")
+    assert read_log(trace).name == "nccl_network"
+    assert read_log(trace.replace("Operation now in progress", "Connection refused")).name == "nccl_network"
+    # no errno, or one no socket sets: only a system error
+    assert read_log(trace.replace(" (Operation now in progress)", "")).name == "nccl_system_error"
+    assert read_log(trace.replace("Operation now in progress", "Cannot allocate memory")).name == "nccl_system_error"
+
+
+def test_nccls_own_warn_line_of_a_socket_reset_is_the_network_in_either_prefix():
+    # older NCCL releases print the file and line with a space ("include/socket.h 398")
+    old = ("worker0:15:91 [3] include/socket.h 398 NCCL WARN Call to write failed : Connection reset by peer.\n"
+           "worker0:15:91 [3] transport.cu:153 NCCL WARN transport.cu:153 ->2 [Proxy thread error]\n")
+    assert read_log(old).name == "nccl_network"
+    new = old.replace("include/socket.h 398", "misc/socket.cc:398")
+    assert read_log(new).name == "nccl_network"
+    # a broken pipe on NCCL's line is a peer that went away; an INFO line still never decides
+    assert read_log(old.replace("Connection reset by peer", "Broken pipe")).name == "peer_lost"
+    assert not read_log(old.replace("NCCL WARN", "NCCL INFO")).failed
+
+
+def test_waiting_in_the_store_based_barrier_is_a_rendezvous_timeout_only_when_it_never_got_past_it():
+    wait = ("Waiting in store based barrier to initialize process group for rank: 0, key: store_based_barrier_key:1 "
+            "(world_size=4, worker_count=8, timeout=0:30:00)\n")
+    assert read_log("Added key: store_based_barrier_key:1 to store for rank: 0\n" + wait * 3).name == "rendezvous_timeout"
+    # ... with the logger's INFO prefix, and the traceback it was interrupted in
+    info = "INFO:torch.distributed.distributed_c10d:" + wait
+    cut = tb("/home/u/train.py:494:main", "/opt/venv/lib/python3.10/site-packages/torch/distributed/distributed_c10d.py:"
+             "627:init_process_group", error="").rstrip("\n")
+    assert read_log(info * 2 + cut).name == "rendezvous_timeout"
+    # ... in a Markdown fence, double-spaced
+    assert read_log("```\n" + (info * 2 + cut).replace("\n", "\n\n") + "\n```\n").name == "rendezvous_timeout"
+    # the barrier completed, or the run went on: nothing failed
+    done = wait * 2 + "Rank 0: Completed store-based barrier for key:store_based_barrier_key:1 with 4 nodes.\n"
+    assert not read_log(done).failed
+    assert not read_log(wait + "epoch 0 step 10 loss 2.31\n").failed
+    # ... another rank's step after it: that rank waited a while and joined
+    assert not read_log("[rank1]: " + wait + "[rank0]: epoch 0 step 10 loss 2.31\n").failed
+    # an error that says more decides
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.1 GiB total capacity)\n"
+    assert read_log(wait * 2 + oom).name == "cuda_oom"
+
+
+def test_a_paste_indented_or_quoted_as_a_whole_is_read_as_its_lines():
+    # a terminal's wrap is found by the lines' own indentation, not the code block's or the quote's
+    said = ("[rank6]:[F ProcessGroupNCCL.cpp:1169] [PG 0 Rank 6] ProcessGroupNCCL's watchdog got stuck for 600 seconds "
+            "without making progress in monitoring enqueued collectives. This typically indicates a NCCL/CUDA API hang "
+            "blocking the watchdog, and could be triggered by another thread holding the GIL inside a CUDA api, or other "
+            "deadlock-prone behaviors. If you suspect the watchdog is not actually stuck and a longer timeout would help, "
+            "you can increase the timeout (TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC). workMetaList_.size() = 42")
+    wrapped = "".join(said[k: k + 100] + "\n" for k in range(0, len(said), 100)) + "srun: error: node17: task 6: Aborted\n"
+    assert read_log(wrapped).name == "nccl_heartbeat"
+    for lead in ("    ", "> "):
+        assert read_log("".join(lead + x + "\n" for x in wrapped.splitlines())).name == "nccl_heartbeat", lead
+    # a traceback's own indentation is kept: its code lines decide nothing
+    code = tb("/home/u/train.py:12:main", error="KeyError: 'label'").replace("    pass", "    raise OSError('No space left on device')")
+    reading = read_log("".join("    " + x + "\n" for x in code.splitlines()))
+    assert reading.kind == "user_code" and reading.exception == "KeyError"
+
+
+def test_a_connection_the_peer_closed_is_the_network_only_when_nothing_says_why_the_peer_went():
+    for said in ("socketProgress: Connection closed by remote peer node2<51234>", "Call to recv failed : Connection reset by peer"):
+        warn = f"node1:1234:1300 [0] misc/socket.cc:49 NCCL WARN {said}\n"
+        assert read_log(warn).name == "nccl_network", said
+        # the peer was killed, or raised: that is why its end of the connection went
+        killed = warn + ("E0101 10:00:01.000 torch/distributed/elastic/multiprocessing/api.py:826] failed (exitcode: -9) "
+                         "local_rank: 1 (pid: 1236) of binary: /usr/bin/python3\n")
+        assert read_log(killed).name == "oom_killed", said
+        oom = warn + "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+        assert read_log(oom).name == "cuda_oom", said
+    # an unreachable peer is the network whatever else the log says
+    route = "node1:1234:1300 [0] misc/socket.cc:484 NCCL WARN socketStartConnect: Connect to 10.0.0.2<35457> failed : No route to host\n"
+    assert read_log(route + "E0101 10:00:01.000 api.py:826] failed (exitcode: -9) local_rank: 1 (pid: 1236)\n").name == "nccl_network"
+
+
+def test_a_command_typed_at_a_prompt_is_the_users_words_not_the_jobs():
+    xid = ("[3629619.021460] NVRM: Xid (PCI:0000:00:0e): 31, pid=810735, name=python, channel 0x0000000d, intr 00000000. "
+           "MMU Fault: ENGINE GRAPHICS GPC1 GPCCLIENT_T1_3 faulted @ 0x7f74_e9d5f000. Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_READ\n")
+    for prompt in ('# dmesg | grep -iE "xid|nvidia|fallen off the bus" | tail -30', "$ dmesg | grep -i 'fallen off the bus\\|xid'",
+                   "root@node1:~# dmesg | grep -e 'GPU has fallen off the bus' -e Xid"):
+        assert read_log(prompt + "\n" + xid).name == "gpu_xid", prompt
+    # what the command printed is the job's: the kernel's own line decides
+    fell = "[3629620.000001] NVRM: GPU at PCI:0000:00:0e: GPU has fallen off the bus.\n"
+    assert read_log('# dmesg | grep -iE "xid|fallen off the bus"\n' + xid + fell).name == "gpu_lost"
+    assert read_log("$ python train.py\nSegmentation fault (core dumped)\n").name == "segfault"
+
+
+def test_nccls_prefix_with_the_host_alone_is_nccls():
+    warn = ("2025-11-24T03:20:21.001125857Z [2025-11-24 11:20:21] gpu-server320 [5] misc/socket.cc:46 NCCL WARN socketProgressOpt: "
+            "Call to send to 10.0.0.2<52905> failed : Connection reset by peer\n"
+            "2025-11-24T03:20:21.001128133Z gpu-server320 [5] NCCL INFO misc/socket.cc:64 -> 6\n")
+    assert read_log(warn).name == "nccl_network"
+    # its INFO line never decides
+    info = "gpu-server320 [5] NCCL INFO misc/socket.cc:46 Call to send failed : Connection reset by peer\n"
+    assert read_log(info).name != "nccl_network"
+
+
+def test_a_cuda_error_torch_only_warns_about_is_still_the_cuda_error():
+    end = "terminate called after throwing an instance of 'c10::CUDAError'\n"
+    said = "Warning: CUDA warning: an illegal memory access was encountered (function destroyEvent)\n"
+    assert read_log(said + end).name == "cuda_illegal_memory_access"
+    assert read_log("[W CUDAGuardImpl.h:115] " + said + end).name == "cuda_illegal_memory_access"  # c10's glog prefix
+    # another CUDA warning names no class; a bare "Warning:" line is still a warning, read as one
+    assert read_log("Warning: CUDA warning: driver shutting down (function destroyEvent)\n" + end).name is None
+    assert read_log("Warning: No space left on device for the cache, caching disabled\n").name is None
+
+
+def test_the_flight_recorders_analysis_of_a_mismatch_is_a_collective_mismatch():
+    head = ("Collective 39 at entry 38 errors\ngroup info: 0:default_pg\ncollective: nccl:all_reduce\n"
+            "input sizes: [[1025]]\noutput sizes: [[1025]]\nworld size: 8\ncollective state: scheduled\n")
+    for kind in ("SIZE_OR_SYNTAX_MISMATCH", "COLLECTIVE_TYPE_MISMATCH", "COLLECTIVE_DTYPE_MISMATCH"):
+        text = head + f"error msg: Culprit rank 2; Error type: {kind}, Expected input sizes: '[[1025]]' does not match found input sizes: '[[262144]]'\n"
+        assert read_log(text).name == "collective_mismatch", kind
+    assert read_log(head).name is None
+    # one rank finished the collective, another only scheduled it: a rank that did not arrive
+    state = head + "error msg: Culprit rank 2; Error type: COLLECTIVE_STATE_MISMATCH, Expected state: 'scheduled' does not match found state: 'completed'\n"
+    assert read_log(state).name != "collective_mismatch"
+
+
+def test_open_mpis_peer_disconnected_box_is_a_peer_lost():
+    box = ("--------------------------------------------------------------------------\n"
+           "An MPI communication peer process has unexpectedly disconnected.  This\n"
+           "usually indicates a failure in the peer process (e.g., a crash or\n"
+           "otherwise exiting without calling MPI_FINALIZE first).\n\n"
+           "  Local host: node1\n  Local PID:  12629\n  Peer host:  node2\n"
+           "--------------------------------------------------------------------------\n")
+    assert read_log(box).name == "peer_lost"
+    # the peer's own end says why it went
+    assert read_log("[node2:04321] *** Process received signal ***\n[node2:04321] Signal: Segmentation fault (11)\n"
+                    + box).name == "segfault"
+
+
+def test_a_failed_system_call_on_nccls_warn_line_is_nccls_system_error():
+    warn = ("g148:14937:69361 [0] misc/shmutils.cc:93 NCCL WARN Call to open failed: No such file or directory\n"
+            "g148:14937:69361 [0] misc/shmutils.cc:129 NCCL WARN Error while attaching to shared memory segment "
+            "/dev/shm/nccl-glnlGK (size 14156128), error: No such file or directory (2)\n")
+    assert read_log(warn).name == "nccl_system_error"
+    # a file the job needs is missing; NCCL's shared memory that is full is shm_full
+    assert read_log(tb("/home/u/train.py:12:main", error="FileNotFoundError: [Errno 2] No such file or directory: 'data/train.csv'")).name == "file_missing"
+    full = ("g148:14937:69361 [0] misc/shmutils.cc:60 NCCL WARN Error: failed to extend /dev/shm/nccl-03v824 to 9637892 bytes, "
+            "error: No space left on device (28)\n")
+    assert read_log(full).name == "shm_full"
+
+
+def test_nccl_failing_to_register_memory_is_a_system_error_not_the_network():
+    for call in ("ibv_reg_mr_iova2", "ibv_reg_mr", "ibv_reg_dmabuf_mr"):
+        warn = f"node1:1458548:1480527 [0] misc/ibvwrap.cc:182 NCCL WARN Call to {call} failed with error Invalid argument\n"
+        assert read_log(warn).name == "nccl_system_error", call
+    qp = "node1:1458548:1480527 [0] misc/ibvwrap.cc:295 NCCL WARN Call to ibv_modify_qp failed with error Connection timed out\n"
+    assert read_log(qp).name == "nccl_network"
+
+
+def test_a_local_path_transformers_cannot_load_from_is_a_missing_file():
+    for said in ("OSError: Can't load config for '/data/models/roberta-large'. Make sure that:",
+                 "OSError: Can't load tokenizer for './checkpoints/run1'. If you were trying to load it from 'https://huggingface.co/models'",
+                 "OSError: Incorrect path_or_model_id: '/mnt/ckpt/llama-7b'. Please provide either the path to a local folder or the repo_id of a model on the Hub.",
+                 "huggingface_hub.errors.HFValidationError: Repo id must be in the form 'repo_name' or 'namespace/repo_name': '/mnt/ckpt/llama-7b'. Use `repo_type` argument if needed."):
+        text = tb("/home/u/run.py:237:main", "/opt/venv/lib/python3.11/site-packages/transformers/configuration_utils.py:362:get_config_dict", error=said)
+        assert read_log(text).name == "file_missing", said
+    # a Hub id that would not load is not a missing file
+    hub = tb("/home/u/run.py:237:main", "/opt/venv/lib/python3.11/site-packages/transformers/configuration_utils.py:362:get_config_dict",
+             error="OSError: Can't load config for 'roberta-large-uncased'. Make sure that:")
+    assert read_log(hub).name != "file_missing"
+
+
+def test_no_space_for_a_semaphore_or_a_memory_file_system_is_shared_memory():
+    joblib = ("/venv/lib/python3.8/site-packages/joblib/_multiprocessing_helpers.py:46: UserWarning: [Errno 28] No space left on device.  "
+              "joblib will operate in serial mode\n  warnings.warn('%s.  joblib will operate in serial mode' % (e,))\n")
+    assert read_log(joblib).name == "shm_full"
+    # another warning of a full disk is a warning
+    assert read_log("/venv/lib/python3.8/site-packages/x/cache.py:46: UserWarning: [Errno 28] No space left on device\n").name is None
+    err = "OSError: [Errno 28] No space left on device"
+    assert read_log(tb("/w/train.py:111:main", "/venv/lib/python3.9/site-packages/pandarallel/core.py:263:closure", error=err)).name == "shm_full"
+    assert read_log(tb("/w/train.py:111:main", "/venv/lib/python3.9/site-packages/pandas/io/parquet.py:263:write", error=err)).name == "disk_full"
+
+
+def test_ncclS_invalid_argument_code_is_read_as_invalid_usage():
+    trace = ("[1,1]<stdout>:node1:126624:126758 [1] misc/argcheck.cc:39 NCCL WARN Broadcast : invalid root 0 (root should be in the 0..-1 range)\n"
+             "[1,1]<stdout>:node1:126624:126758 [1] NCCL INFO enqueue.cc:1450 -> {code}\n")
+    assert read_log(trace.format(code=4)).name == "nccl_invalid_usage"
+    assert read_log(trace.format(code=3)).name is None  # an internal error names no class
 
 
 # -- what no class knows ----------------------------------------------------------------------------
@@ -619,6 +937,36 @@ def test_a_cut_traceback_is_read_by_where_it_stopped_only_when_nothing_says_more
     elsewhere = tb("/home/u/train.py:143:main", "/opt/venv/lib/python3.11/site-packages/torch/nn/modules/module.py:1511:_call_impl",
                    error="").rstrip("\n")
     assert read_log(elsewhere).kind == "unknown"
+
+
+def test_a_frame_line_a_paste_wrapped_inside_its_path_is_one_frame():
+    cut = ('Traceback (most recent call last):\n  File "main.py", line 113, in main\n    model = build()\n'
+           '  File "/home/u/anaconda3/envs/x/lib/python3.6/site-packages/torch\n    /serialization.py", line 368, in load\n'
+           '    return _load(f, map_location, pickle_module)\n'
+           '  File "/home/u/anaconda3/envs/x/lib/python3.6/site-packages/torch\n  /serialization.py", line 114, in '
+           'default_restore_location\n')
+    reading = read_log(cut)
+    assert reading.name == "checkpoint_cuda_on_cpu" and reading.site == "main.py:113"
+    # the joined frame's code is still code: its words decide nothing
+    code = cut.replace("    return _load(f, map_location, pickle_module)", "    raise OSError('No space left on device')")
+    assert read_log(code + "KeyError: 'state_dict'\n").kind == "user_code"
+    # ... under a rank's label, or double-spaced
+    labelled = "".join(f"[rank0]: {line}\n" for line in cut.splitlines())
+    assert read_log(labelled).name == "checkpoint_cuda_on_cpu"
+    assert read_log(cut.replace("\n", "\n\n")).name == "checkpoint_cuda_on_cpu"
+    # a line with an open quote and no frame's rest after it is left as it is
+    assert read_log('  File "/home/u/notes\nwere not found\n').kind == "none"
+
+
+def test_the_end_of_the_cuda_on_cpu_message_is_that_message():
+    # a paste that starts inside the message, or shows only its last source line
+    tail = ("please use torch.load with map_location=torch.device('cpu') to map your storages to the CPU.\n")
+    assert read_log("RuntimeError                              Traceback (most recent call last)\n" + tail).name == (
+        "checkpoint_cuda_on_cpu")
+    # a checkpoint saved on a GPU this machine does not have is not this class
+    other = ("RuntimeError: Attempting to deserialize object on CUDA device 2 but torch.cuda.device_count() is 1. Please use "
+             "torch.load with map_location to map your storages to an existing device.\n")
+    assert read_log(other).name is None
 
 
 def test_nothing_failed_says_so():

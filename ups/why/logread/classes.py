@@ -338,7 +338,12 @@ SIGNS: tuple[Sign, ...] = (
        # Horovod's coordinator: "Mismatched ALLREDUCE tensor shapes: One rank sent ..., but another rank sent ..."
        r"Mismatched [^:\n]{1,60}: One rank (?:had|did|sent|specified)[^\n]*but another rank|"
        # accelerate's gather/reduce checks the shapes of every process first
-       r"Cannot apply desired operation due to shape mismatches"),
+       r"Cannot apply desired operation due to shape mismatches|"
+       # torch's flight recorder analyser (fr_trace) names the culprit rank and how its entry
+       # differs: "Culprit rank 22; Error type: SIZE_OR_SYNTAX_MISMATCH, Expected input sizes ...";
+       # not COLLECTIVE_STATE_MISMATCH (one rank finished, another only scheduled: a rank that did
+       # not arrive, a hang's sign rather than a different call)
+       r"Error type: (?:COLLECTIVE_TYPE|SIZE_OR_SYNTAX|COLLECTIVE_DTYPE)_MISMATCH\b"),
     # collective_timeout
     _s("collective_timeout", r"Watchdog caught collective operation timeout|"
        r"WorkNCCL\([^)]*\) ran for \d+ milliseconds before timing out|"
@@ -355,7 +360,10 @@ SIGNS: tuple[Sign, ...] = (
     _s("peer_lost", r"remote process exited or there was a network error|ncclRemoteError|"
        r"(?:gloo|pair\.cc|c10d|TCPStore|Dist\w*Error|NCCL|Net :|socket\w*:|sendBytes|recvBytes|Read error|Write error)[^\n]*"
        r"(?:Connection (?:closed|reset) by (?:remote )?peer|Broken pipe)|"
-       r"recvValue failed|failed to recv, got 0 bytes|NCCL Error 6\b", SYMPTOM),
+       r"recvValue failed|failed to recv, got 0 bytes|NCCL Error 6\b|"
+       # Open MPI's help box when a peer's connection drops ("An MPI communication peer process has
+       # unexpectedly disconnected. This usually indicates a failure in the peer process")
+       r"MPI communication peer process has unexpectedly disconnected", SYMPTOM),
     # nccl_invalid_usage
     _s("nccl_invalid_usage", r"ncclInvalidUsage|\binvalid usage\b|NCCL version mismatch|"
        r"receiv(?:ing|ed) \d+ bytes instead of \d+|ncclInvalidArgument|Invalid config blocking attribute|"
@@ -367,10 +375,20 @@ SIGNS: tuple[Sign, ...] = (
        r"Got completion from peer[^\n]*with (?:error|status)|\bsocket(?:Progress|StartConnect|PollConnect|"
        r"FinalizeAccept|Connect|Accept|Wait)\b[^\n]*(?:fail|refused|error|wrong|timed? ?out|abort)|"
        r"Call to connect|Error encountered progressing operation=Connect|Failed to execute operation Connect|"
-       r"NCCL WARN[^\n]*Connection closed by remote peer|no (?:socket )?interfaces? found|ibv_\w+ failed|IBV_WC_\w+ERR|"
-       r"transport retry counter exceeded|NCCL WARN[^\n]*Connect(?:ion)? (?:to|refused|failed)"),
+       r"no (?:socket )?interfaces? found|ibv_(?!reg_)\w+ failed|IBV_WC_\w+ERR|"
+       r"transport retry counter exceeded|NCCL WARN[^\n]*Connect(?:ion)? (?:to|refused|failed)|"
+       # NCCL's own WARN line of a socket call that failed for the network (NCCL's SYSCHECK:
+       # "Call to recv failed : No route to host")
+       r"NCCL WARN[^\n]*(?:No route to host|Network is unreachable|Connection timed out)"),
+    # ... a connection the other end closed or reset, on NCCL's own WARN line: the network, unless
+    # the log says why the peer went (its own error, its kill); a broken pipe is a peer gone (peer_lost)
+    _s("nccl_network", r"NCCL WARN[^\n]*(?:Connection closed by remote peer|Connection reset by peer)", SYMPTOM),
     # nccl_system_error
     _s("nccl_system_error", r"unhandled system error|ncclSystemError|NCCL Error 2\b", SYMPTOM),
+    # ... and the call that failed, when it registers memory with the NIC ("Call to ibv_reg_mr
+    # failed", "ibv_reg_dmabuf_mr failed"): the host's locked-memory limit or GPUDirect's peer
+    # memory module, not the network between the nodes
+    _s("nccl_system_error", r"ibv_reg_(?:dmabuf_)?mr\w* failed"),
     # rendezvous_timeout
     _s("rendezvous_timeout", r"Rendezvous\w*TimeoutError|RendezvousConnectionError|"
        r"Timed out initializing process group in store based barrier|client socket has timed out|"
@@ -393,7 +411,9 @@ SIGNS: tuple[Sign, ...] = (
        r"THCudaCheck FAIL[^\n]*out of memory|HIP out of memory|MPS backend out of memory|Tried to allocate [\d.]+ [KMGT]i?B \(GPU \d|CUDNN_STATUS_ALLOC_FAILED|"
        r"cuda runtime error \(2\)|\bcuda\w*\b[^\n]{0,40}?\bout of memory|\b[GNXH]PU\b[^\n]{0,20}?\bout of memory|"
        # the accelerator's memory as other runtimes say it (TensorFlow, XLA / torch_xla)
-       r"OOM when allocating tensor|RESOURCE_EXHAUSTED: Out of memory|Ran out of memory in memory space hbm"),
+       r"OOM when allocating tensor|RESOURCE_EXHAUSTED: Out of memory|Ran out of memory in memory space hbm|"
+       # PaddlePaddle's allocator: "Out of memory error on GPU 0. Cannot allocate 18.06MB memory on GPU 0"
+       r"\bout of memory\b[^\n]{0,12}?\bon [GNXH]PU\b|Cannot allocate [\d.]+ ?[KMGT]?i?B memory on [GNXH]PU\b"),
     # host_oom
     _s("host_oom", r"DefaultCPUAllocator|can't allocate memory|Cannot allocate memory|not enough memory: you tried|"
        r"Unable to allocate [\d.]+ [KMGTP]?i?B for an array|_ArrayMemoryError|std::bad_alloc|\[Errno 12\]|"
@@ -403,9 +423,12 @@ SIGNS: tuple[Sign, ...] = (
     # oom_killed: the kernel, a scheduler or a worker's death say it (a cause) ...
     _s("oom_killed", r"Out of memory: Kill(?:ed)? process|Memory cgroup out of memory|invoked oom-killer|oom-kill|"
        r"OOMKilled|\boom_kill\b|killed by signal: Killed|task \d+: Out Of Memory|exceeded (?:job |step )?memory limit|"
-       r"Killed process \d+ \(|(?:killed|kill\w*) (?:due to|because of) (?:the node )?running low on memory|"
+       r"Killed process \d+ \(|(?:killed|kill\w*) (?:due to|because of) (?:the node )?(?:running low on memory|memory pressure)|"
        # the kernel's reaper after the kill; Kubernetes evicting a pod for the node's memory
-       r"oom_reaper: reaped process|The node was low on resource: memory"),
+       r"oom_reaper: reaped process|The node was low on resource: memory|"
+       # a scheduler killing a job over its memory limit (PBS, LSF); a notebook's host doing it (Colab)
+       r"job killed: p?v?mem\b[^\n]*?exceeded limit|Job exceeded a memory resource limit|TERM_MEMLIMIT\b|job killed after reaching LSF memory usage limit|"
+       r"session crashed after using all available RAM"),
     # ... or only the exit code says it (how it ended)
     _s("oom_killed", _exit("-9", "137") + r"|Signal 9 \(SIGKILL\)|\bsignal 9\b|\bSIGKILL\b|"
        r"^Killed\s*$|\d+ Killed\s+\S|signal: killed\b|task \d+: Killed|^zsh: killed\b|"
@@ -414,16 +437,20 @@ SIGNS: tuple[Sign, ...] = (
        r"^=+\s+EXIT CODE: (?:9|137)\s*$", KILLED),  # MPICH/Intel MPI's "BAD TERMINATION" box
     # shm_full
     # NCCL writes no file but its shared-memory segments: its "No space left" is /dev/shm's.
-    _s("shm_full", r"NCCL WARN[^\n]*No space left on device|/dev/shm\b[^\n]*(?:No space left|failed|error)|No space left[^\n]*/dev/shm|"
+    _s("shm_full", r"NCCL WARN[^\n]*No space left on device|/dev/shm\b[^\n]*(?:No space left|failed|error)(?![^\n]*No such file)|No space left[^\n]*/dev/shm|"
        r"unable to write to file </torch_|unable to allocate shared memory|unable to mmap \d+ bytes from file </torch_|killed by signal: Bus error|"
-       r"bus error encountered in worker|insufficient shared memory|shared memory segment[^\n]*No space left|"
+       r"bus error encountered in (?:DataLoader )?worker|failed to extend /dev/shm\b|insufficient shared memory|shared memory segment[^\n]*No space left|"
        r"Error while creating shared memory segment|"
        # torch's shared tensors are files in /dev/shm ("</torch_1234_5678_0>"), whatever verb failed on them
        r"</torch_[\w-]*>[^\n]*(?:No space left|\(28\)|errno:? 28)"),
     # Where the error was raised says which device is full: POSIX semaphores and shared memory
     # segments (multiprocessing's Lock, SharedMemory; torch's shared tensors) live in /dev/shm.
+    # pandarallel writes its chunks to files only on its memory file system (/dev/shm).
     _s("shm_full", r"No space left on device|\bENOSPC\b|\[Errno 28\]",
-       in_frames=r"multiprocessing[/\\](?:synchronize|shared_memory|heap)\.py|torch[/\\]multiprocessing[/\\]"),
+       in_frames=r"multiprocessing[/\\](?:synchronize|shared_memory|heap)\.py|torch[/\\]multiprocessing[/\\]|pandarallel[/\\]"),
+    # joblib's start-up check creates a semaphore (in /dev/shm) and warns when it cannot: "[Errno 28]
+    # No space left on device.  joblib will operate in serial mode"
+    _s("shm_full", r"(?:No space left on device|\[Errno 28\])[^\n]*joblib will operate in serial mode", SYMPTOM, on_warning=True),
     _s("shm_full", _exit("-7", "135") + r"|Signal 7 \(SIGBUS\)|\bSIGBUS\b|^Bus error\b", KILLED),
     # cuda_illegal_memory_access
     # ... also as CUDA's debuggers report it: cuda-gdb's exceptions ("CUDA Exception: Warp Illegal
@@ -433,6 +460,9 @@ SIGNS: tuple[Sign, ...] = (
        r"Cuda failure 700\b|(?:Warp|Lane|Device) (?:Illegal|Out-of-range) Address|CUDA_EXCEPTION_(?:1|5|14)\b|"
        r"Invalid __(?:global|shared|local)__ (?:read|write|atomic)|"
        r"Memory access fault by GPU node-\d+"),  # ROCm's words for it
+    # CUDA's error is sticky: after the fault every call returns it, also the ones torch only warns
+    # about (c10's "CUDA warning: an illegal memory access was encountered (function destroyEvent)")
+    _s("cuda_illegal_memory_access", r"CUDA warning: an illegal memory access|cudaErrorIllegalAddress", on_warning=True),
     # cuda_device_assert
     _s("cuda_device_assert", r"device-side assert(?:ion)? triggered|\.cu(?:h)?:\d+:[^\n]*Assertion `[^\n]*` failed|"
        r"block: \[[\d,]+\], thread: \[[\d,]+\] Assertion|cudaErrorAssert|CUDA_ERROR_ASSERT"),
@@ -471,7 +501,9 @@ SIGNS: tuple[Sign, ...] = (
     _s("disk_full", r"No space left on device|There is not enough space on the disk|\bENOSPC\b|\[Errno 28\]|PytorchStreamWriter failed writing|file write failed|"
        r"unexpected pos \d+ vs \d+|Cannot write: No space|database or disk is full|"
        # Kubernetes evicting a pod for the node's disk (its ephemeral storage)
-       r"The node was low on resource: ephemeral-storage|ephemeral local storage usage exceeds"),
+       r"The node was low on resource: ephemeral-storage|ephemeral local storage usage exceeds|"
+       # HF datasets' check before it downloads and prepares a dataset
+       r"Not enough disk space\. Needed:"),
     # disk_quota
     _s("disk_quota", r"Disk quota exceeded|\bEDQUOT\b|\[Errno 122\]"),
     # read_only_fs
@@ -482,14 +514,24 @@ SIGNS: tuple[Sign, ...] = (
        r"UnpicklingError(?!: Weights only load failed)|pickle data was truncated|unexpected EOF, expected \d+ more bytes|"
        r"Unable to load weights from pytorch checkpoint file|storage has wrong byte size|"
        r"is not a zip file|BadZipFile|file might be corrupted|\bPytorchStreamReader\b|Invalid magic number; corrupt file|"
-       r"inline_container\.cc[^\n]*file not found|storage has wrong (?:byte )?size"),
+       r"inline_container\.cc[^\n]*file not found|storage has wrong (?:byte )?size|"
+       # a Git LFS pointer where the weights should be (transformers says so); an HDF5 weights file
+       # (Keras) that is truncated or not HDF5 at all
+       r"cloned a repository without having git-lfs installed|"
+       r"Unable to (?:synchronously )?open file \((?:truncated file|file signature not found|bad object header)"),
     _s("checkpoint_corrupt", r"Ran out of input", unless_frames=r"multiprocessing|spawn\.py|reduction\.py|queues\.py"),
     # checkpoint_cuda_on_cpu
-    _s("checkpoint_cuda_on_cpu", r"Attempting to deserialize object on a CUDA\b"),
+    # ... or the end of its message ("... please use torch.load with map_location=torch.device('cpu') to map
+    # your storages to the CPU."), when a paste or a wrap cut its start
+    _s("checkpoint_cuda_on_cpu", r"Attempting to deserialize object on a CUDA\b|to map your storages to the CPU\b"),
     # file_missing
     _s("file_missing", r"FileNotFoundError|No such file or directory|\[Errno 2\]|can't open file|"
        r"errno = 2, error message = 'No such file|does not appear to have a file named|\bno file named [\w.]+|"
        r"The system cannot find the (?:file|path) specified"),
+    # ... a local path transformers or huggingface_hub could not load from: a name that is a path
+    # ("/data/models/x", "./ckpt") and not a Hub id is a folder that is not there
+    _s("file_missing", r"(?:Can't load (?:the )?[\w ]{3,40}? (?:for|of) |Incorrect path_or_model_id: |Repo id must [^\n]*?: )"
+       r"'(?:/|\.{1,2}/|~/|[A-Za-z]:[\\/])"),
     # import_error
     _s("import_error", r"ModuleNotFoundError|\bImportError\b|No module named|cannot open shared object file|"
        r"undefined symbol|DLL load failed|cannot import name|Failed to import [\w.]+ because|"
@@ -560,6 +602,18 @@ CPP_FRAME_SIGNS: tuple[tuple[str, re.Pattern[str]], ...] = (
 # the network, when the process never got past it (no other NCCL line of it follows).
 NCCL_RETRY = re.compile(r"\bconnect returned [^,\n]+, retrying", re.I)
 NCCL_RETRY_CLASS = "nccl_network"
+# c10d's store-based barrier says every 10 s that it still waits for the other ranks to join
+# ("Waiting in store based barrier to initialize process group for rank: 0, key:
+# store_based_barrier_key:1 (world_size=4, worker_count=8, timeout=0:30:00)"; torch 2: "...
+# num_workers_joined=1 ..."): the ranks never met, when the process never got past it.
+STORE_BARRIER_WAIT = re.compile(r"Waiting in store based barrier to initialize process group", re.I)
+STORE_BARRIER_WAIT_CLASS = "rendezvous_timeout"
+# NCCL's return-code trace names the errno of a system error that failed ("misc/socket.cc:505 -> 2
+# (Operation now in progress)"): an errno only a socket sets says the system call was the
+# network's (a connect that never completed, a peer unreachable or refusing).
+NCCL_NET_ERRNO = re.compile(r"-> 2 \((?:Operation now in progress|Connection (?:refused|timed out|reset by peer)|"
+                            r"No route to host|Network is unreachable|Host is (?:down|unreachable)|"
+                            r"Software caused connection abort|Cannot assign requested address)\)", re.I)
 
 
 def cpp_frame_class(symbol: str) -> str | None:

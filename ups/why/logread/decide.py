@@ -50,7 +50,7 @@ USER_MESSAGES = re.compile(
     r"shape '\[[^\]]*\]' is invalid for input of size|Given groups=|Sizes of tensors must match|modified by an inplace "
     r"operation|backward through the graph a second time|Input type .* and weight type .* should be the same|"
     r"Expected \d+D|must match the size of tensor|Expected input batch_size|expected input\[|"
-    r"Found dtype \w+ but expected \w+|"
+    r"Found dtype \w+ but expected \w+|stack expects each tensor to be equal size|"
     # DistributedDataParallel's checks of the program's use of it (unused parameters, reentrant backward)
     r"Expected to have finished reduction in the prior iteration|Expected to mark a variable ready only once", re.I)
 # A shell tool's complaint in a job script ("rm: cannot remove 'x': No such file or directory"):
@@ -61,8 +61,13 @@ SHELL_TOOL = re.compile(r"^(?:/(?:usr/)?bin/)?(?:rm|ls|cp|mv|mkdir|rmdir|cat|ln|
 # ("No module named 'apex'", "[Errno 2] No such file or directory: 'x.yaml'") with an exception
 # after it, the program caught it and went on.
 PROGRAM_ERRORS = frozenset(("import_error", "file_missing"))
-# NCCL's return codes in its INFO trace (``file.cc:N -> 2``): 2 system error, 5 invalid usage, 6 remote error.
-NCCL_CODES = {2: "nccl_system_error", 5: "nccl_invalid_usage", 6: "peer_lost"}
+# NCCL's return codes in its INFO trace (``file.cc:N -> 2``): 2 system error, 4 invalid argument (an
+# argument check failed: read as invalid usage, like ncclInvalidArgument), 5 invalid usage, 6 remote error.
+NCCL_CODES = {2: "nccl_system_error", 4: "nccl_invalid_usage", 5: "nccl_invalid_usage", 6: "peer_lost"}
+# NCCL's own WARN line of a system call that failed ("misc/shmutils.cc:93 NCCL WARN Call to open
+# failed: No such file or directory"): the file is NCCL's own (a shared memory segment, a
+# socket's), not one the job needs; NCCL's system error, not a missing file.
+NCCL_SYSCALL_CLASSES = frozenset(("file_missing",))
 _RANK_WORDS = re.compile(r"\[Rank (\d+)\]|\bon rank:? (\d+)|\brank(\d+)\b|\blocal_rank:? (\d+)|\bRank (\d+) is running|"
                          r"\brank (\d+)\b", re.I)
 
@@ -195,6 +200,8 @@ def decide(events: list[Event]) -> Reading:
                 continue
             nccl_seen.add(who)
         tier, _, cls, k = found[0]
+        if ev.head.nccl == "WARN" and cls.name in NCCL_SYSCALL_CLASSES:
+            tier, cls = max(tier, SYMPTOM), BY_NAME["nccl_system_error"]
         if SHELL_TOOL.match(ev.head.body):
             tier = max(tier, SYMPTOM)  # a script's `rm` or `cp` that failed and went on
         elif cls.name in PROGRAM_ERRORS and ev.kind == "line" and _raised_later(events, ev):

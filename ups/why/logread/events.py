@@ -23,7 +23,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ups.why.logread.classes import NCCL_RETRY, NCCL_RETRY_CLASS, cpp_frame_class
+from ups.why.logread.classes import (
+    NCCL_NET_ERRNO,
+    NCCL_RETRY,
+    NCCL_RETRY_CLASS,
+    STORE_BARRIER_WAIT,
+    STORE_BARRIER_WAIT_CLASS,
+    cpp_frame_class,
+)
 from ups.why.logread.lines import Line, frame_site, read_lines, return_code
 
 EXCEPTION = re.compile(
@@ -115,11 +122,16 @@ def parse(lines: list[Line]) -> list[Event]:
     last_exception: dict[str, Event] = {}
     cpp: dict[str, bool] = {}  # each stream's C++ stack: whether the frame that raised was read
     retries: list[Event] = []
+    waits: list[Event] = []  # the store-based barrier's notices that it still waits
     consumed: set[int] = set()
     for i, line in enumerate(lines):
         if line.n in consumed:
             continue
         stream = line.stream
+        if line.role in ("context", "content", "warning") and STORE_BARRIER_WAIT.search(line.body):
+            waits.append(Event("code", [line], rank=line.rank, shows=STORE_BARRIER_WAIT_CLASS))
+            events.append(waits[-1])
+            continue
         if line.role == "header":
             _close(events, frames, opened, source, stream)
             frames[stream] = []
@@ -139,7 +151,8 @@ def parse(lines: list[Line]) -> list[Event]:
         elif line.role == "context":
             code = return_code(line)
             if code is not None:
-                events.append(Event("code", [line], rank=line.rank, code=code))
+                net = NCCL_RETRY_CLASS if NCCL_NET_ERRNO.search(line.raw) else None
+                events.append(Event("code", [line], rank=line.rank, code=code, shows=net))
             elif line.nccl == "INFO" and NCCL_RETRY.search(line.body):
                 retries.append(Event("code", [line], rank=line.rank, shows=NCCL_RETRY_CLASS))
                 events.append(retries[-1])
@@ -168,6 +181,7 @@ def parse(lines: list[Line]) -> list[Event]:
         _close(events, frames, opened, source, stream)
     _link_wrappers(events)
     _drop_passed_retries(lines, retries)
+    _drop_passed_waits(lines, waits)
     return events
 
 
@@ -204,6 +218,31 @@ def _drop_passed_retries(lines: list[Line], retries: list[Event]) -> None:
             last[_who(line)] = line.n
     for ev in retries:
         if last.get(_who(ev.head), -1) > ev.n:
+            ev.superseded = True
+
+
+_SAYS = re.compile(r"[^\W_]")  # a line with a word on it (not a Markdown fence or a rule)
+
+
+def _drop_passed_waits(lines: list[Line], waits: list[Event]) -> None:
+    """The store-based barrier's notices that it waits show that the ranks never met only when
+    the log never got past them: nothing follows the last one but tracebacks and the exceptions
+    they ended with (a later line of any rank, the barrier's "Completed store-based barrier" or
+    a step's, says the job went on: a rank that waited a while and joined is no failure)."""
+    if not waits:
+        return
+    went_on = -1  # the last line that is neither a notice nor how a process ended
+    in_traceback: set[str] = set()  # the streams inside a traceback (its lines up to its exception)
+    for line in lines:
+        if line.role in ("header", "chain"):
+            in_traceback.add(line.stream)
+        elif EXCEPTION.match(line.body):
+            in_traceback.discard(line.stream)
+        elif (line.stream not in in_traceback and line.role not in ("blank", "frame", "source")
+              and not STORE_BARRIER_WAIT.search(line.body) and _SAYS.search(line.body)):
+            went_on = line.n
+    for ev in waits:
+        if went_on > ev.n:
             ev.superseded = True
 
 
@@ -266,12 +305,13 @@ def _nccl_detail(lines: list[Line], i: int, consumed: set[int]) -> list[Line]:
     "Last error:" and the line after it): the reason belongs to the error, even when the
     error's own line is garbled (two ranks' output interleaved). A logger prefixes the first
     line of a record only ("[rank1]:[E ...] ... NCCL error" and its unprefixed explanation):
-    lines with no prefix may carry a rank's."""
+    lines with no prefix may carry a rank's, and the explanation of a line with no prefix may
+    carry a rank's (a paste that cut the first line's label)."""
     stream = lines[i].stream
     out: list[Line] = []
     last_error = False
     for line in lines[i + 1: i + 1 + MAX_CONTINUATION]:
-        if (line.stream != stream and line.stream) or line.role == "blank":  # a paste may double-space NCCL's lines
+        if line.role == "blank" or (line.stream != stream and line.stream and stream):  # a paste may double-space NCCL's lines
             continue
         if line.role == "content" and (_DETAIL.match(line.body) or last_error):
             out.append(line)
@@ -284,14 +324,21 @@ def _nccl_detail(lines: list[Line], i: int, consumed: set[int]) -> list[Line]:
 
 def _carried(lines: list[Line], i: int, consumed: set[int], *, what: bool = False) -> list[Line]:
     """The lines that carry on an exception's message (NCCL's "Last error:" and what follows,
-    a driver message over several lines), in the same stream."""
+    a driver message over several lines), in the same stream. NCCL's explanation under an
+    exception line with no rank prefix is that exception's even when its lines carry a rank's
+    (srun --label's "3: ncclInvalidUsage: ...", "3: Last error:" under a line a paste cut the
+    label from)."""
     stream = lines[i].stream
     out: list[Line] = []
+    own: set[str] = set()  # the other streams that printed a line of their own
     for k, line in enumerate(lines[i + 1:], i + 1):
         if len(out) >= MAX_CONTINUATION:
             break
         if line.stream != stream:
-            continue
+            # a rank's explanation is the unprefixed error's until that rank says something of its own
+            if stream or line.stream in own or not _nccl_explains(line, out):
+                own.add(line.stream)
+                continue
         if line.role == "blank" and _detail_follows(lines, k, out[-1] if out else lines[i]):
             continue
         if what and not out:
@@ -309,12 +356,19 @@ def _carried(lines: list[Line], i: int, consumed: set[int], *, what: bool = Fals
     return out
 
 
+def _nccl_explains(line: Line, carried: list[Line]) -> bool:
+    """``line`` is NCCL's explanation of the error above: its error's name ("ncclInvalidUsage:
+    ..."), "Last error:", or the line after an empty "Last error:"."""
+    return line.role == "content" and bool(_DETAIL.match(line.body) or (carried and carried[-1].body.strip() == "Last error:"))
+
+
 def _detail_follows(lines: list[Line], k: int, last: Line) -> bool:
     """Blank lines at ``k`` inside NCCL's explanation of an error (a paste that double-spaces
     lines): the line before is an empty "Last error:", or the next one is NCCL's detail."""
     if last.body.strip() == "Last error:":
         return True
-    after = next((ln for ln in lines[k + 1: k + 4] if ln.role != "blank" and ln.stream == last.stream), None)
+    after = next((ln for ln in lines[k + 1: k + 4] if ln.role != "blank" and (ln.stream == last.stream or not last.stream)),
+                 None)
     return after is not None and after.role == "content" and bool(_DETAIL.match(after.body))
 
 

@@ -32,8 +32,10 @@ _RANK_PREFIXES = (
     re.compile(r"\[rank(?P<rank>\d+)\]:\s?"),  # torchrun's per-rank output (torch >= 2.2)
     re.compile(r"\[default(?P<rank>\d+)\]:\s?"),  # torchrun --tee (older)
     re.compile(r"\[\d+,(?P<rank>\d+)\]<(?:stdout|stderr)>:\s?"),  # mpirun --tag-output
+    re.compile(r"\[\d+,mpirank:(?P<rank>\d+),[^\]\s]*\]<(?:stdout|stderr)>:\s?"),  # ... as SageMaker's mpirun tags it
     re.compile(r"\[RANK (?P<rank>\d+)\]\s?"),
     re.compile(r"(?P<rank>\d{1,5}): (?=\s*\S)"),  # srun --label (its indented lines too: a traceback's frames)
+    re.compile(r"\((?:\w+ )?rank=(?P<rank>\d+) pid=\d+[^)]*\)\s?"),  # vLLM's workers: "(VllmWorker rank=1 pid=12231)"
 )
 _OTHER_PREFIXES = (
     re.compile(r"\((?:\w+ )?pid=[^)]*\)\s?"),  # Ray workers
@@ -43,6 +45,7 @@ _OTHER_PREFIXES = (
     re.compile(r"[A-Za-z][\w.-]*: (?=\S+:\d+:\d+ \[\d+\] |\[rank\d+\]|\[default\d+\]|\[\d{4}-\d\d-\d\d|"
                r"\d{4}-\d\d-\d\d[ T]|Traceback \(|\s*File \")"),
     re.compile(r"\[(?:stderr|stdout)\]\s?|(?:stderr|stdout|STDERR|STDOUT):\s?"),
+    re.compile(r"(?:stdout|stderr) [FP] "),  # a container runtime's log file (CRI): "<time> stderr F <line>"
     # docker compose's service label ("trainer-1  | ", v1's "trainer_1  | "), kubectl --prefix's
     re.compile(r"[\w.-]+[-_]\d+\s+\|\s?|\[pod/[^\]\s]+\]\s?"),
     re.compile(r">{1,3}\s"),  # a quote in a pasted report, an interpreter's prompt
@@ -65,9 +68,15 @@ TIMESTAMP = re.compile(r"(?:(?P<date>\d{4}-\d\d-\d\d)[ T]|[IWEF](?P<md>\d{3,4}) 
 # glog (``E0325 20:57:27.620 2606 api.py:869]``) and c10d (``[W socket.cpp:426]``,
 # ``[E626 06:24:44.903 ProcessGroupNCCL.cpp:616]``): the level is the first letter.
 _GLOG = re.compile(r"\[?(?P<lvl>[IWEF])(?:\d{4})?(?: ?\d\d:\d\d:\d\d\.\d+)?(?:\s+\d+)?\s+(?P<site>[\w./-]+\.\w+:\d+)\]\s?")
-_NCCL = re.compile(r"(?:\S+:\d+:\d+ )?(?:\[\d+\] )?(?:[\w./-]+\.\w+:\d+ )?NCCL (?P<lvl>INFO|WARN|TRACE|ERROR)\b")
+# NCCL's prefix: host:pid:tid (or the host alone: "gpu-server320 [5] misc/socket.cc:46 NCCL WARN"),
+# the device, and the file:line (older releases: "include/socket.h 398")
+_NCCL = re.compile(r"(?:\S+(?::\d+:\d+)? )?(?:\[\d+\] )?(?:[\w./-]+\.\w+[: ]\d+ )?NCCL (?P<lvl>INFO|WARN|TRACE|ERROR)\b")
 # A logger's level word near the start: "INFO:", "[INFO]", "- INFO -", "| INFO |", "[INFO|x.py:3]".
 _LEVEL = re.compile(r"^.{0,60}?(?:^|[\s\[|(:*-])(?P<lvl>INFO|DEBUG|TRACE|WARNING|WARN|ERROR|CRITICAL|FATAL)(?=[\s\]\[|:)*-]|$)")
+# glog's layout with the level's word (vLLM's loggers): "ERROR 03-25 21:13:53 [core.py:500] ", older
+# "ERROR 03-25 21:13:53 multiproc_executor.py:374] "
+_WORD_GLOG = re.compile(r"(?P<lvl>INFO|DEBUG|WARNING|WARN|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? "
+                        r"\[?(?P<site>[\w./-]+\.\w+:\d+)\]\s?")
 _TF_LEVEL = re.compile(r"(?P<lvl>[IWEF]) (?:tensorflow|external|torch)/")
 
 QUIET_LEVELS = frozenset(("INFO", "DEBUG", "TRACE", "I"))
@@ -86,7 +95,10 @@ FOOTERS = re.compile(
     r"|See inner exception for details\.?"
     # A list of what *might* have happened ("There are some potential root causes. (1) ... OOM
     # killer (2) ... SIGSEGV") is a hint, not a report: its words say nothing happened.
-    r"|\b(?:There (?:are|is) (?:some |several |a few )?)?(?:potential|possible|probable) (?:root )?(?:causes?|reasons?)\b.*",
+    r"|\b(?:There (?:are|is) (?:some |several |a few )?)?(?:potential|possible|probable) (?:root )?(?:causes?|reasons?)\b.*"
+    # ... and so is a guess between causes ("This could be caused by a segmentation fault ... or by an
+    # excessive memory usage": joblib's words for a worker that died)
+    r"|\b(?:could|might|may) (?:be|have been) caused by\b[^\n]*?\bor (?:by|due to|because)\b.*",
     re.I,
 )
 # Whole lines that are boilerplate whatever their level.
@@ -109,7 +121,7 @@ _BOILERPLATE = re.compile(
 )
 # A Python warning's category and message ("x.py:146: UserWarning: <message>"); the message may
 # be on the next line (torch's warnings start with a newline).
-_PY_WARNING = re.compile(r"(?:^|[\s:(\]])[A-Z]\w*Warning:\s*(?P<msg>.*)$")
+_PY_WARNING = re.compile(r"(?:^|[\s:(\]])[A-Z]\w*Warning:\s*(?P<msg>.*)$|^Warning:\s*(?P<bare>.*)$")
 # A whole line in a paste's Markdown emphasis ("**Killed**", "`Segmentation fault`").
 _EMPHASIS = re.compile(r"^(\*\*|__|`)(?P<said>[^*_`].*?)\1$")
 _WARNING_LINE = re.compile(r"(?:^|[\s:(\]])(?:[A-Z]\w*)?Warning:|\bwarning:|^\s*warnings?\.warn\(|^\s*_?warn(?:ings\.warn)?\(")
@@ -124,6 +136,10 @@ _HANDLED = re.compile(r"^(?:[\w-]+ ){0,3}?(?:errors?|exceptions?) (?:was |were )
                       r"(?:errors?|exceptions?):", re.I)
 _PROGRESS = re.compile(r"^.*?\d+/\d+\s*\[[\d:<?]+[^\]]*\]")  # tqdm: "42%|████ | 21/50 [00:03<00:04, 7.1it/s]"
 _CARETS = re.compile(r"^[\s^~]+$")
+# A command typed at a shell's prompt and pasted with its output ("# dmesg | grep -i xid",
+# "$ nvidia-smi", "user@node:~$ python train.py"): the user's words (a grep's pattern, a
+# script's name), not a line the job printed.
+_PROMPT = re.compile(r"^(?:[\w.-]+@[\w.-]+(?::\S*)?\s?)?[$#] (?:sudo )?[a-z][\w.-]*(?: |$)")
 
 # -- tracebacks ----------------------------------------------------------------------------------
 HEADER = re.compile(r"Traceback \(most recent call last\):?")
@@ -194,9 +210,9 @@ def _level(body: str) -> tuple[str | None, str | None, str | None, str]:
     """(level, nccl level, site, body without a glog/c10d prefix)."""
     m = _NCCL.match(body) if "NCCL " in body else None
     if m:
-        site = re.search(r"([\w./-]+\.\w+:\d+) NCCL", body)
-        return m.group("lvl"), m.group("lvl"), site.group(1) if site else None, body
-    m = _GLOG.match(body)
+        site = re.search(r"([\w./-]+\.\w+)[: ](\d+) NCCL", body)
+        return m.group("lvl"), m.group("lvl"), f"{site.group(1)}:{site.group(2)}" if site else None, body
+    m = _GLOG.match(body) or _WORD_GLOG.match(body)
     if m:
         return m.group("lvl"), None, m.group("site"), body[m.end():]
     m = _TF_LEVEL.match(body)
@@ -211,7 +227,7 @@ def _level(body: str) -> tuple[str | None, str | None, str | None, str]:
 # A terminal's escape sequences (colours, titles): a log written by a coloured logger has them.
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]")
 _ENTITY = re.compile(r"&(?:lt|gt|amp|quot|apos|#39|#x27|#34);")
-_NCCL_PREFIX = re.compile(r"\S+:\d+:\d+ \[\d+\] ")
+_NCCL_PREFIX = re.compile(r"\S+(?::\d+:\d+)? \[\d+\] (?=[\w./-]+\.\w+[: ]\d+ NCCL |NCCL )")
 WRAP_WIDTH = 60  # narrower lines of one length are too common to be read as a wrap
 
 
@@ -252,6 +268,54 @@ def _cut_inside(a: str, b: str) -> bool:
     word = (end.isalnum() or end == "_") and (start.isalnum() or start == "_")
     return (word or (end.isalnum() and start in ",;)]}") or (end in ",([{/=" and start.isalnum())
             or (end in ". " and start.islower()))
+
+
+_FRAME_OPEN = re.compile(r'^\s*File "[^"]+$')  # a frame line whose path a paste wrapped
+_FRAME_REST = re.compile(r'^\s*[^"\s]*", line \d+')
+
+
+def _join_cut_frames(printed: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """A traceback's ``File "..."`` line that a paste wrapped inside its path (``File
+    "/opt/.../site-packages/torch`` / ``/serialization.py", line 114, in default_restore_location``)
+    is the one frame line it was printed as."""
+    out: list[tuple[int, str]] = []
+    k = 0
+    while k < len(printed):
+        n, raw = printed[k]
+        if "File \"" in raw and _FRAME_OPEN.match(_strip_prefixes(raw.strip())[0]):
+            # the rest is on the next line (the next but one in a paste that double-spaces its lines),
+            # under the same prefix or none
+            j = k + 2 if k + 2 < len(printed) and not printed[k + 1][1].strip() else k + 1
+            rest = _strip_prefixes(printed[j][1].strip())[0] if j < len(printed) else ""
+            if _FRAME_REST.match(rest):
+                out.append((n, raw.rstrip() + rest.lstrip()))
+                k = j + 1
+                continue
+        out.append((n, raw))
+        k += 1
+    return out
+
+
+_QUOTED = re.compile(r"^(?:> ?|\s+)")
+
+
+def _dedent(physical: list[str]) -> list[str]:
+    """A paste indented or quoted as a whole (a Markdown code block, a quoted reply: every line
+    starts with the same spaces or "> ") without it: its lines' own indentation is what tells
+    a line that starts from the rest of a wrapped one."""
+    lines = [x for x in physical if x.strip() not in ("", ">")]  # a quoted reply's empty lines are ">"
+    if not lines:
+        return physical
+    m = _QUOTED.match(lines[0])
+    lead = m.group(0) if m else ""
+    if lead.strip() == ">":
+        lead = lead if all(x.startswith(lead) for x in lines) else ""
+    else:
+        lead = min((re.match(r"\s*", x).group(0) for x in lines), key=len)
+        lead = lead if all(x.startswith(lead) for x in lines) else ""
+    if not lead:
+        return physical
+    return [x[len(lead):] if x.startswith(lead) else x.lstrip(" >") for x in physical]
 
 
 def unwrap(physical: list[str]) -> list[tuple[int, str]]:
@@ -300,7 +364,7 @@ def read_lines(text: str) -> list[Line]:
         text = html.unescape(text)
     if 'File \\"' in text:  # a paste from a string's repr or JSON: File \"/x.py\", line 3
         text = text.replace('\\"', '"')
-    for n, raw in unwrap(re.split(r"\r\n|\r|\n", text)):
+    for n, raw in _join_rich_frames(_join_cut_frames(unwrap(_dedent(re.split(r"\r\n|\r|\n", text))))):
         raw = raw.rstrip()
         body, rank, ts = _strip_prefixes(raw.strip())
         stream = f"rank{rank}" if rank is not None else ""
@@ -318,6 +382,53 @@ def read_lines(text: str) -> list[Line]:
             role, stream, rank = "context", out[-1].stream, out[-1].rank
         out.append(Line(n, raw, body, role, level, rank, stream, ts, site, nccl))
     return out
+
+
+# A row of Rich's boxed traceback ("│ <text> │") and what a frame's row says ("path.py:182 in fn").
+_BOX_ROW = re.compile(r"^\s*│\s?(?P<said>.*?)\s*│?\s*$")
+_BOX_PATH = re.compile(r"^[^\s│]*[/\\][^\s│]*$")
+_RICH_FRAME_SAYS = re.compile(r"^[^\s│]+\.py:\d+ in [^\s│]+$")
+
+
+def _join_rich_frames(printed: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """Rich's boxed traceback puts a frame's ``path.py:182 in fn`` on one row, and a path
+    longer than the box on a row of its own, its line and function on the next (or the path
+    folded over two rows): those rows are the one frame line."""
+    out: list[tuple[int, str]] = []
+    k = 0
+    while k < len(printed):
+        n, raw = printed[k]
+        row = _box_row(raw)
+        joined = None
+        if row is not None and _BOX_PATH.match(row):
+            said = row
+            for j in range(k + 1, min(k + 6, len(printed))):
+                if not printed[j][1].strip() and j + 1 < len(printed) and printed[j - 1][1].strip():
+                    continue  # a paste that double-spaces its lines
+                nxt = _box_row(printed[j][1])
+                if not nxt:
+                    break
+                said += nxt
+                if _RICH_FRAME_SAYS.match(said):
+                    joined = j
+                    break
+                if " " in nxt:
+                    break
+        if joined is None:
+            out.append((n, raw))
+            k += 1
+            continue
+        out.append((n, raw[: raw.index("│")] + f"│ {said} │"))
+        k = joined + 1
+    return out
+
+
+def _box_row(raw: str) -> str | None:
+    """What a row of Rich's box says (after the line's prefixes), or None for another line."""
+    if "│" not in raw:
+        return None
+    row = _BOX_ROW.match(_strip_prefixes(raw.strip())[0])
+    return row.group("said") if row else None
 
 
 def _rest_of_quiet_line(prev: Line, raw: str) -> bool:
@@ -353,6 +464,9 @@ class _Roles:
             self.in_warning = self.after_frame = self.message_next = False
             return "blank", ""
         message_next, self.message_next = self.message_next, False
+        if _PROMPT.match(body):
+            self.in_warning = self.after_frame = False
+            return "context", body
         if HEADER.search(body):
             self.in_warning = self.after_frame = False
             self.ipython = bool(re.match(r"\S+\s{3,}Traceback", body))
@@ -363,6 +477,8 @@ class _Roles:
             return "chain", body
         if FRAME.match(body):
             self.after_frame = True
+            # a Rich frame row is inside its box even when the paste cut the box's top
+            self.rich = self.rich or body.startswith("│")
             return "frame", body
         if self.rich:  # the box's other lines are its frames' code and locals
             self.rich = not body.startswith("╰")
@@ -385,7 +501,7 @@ class _Roles:
             m = _PY_WARNING.search(body)
             if m is None:
                 return "context", body
-            said = FOOTERS.sub("", m.group("msg")).strip()
+            said = FOOTERS.sub("", m.group("msg") if m.group("msg") is not None else m.group("bare")).strip()
             self.message_next = not said
             return ("warning", said) if said else ("context", body)
         if self.in_warning and not _looks_like_statement(body) and not _ERROR_WORDS.search(body):
