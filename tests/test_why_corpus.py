@@ -81,6 +81,7 @@ def test_the_held_out_files_are_frozen():
     each, never edited after."""
     frozen = {"heldout.jsonl": "39755ff20077faf4db8493ce29d7fb1fba2bf151cbcb7575bfda66653a207728",
               "heldout3.jsonl": "c51745699c46f5586c8995fa61ad8617bfe2cb5e77d3124043c3b19e8891dac0",
-              "heldout4.jsonl": "a2dc4c569fb64a16130637f7f23c6273061883d1b965c397b375b57339605807"}
+              "heldout4.jsonl": "a2dc4c569fb64a16130637f7f23c6273061883d1b965c397b375b57339605807",
+              "heldout5.jsonl": "897ab793d528403852985140dd56908aa46b6f55b943a4b381a83cc1d210ee7e"}
     folder = Path(__file__).parent / "data" / "why_corpus"
     assert {name: hashlib.sha256((folder / name).read_bytes()).hexdigest() for name in frozen} == frozen
