@@ -26,8 +26,8 @@ os.environ.setdefault("WANDB_SILENT", "true")
 def pytest_configure(config: pytest.Config) -> None:
     """Compile ``ups``'s bytecode once, as a regular (non-editable) install does.
 
-    The suite starts about 2,000 Python processes that import ``ups`` (the CLI, launchers,
-    relays, every instrumented rank). Under ``PYTHONDONTWRITEBYTECODE=1`` (set on this box) an
+    The suite starts some 1,600 processes, most of them Python importing ``ups`` (the CLI,
+    launchers, relays, every instrumented rank). Under ``PYTHONDONTWRITEBYTECODE=1`` (set on this box) an
     editable checkout has no bytecode, so each of them compiled ups's modules again: ~70 ms of
     CPU per CLI call. Python still reads bytecode that exists, and checks it against the
     source's mtime, so an edited module is compiled afresh as before. Done by the controller
