@@ -103,18 +103,22 @@ def test_webhook_mail_and_command_hear_the_hang_and_the_end(runs_root, tmp_path,
 
 
 def test_a_notifier_that_never_answers_does_not_slow_the_run(runs_root, tmp_path, never_answers):
-    env = {"UPS_NOTIFY_TIMEOUT": "8"}
+    limit = 15.0
+    env = {"UPS_NOTIFY_TIMEOUT": str(limit)}
     res = run_ups("launch", "python", "--json", "--notify", never_answers, HANG, "--steps", "10", "--hang-step", "999",
                   env=env, timeout=120, cwd=tmp_path)
     run = RunDir(json.loads(res.stdout)["run_dir"])
     m = run.read_manifest()
     assert res.returncode == 0 and m["state"] == "succeeded"  # its exit code and record as without a notifier
     last_record = json.loads((run.status_dir / "rank-0.json").read_text())["heartbeat_at"]
-    # The run's end was written within the supervisor's own bound after the program ended
-    # (its final-record wait), not after the notifier's 8 s time limit.
-    assert m["ended_at"] - last_record < 3.0, m["ended_at"] - last_record
-    failed = wait_for(lambda: [e for e in run.read_events() if e["event"] == "notify.failed"], 30, message="the failure event")
-    assert failed[0]["ts"] - m["ended_at"] >= 7.0 and "timed out" in failed[0]["error"]
+    # Had the supervisor waited for the notifier, the run's end would be written at least the
+    # notifier's time limit after the program's last record. It was written well before: the
+    # margin left is for a loaded box, where ending the program and the supervisor's own
+    # final-record wait have taken over 3 s.
+    assert m["ended_at"] - last_record < limit - 3, m["ended_at"] - last_record
+    failed = wait_for(lambda: [e for e in run.read_events() if e["event"] == "notify.failed"], limit + 30,
+                      message="the failure event")
+    assert failed[0]["ts"] - m["ended_at"] >= limit - 1 and "timed out" in failed[0]["error"]
     assert failed[0]["target"] == never_answers.rsplit("/", 1)[0] + "/…"
 
 
