@@ -113,8 +113,8 @@ def test_a_notifier_that_never_answers_does_not_slow_the_run(runs_root, tmp_path
     last_record = json.loads((run.status_dir / "rank-0.json").read_text())["heartbeat_at"]
     # Had the supervisor waited for the notifier, the run's end would be written at least the
     # notifier's time limit after the program's last record. It was written well before: the
-    # margin left is for a loaded box, where ending the program and the supervisor's own
-    # final-record wait have taken over 3 s.
+    # margin left is for a loaded box, where the program's exit and the supervisor's sweep and
+    # write of the end have taken over 3 s.
     assert m["ended_at"] - last_record < limit - 3, m["ended_at"] - last_record
     failed = wait_for(lambda: [e for e in run.read_events() if e["event"] == "notify.failed"], limit + 30,
                       message="the failure event")
