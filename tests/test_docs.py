@@ -105,3 +105,25 @@ def test_the_link_check_reads_links_as_github_does():
     assert _relative_links(text) == ["docs/x.md#y", "f.md"]
     assert _anchors("# `ups why --json`\n## Several nodes, launcher by launcher\n```\n# no\n```") == {
         "ups-why---json", "several-nodes-launcher-by-launcher"}
+
+
+def test_the_code_cites_only_files_the_repository_holds():
+    """A docstring or comment that sends the reader to a page ("docs/design.md, 'Trust
+    boundary'") names a file of this repository, and a section of it that exists: someone who
+    clones the project can follow every one."""
+    cited = re.compile(r"\b((?:docs/)?[\w./-]+\.md)\b(?:,\s*\"([^\"]+)\")?")
+    missing = []
+    for path in sorted([*REPO.glob("ups/**/*.py"), *REPO.glob("console/**/*.py"), *REPO.glob("scripts/*.py")]):
+        text = path.read_text(encoding="utf-8")
+        for m in cited.finditer(text):
+            name, section = m.group(1), m.group(2)
+            target = REPO / name if "/" in name else REPO / "docs" / name
+            if name.startswith(("http", "www")) or not (target.exists() or (REPO / name).exists()):
+                missing.append(f"{path.relative_to(REPO)}: {name}")
+                continue
+            if section:
+                heads = [h.strip("# ").strip().lower() for h in target.read_text(encoding="utf-8").splitlines()
+                         if h.startswith("#")]
+                if not any(h.startswith(section.lower().replace("\n", " ")) for h in heads):
+                    missing.append(f"{path.relative_to(REPO)}: {name}, section {section!r}")
+    assert not missing, "cited but not in the repository:\n" + "\n".join(missing)

@@ -1,7 +1,7 @@
 """A DataTable that is updated by diffing: only changed cells of rows on screen are touched.
 
 Updating every cell of every row each second costs ~5% of a core and a 100 ms refresh at
-256 rows (DESIGN.md). Here a tick touches the cells that changed in the visible rows;
+256 rows (docs/design.md, "Traps"). Here a tick touches the cells that changed in the visible rows;
 rows scrolled out of view catch up when they come back into view (next tick).
 """
 

@@ -3,7 +3,7 @@
 Run by ``ups launch precompute`` (through the supervisor) as
 ``python -m ups.jobs.precompute --config RUN/config.json``; also runs by hand.
 
-Shape of the work (DESIGN.md, "The jobs"):
+Shape of the work (docs/design.md, "The jobs"):
 
 * DataLoader workers only read raw fields (ups.jobs.readers). Each opens its own HDF5
   handles after it starts and reports through its own Reporter (heartbeat, samples read,

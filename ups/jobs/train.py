@@ -3,7 +3,7 @@
 Run by ``ups launch train`` as ``python -m torch.distributed.run ... -m ups.jobs.train
 --config RUN/config.json``; also runs by hand without torchrun.
 
-What makes it safe to operate (DESIGN.md, "The jobs"):
+What makes it safe to operate (docs/design.md, "The jobs"):
 
 * Every rank reports phases (``dist.init``, ``data.load``, ``model.build``, ``ddp.wrap``,
   ``train``, ``eval``, ``checkpoint``, ``done``), steps, steps/s, loss, lr and CUDA memory,

@@ -1,5 +1,5 @@
 """Is it working? What the kernel says a process did, watched from outside: the proof that
-an automatic action needs (DESIGN.md, "Acting on processes").
+an automatic action needs (docs/design.md, "An action is not a display").
 
 Showing "stalled" is cheap; killing or restarting a run needs a hang that is proven. The
 launcher watches the processes a verdict points at (the rank the others wait for, the worker

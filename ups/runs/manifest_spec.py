@@ -1,7 +1,7 @@
 """What a run's manifest (``run.json``, ``nodes/<host>.json``) must hold to be read.
 
 The manifest is written by ``ups`` itself, but it sits in a runs folder, where anything may
-have replaced it (DESIGN.md, "Trust boundary"). Every key a reader looks at is checked here,
+have replaced it (docs/design.md, "Trust boundary"). Every key a reader looks at is checked here,
 through :mod:`ups.status.safeio`, before any other code sees the manifest: a key of the wrong
 type or out of range makes the whole manifest unreadable, with the key and why ("run.json:
 'created_at' is a string, not a number"), and the run is listed as such. Keys nobody reads

@@ -1,6 +1,6 @@
 """The run directory: manifest (``run.json``), event log, control requests, sub-folders.
 
-Layout (DESIGN.md)::
+Layout (docs/design.md)::
 
     runs/<run_id>/
       run.json       manifest, written atomically under a lock (read-modify-write)

@@ -1,6 +1,6 @@
 """Health of a process, as a pure function of (record, now, process table, thresholds).
 
-Two clocks (DESIGN.md): a fresh heartbeat with stale progress means the main loop is stuck
+Two clocks (docs/design.md): a fresh heartbeat with stale progress means the main loop is stuck
 while the interpreter still runs (``stalled``); a stale heartbeat with a live pid means the
 process cannot run Python at all (``unresponsive``: a C call holding the GIL, SIGSTOP, D
 state). A pid that is gone, or alive with another start time, is ``dead``.

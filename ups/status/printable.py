@@ -1,7 +1,7 @@
 """Text from outside made safe to show: the one place where outside strings become display text.
 
 Everything a runs folder, a log, a stack dump or another node's stream holds may have been
-written by someone else (DESIGN.md, "Trust boundary"). A string from there must never act on
+written by someone else (docs/design.md, "Trust boundary"). A string from there must never act on
 the terminal that shows it: an ESC starts a sequence that can clear the screen, retitle the
 window, rewrite what was printed or set the clipboard (OSC 52); a C1 character (U+0080 to
 U+009F) is the same sequence in one code point for terminals that take 8-bit controls; a

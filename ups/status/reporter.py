@@ -1,6 +1,6 @@
 """Reporter: the status writer used inside jobs (and, through ups.instrument, any program).
 
-Design points (see DESIGN.md, "the run directory"):
+Design points (see docs/design.md, "The run directory"):
 
 * ``advance()`` only bumps counters in memory (it costs well under 2 µs); a daemon thread
   writes the record about once a second. Heartbeat (the write) and progress (``advance``)

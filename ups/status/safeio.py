@@ -1,6 +1,6 @@
 """The trust boundary: bytes from a runs folder become typed values here, and nowhere else.
 
-Everything under a runs folder is outside input (DESIGN.md, "Trust boundary"): another user,
+Everything under a runs folder is outside input (docs/design.md, "Trust boundary"): another user,
 a crashed writer, a full disk or a hostile neighbour may have put anything there, under any
 name. So every file ``ups`` reads from a run is
 

@@ -1,5 +1,5 @@
-"""A process that makes no progress: busy, being checked, or idle (DESIGN.md, "an action is not
-a display"). A rank that evaluates alone, writes a checkpoint or uploads while its peers wait
+"""A process that makes no progress: busy, being checked, or idle (docs/design.md, "An action
+is not a display"). A rank that evaluates alone, writes a checkpoint or uploads while its peers wait
 for it is busy, not stuck, however long it takes; a process with no progress signal at all is
 neither healthy nor stalled until the launcher has watched it (ups.launch.proof).
 
