@@ -302,14 +302,14 @@ def _append_stack_file(record: StatusRecord, path: Path, text: str) -> int:
     """Append to a stack file through the trust boundary's opener (a FIFO, device or symlink
     named like it is refused, never waited on or followed); returns its size after the append.
     Its folder is made and opened relative to the run folder, no link followed."""
-    from ups.status.confined import make_dirs
+    from ups.status.confined import in_folder, make_dirs
     from ups.status.safeio import OPEN_APPEND, BadFile, open_regular
 
     rel = Path(record.stack_file)
     try:
         folder = make_dirs(path.parents[len(rel.parts) - 1], str(rel.parent))
         try:
-            fd = open_regular(f"/proc/self/fd/{folder}/{rel.name}", OPEN_APPEND)  # the name, relative to that folder
+            fd = open_regular(in_folder(folder, rel.name), OPEN_APPEND)
         finally:
             os.close(folder)
     except (OSError, BadFile) as exc:

@@ -183,6 +183,13 @@ def make_dirs(base: str | os.PathLike[str], relative: str, *, dir_fd: int | None
     return fd
 
 
+def in_folder(dir_fd: int, name: str) -> str:
+    """A path naming ``name`` in the folder open as ``dir_fd`` (``/proc/self/fd/N/name``): for
+    a writer that takes a path (``write_atomic``), the folder is the one opened, whatever its
+    path names now, and only ``name`` is resolved in it."""
+    return f"/proc/self/fd/{dir_fd}/{name}"
+
+
 def _what(name: str | os.PathLike[str], dir_fd: int | None) -> str:
     try:
         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)

@@ -36,7 +36,7 @@ import threading
 import time
 from collections import deque
 
-from ups.status.confined import make_dirs, open_append
+from ups.status.confined import in_folder, make_dirs, open_append
 from ups.status.exceptions import describe_exception
 from ups.status.files import folder_identity, write_atomic
 from ups.status.host import boot_id, hostname
@@ -712,14 +712,13 @@ class Reporter:
             return False
         try:
             data = json.dumps(self.record_dict(), separators=(",", ":"), default=str).encode()
+            # status/ made when missing, and opened, never through a link (ups.status.confined);
+            # a vanished run folder is never made again.
+            status = make_dirs(self.run_dir, "status")
             try:
-                write_atomic(self.path, data)
-            except FileNotFoundError:
-                # status/ may not exist yet for a fresh run dir; never recreate a vanished run.
-                if not os.path.isdir(self.run_dir):
-                    raise
-                os.close(make_dirs(self.run_dir, "status"))  # never through a link (ups.status.confined)
-                write_atomic(self.path, data)
+                write_atomic(in_folder(status, os.path.basename(self.path)), data)
+            finally:
+                os.close(status)
         except Exception as exc:  # noqa: BLE001 - reporting must never kill the job
             self._warn(f"cannot write status record {self.path}: {exc}; the job continues")
             return False
