@@ -69,12 +69,19 @@ def fingerprint(*folders: Path) -> dict[str, tuple]:
     return out
 
 
+def sticky(folder: Path, owner: int | None = None) -> Path:
+    """A folder anyone can write, mode 1777 (like /tmp), root's or ``owner``'s."""
+    folder.mkdir()
+    if owner is not None:
+        os.chown(folder, owner, owner)
+    folder.chmod(0o1777)
+    return folder
+
+
 @pytest.fixture
 def shared(tmp_path: Path) -> Path:
     """A 1777 runs folder, and a folder of root's (``secret``) a link could point at."""
-    runs = tmp_path / "runs"
-    runs.mkdir()
-    runs.chmod(0o1777)
+    runs = sticky(tmp_path / "runs")
     secret = tmp_path / "secret"
     (secret / "logs").mkdir(parents=True)
     (secret / "precious.txt").write_text("precious\n")
@@ -110,9 +117,7 @@ def test_joining_another_users_folder_writes_nothing_in_it(shared, tmp_path):
 
 
 def test_a_runs_link_another_user_planted_in_a_shared_working_folder_is_refused(tmp_path):
-    work = tmp_path / "work"
-    work.mkdir()
-    work.chmod(0o1777)
+    work = sticky(tmp_path / "work")
     as_nobody(work, "mkdir", "-m", "777", "their-runs")
     as_nobody(work, "ln", "-s", "their-runs", "runs")
     (work / "loop.py").write_text("print('ran')\n")
@@ -121,6 +126,12 @@ def test_a_runs_link_another_user_planted_in_a_shared_working_folder_is_refused(
     res = subprocess.run([sys.executable, "-m", "ups", "launch", "python", "loop.py"], cwd=work, env=env,
                          capture_output=True, text=True, timeout=60)
     one_line_refusal(res, f"{work / 'runs'} is a link of {THEM} to 'their-runs'", "nothing written")
+    assert fingerprint(work) == before
+    # A run of yours reached through their link (it may be anywhere they point) is not written either.
+    mine = RunDir.create(work / "their-runs", "python")
+    before = fingerprint(work)
+    with pytest.raises(OSError, match=f"is a link of {re.escape(THEM)}"):
+        RunDir(work / "runs" / mine.path.name).append_event("probe", actor="test")
     assert fingerprint(work) == before
 
 
@@ -141,32 +152,35 @@ def test_a_run_folder_of_yours_that_others_can_write_is_not_joined(shared, tmp_p
     assert fingerprint(secret, shared) == before
 
 
-def test_a_planted_subfolder_of_your_run_is_refused_on_join(shared, tmp_path, monkeypatch):
-    """A run folder of yours whose ``stacks/`` another user owns (it was writable once)."""
+@pytest.mark.parametrize("planted", ["stacks", "logs/torchrun"])
+def test_a_planted_subfolder_of_your_run_is_refused_on_join(shared, tmp_path, monkeypatch, planted):
+    """A run folder of yours whose ``stacks/`` another user owns, or where torchrun's log folder
+    is their link (each was writable once)."""
     monkeypatch.setenv("UPS_HOSTNAME", "node-a")
     first = RunDir.create(shared, "torchrun", run_id="exp10", multinode={"nnodes": 2, "node_rank": 0})
-    os.chown(first.stacks_dir, NOBODY, NOBODY)
+    if planted == "stacks":
+        os.chown(first.stacks_dir, NOBODY, NOBODY)
+        refusal = "exp10/stacks belongs to " + re.escape(THEM)
+    else:
+        (first.logs_dir / "torchrun").symlink_to(tmp_path / "secret" / "logs")
+        os.lchown(first.logs_dir / "torchrun", NOBODY, NOBODY)
+        refusal = "exp10/logs/torchrun is a link of " + re.escape(THEM)
     before = fingerprint(tmp_path / "secret", shared)
     monkeypatch.setenv("UPS_HOSTNAME", "node-b")
-    with pytest.raises(Refused, match="exp10/stacks belongs to " + re.escape(THEM)):
+    with pytest.raises(Refused, match=refusal):
         RunDir.create(shared, "torchrun", run_id="exp10", multinode={"nnodes": 2, "node_rank": 1})
     assert fingerprint(tmp_path / "secret", shared) == before
 
 
 def test_links_the_kernel_rule_allows_are_followed_and_nodes_of_one_user_join(tmp_path, monkeypatch):
-    work = tmp_path / "work"
-    work.mkdir()
-    work.chmod(0o1777)
+    work = sticky(tmp_path / "work")
     mine = tmp_path / "my-runs"
     mine.mkdir()
     (work / "runs").symlink_to(mine)  # root's own link: followed
     run = RunDir.create(work / "runs", "python")
     assert (mine / run.path.name / "run.json").is_file()
     # A link of the sticky folder's owner is followed too (the kernel's rule: fs.protected_symlinks=1).
-    theirs = tmp_path / "theirs"
-    theirs.mkdir()
-    os.chown(theirs, NOBODY, NOBODY)
-    theirs.chmod(0o1777)
+    theirs = sticky(tmp_path / "theirs", owner=NOBODY)
     as_nobody(theirs, "mkdir", "-m", "1777", "scratch")
     as_nobody(theirs, "ln", "-s", "scratch", "runs")
     assert (theirs / "scratch" / RunDir.create(theirs / "runs", "python").path.name / "run.json").is_file()

@@ -52,6 +52,7 @@ FINAL_RUN_STATES = ("succeeded", "partial", "failed", "killed", "lost")
 (a reboot, everything SIGKILLed)."""
 SUBDIRS = ("status", "stacks", "logs", "control")
 NODES_DIR = "nodes"
+TORCHRUN_LOGS = "torchrun"  # logs/torchrun: the --log-dir ups hands to torchrun (ups.launch.programs)
 RUN_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 # The per-node keys of a multi-node manifest; the run's own (shared) keys stay in run.json.
 NODE_STATE_ORDER = ("killed", "failed", "lost", "partial", "succeeded")
@@ -161,7 +162,10 @@ class RunDir:
     def folder(self, sub: str | None = None, *, make: bool = False) -> Iterator[int]:
         """The run folder (or its sub-folder ``sub``) as a descriptor to write relative to: a
         real folder, never a link, of the acting user's that no one else may write; Unsafe (an
-        OSError, one line) otherwise. ``make``: the sub-folder is made when missing."""
+        OSError, one line) otherwise; so is a path to it through a link another user planted in a
+        shared folder (:func:`~ups.status.confined.check_links`). ``make``: the sub-folder is made
+        when missing."""
+        confined.check_links(self.path.parent)
         fd = open_own_dir(self.path, f"run folder {self.path}")
         try:
             if sub is not None:
@@ -318,6 +322,12 @@ class RunDir:
             confined.check_entry(sub, f"{run.path}/{sub}", dir_fd=run_fd, folder=True)
         for name in ("events.jsonl", ".run.json.lock"):
             confined.check_entry(name, f"{run.path}/{name}", dir_fd=run_fd)
+        with contextlib.suppress(FileNotFoundError):  # the log folder handed to torchrun (it follows links)
+            logs = open_own_dir("logs", f"{run.path}/logs", dir_fd=run_fd)
+            try:
+                confined.check_entry(TORCHRUN_LOGS, f"{run.path}/logs/{TORCHRUN_LOGS}", dir_fd=logs, folder=True)
+            finally:
+                os.close(logs)
         if confined.check_entry("run.json", f"{run.path}/run.json", dir_fd=run_fd):
             try:
                 OwnRun(run.path, dir_fd=run_fd, nothing="nothing written").close()

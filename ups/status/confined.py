@@ -126,12 +126,10 @@ def open_own_dir(name: str | os.PathLike[str], where: str, *, dir_fd: int | None
     acting user's that no one else may write; :class:`Unsafe` otherwise (FileNotFoundError
     passes)."""
     try:
-        fd = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
-    except FileNotFoundError:
+        fd = _open_dir(name, where, dir_fd)
+    except (FileNotFoundError, Unsafe):
         raise
     except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise Unsafe(f"{where} is {_what(name, dir_fd)}, not a folder: ups never writes through it") from None
         raise Unsafe(f"{where}: {exc.strerror or exc}") from None
     try:
         check_own(os.fstat(fd), where)
@@ -154,12 +152,13 @@ def make_dir(name: str, where: str, *, dir_fd: int, exist_ok: bool = False) -> i
 
 
 def make_dirs(base: str | os.PathLike[str], relative: str, *, dir_fd: int | None = None) -> int:
-    """The folder ``relative`` (``a/b``) under ``base``, each missing component made and each
-    one opened ``O_NOFOLLOW``: a link anywhere under ``base`` is refused, never followed.
-    Returns its descriptor. Only ``base`` itself is opened as a path."""
+    """The folder ``relative`` (``a/b``) under ``base`` (a run folder), each missing component
+    made and each one opened ``O_NOFOLLOW``: a link anywhere under ``base``, or ``base`` itself
+    a link, is refused, never followed. Returns its descriptor. FileNotFoundError when ``base``
+    is gone (a vanished run folder is never made again)."""
     base = os.fspath(base)
-    fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
     where = base
+    fd = _open_dir(base, where, dir_fd)
     try:
         for part in [p for p in relative.split("/") if p and p != "."]:
             if part == "..":
@@ -169,18 +168,23 @@ def make_dirs(base: str | os.PathLike[str], relative: str, *, dir_fd: int | None
                 os.mkdir(part, DIR_MODE, dir_fd=fd)
             except FileExistsError:
                 pass
-            try:
-                nxt = os.open(part, DIR_FLAGS, dir_fd=fd)
-            except OSError as exc:
-                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise Unsafe(f"{where} is {_what(part, fd)}, not a folder: ups never writes through it") from None
-                raise
+            nxt = _open_dir(part, where, fd)
             os.close(fd)
             fd = nxt
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def _open_dir(name: str | os.PathLike[str], where: str, dir_fd: int | None) -> int:
+    """``name`` opened ``O_NOFOLLOW | O_DIRECTORY``; a link or a file there is :class:`Unsafe`."""
+    try:
+        return os.open(name, DIR_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise Unsafe(f"{where} is {_what(name, dir_fd)}, not a folder: ups never writes through it") from None
+        raise
 
 
 def in_folder(dir_fd: int, name: str) -> str:
