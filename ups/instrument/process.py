@@ -212,8 +212,9 @@ def _write_torchelastic_error_file(exc: BaseException, text: str) -> None:
 
     data = {"message": {"message": f"{type(exc).__name__}: {exc}",
                         "extraInfo": {"py_callstack": text, "timestamp": str(int(time.time()))}}}
-    try:
-        with open(path, "w") as fh:
+    try:  # a new file, never one found there nor through a link (it is in the run's logs/)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with os.fdopen(fd, "w") as fh:
             json.dump(data, fh)
     except OSError:
         pass

@@ -139,10 +139,8 @@ class PrecomputeJob:
         self._mark_worker_record(rec, f"died in {rec.phase} on {rec.item}")
 
     def _mark_worker_record(self, rec: Any, error: str) -> None:
-        from ups.status.files import write_atomic
-
-        path = self.run.status_dir / f"{rec.name}.json"
-        write_atomic(path, rec.with_changes(state="failed", error=error, heartbeat_at=time.time()).to_json().encode())
+        data = rec.with_changes(state="failed", error=error, heartbeat_at=time.time()).to_json().encode()
+        self.run.write_file(f"status/{rec.name}.json", data)  # relative to the run folder, no link followed
 
     def _blame(self, rec: Any, reason: str) -> None:
         """Count a failure against the sample (and file open) that was in flight."""

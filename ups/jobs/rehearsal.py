@@ -28,15 +28,20 @@ def fire_once(run_dir: str | None, fault: Fault) -> bool:
     times = int(fault.get("times", 1))
     if times <= 0 or run_dir is None:
         return run_dir is None
-    marker_dir = Path(run_dir) / "faults"
-    marker_dir.mkdir(exist_ok=True)
-    for k in range(times):
-        try:
-            os.close(os.open(marker_dir / f"{fault.name}.{k}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-            return True
-        except FileExistsError:
-            continue
-    return False
+    from ups.status.confined import make_dirs
+
+    marker_dir = make_dirs(run_dir, "faults")  # inside the run folder, no link followed
+    try:
+        for k in range(times):
+            try:
+                os.close(os.open(f"{fault.name}.{k}", os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW,
+                                 dir_fd=marker_dir))
+                return True
+            except FileExistsError:
+                continue
+        return False
+    finally:
+        os.close(marker_dir)
 
 
 def inject_hang(mode: str) -> None:

@@ -33,6 +33,7 @@ metrics series go on in ``metrics/`` (each point carries its attempt).
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -214,8 +215,10 @@ def proof_of(w: Watched) -> dict[str, Any]:
 def archive_attempt(run: RunDir, attempt: int) -> str:
     """Move the ended attempt's records under ``attempts/<N>/status`` (the next attempt's
     processes write the same names) and copy its stack files beside them. Returns the folder."""
+    from ups.status.confined import make_dirs
+
     folder = run.path / "attempts" / str(attempt)
-    (folder / "status").mkdir(parents=True, exist_ok=True)
+    os.close(make_dirs(run.path, f"attempts/{attempt}/status"))  # no link followed on the way
     for rec in run.status_dir.glob("*.json"):
         if rec.name.startswith("launcher"):
             continue  # the supervisor's own record goes on

@@ -10,7 +10,6 @@ from typing import Any
 
 from ups.errors import UpsError
 from ups.runs.rundir import RunDir
-from ups.status.files import append_opener
 from ups.status.health import Thresholds
 
 
@@ -65,8 +64,7 @@ def launch_run(
         run = RunDir.create(runs_root, kind, argv=argv if argv is not None else sys.argv, config=config, extra=fields,
                             name=name, run_id=run_id, multinode=multinode)
         for name, data in (files or {}).items():  # e.g. the resolved config the job reads
-            (run.path / name).parent.mkdir(parents=True, exist_ok=True)
-            (run.path / name).write_bytes(data)
+            run.write_file(name, data)
         if any("{RUN}" in c for c in fields["command"]):
             resolved = str(run.path.resolve())
             run.update_manifest(command=[c.replace("{RUN}", resolved) for c in fields["command"]])
@@ -100,7 +98,7 @@ def spawn_supervisor(run: RunDir, *, adopt: bool = False) -> subprocess.Popen[by
     from ups.status.procs import process_start_time
 
     OwnRun(run.path, nothing="no launcher started").close()
-    launcher_log = open(run.log_path("launcher"), "ab", opener=append_opener)  # noqa: SIM115 - handed to the child
+    launcher_log = run.open_log("launcher")  # handed to the child
     try:
         proc = subprocess.Popen(
             [sys.executable, "-m", "ups.launch.supervise", str(Path(run.path).resolve()), *(["--adopt"] if adopt else [])],
@@ -111,7 +109,7 @@ def spawn_supervisor(run: RunDir, *, adopt: bool = False) -> subprocess.Popen[by
             close_fds=True,
         )
     finally:
-        launcher_log.close()
+        os.close(launcher_log)
     start = process_start_time(proc.pid)
     if start is not None:
         with run.manifest_lock():  # the supervisor may be writing its own entry

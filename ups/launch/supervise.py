@@ -161,7 +161,7 @@ class Supervisor:
         self.stacks.start()
 
     def start_relay(self, read_end: int) -> None:
-        log_fd = append_opener(str(self.run.log_path("job")), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        log_fd = self.run.open_log("job")
         try:
             self.relay = subprocess.Popen([sys.executable, "-m", "ups.launch.logrelay", str(log_fd)], stdin=read_end,
                                           stdout=subprocess.PIPE, pass_fds=(log_fd,), env=_relay_env())

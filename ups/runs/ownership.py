@@ -132,17 +132,18 @@ class OwnRun:
     Anything else raises :class:`~ups.errors.Refused` with one line saying whose it is and why.
 
     ``manifest`` is run.json as written (decoded JSON, not made safe for display): what is run
-    is exactly what this user wrote."""
+    is exactly what this user wrote. ``dir_fd``: the folder as the caller opened it (a node
+    joining a multi-node run proves what it opened ``O_NOFOLLOW``, before it writes there)."""
 
     def __init__(self, run_path: str | os.PathLike[str], *, nothing: str = "nothing acted on",
-                 error: type[Refused] = Refused) -> None:
+                 error: type[Refused] = Refused, dir_fd: int | None = None) -> None:
         from ups.status.safeio import BadFile, decode_json
 
         self.path = Path(run_path)
         self.owner = os.geteuid()
         self._error, self._nothing = error, nothing
-        try:
-            self._dir = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:  # dir_fd: the folder already opened (never through a link) by the caller
+            self._dir = os.dup(dir_fd) if dir_fd is not None else os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except FileNotFoundError:
             raise error(f"{self.path} is not a run folder (no such folder): {nothing}") from None
         except NotADirectoryError:

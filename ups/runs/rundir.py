@@ -22,6 +22,7 @@ ends when every node has ended, failed when any node failed, naming the node).
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -31,17 +32,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ups.errors import CorruptRun, RunNotFound, UpsError
+from ups.errors import CorruptRun, Refused, RunNotFound, UpsError
 from ups.runs.manifest_spec import MANIFEST_SCHEMA, RUN_STATES, check_manifest
-from ups.status.files import write_atomic
+from ups.status import confined
+from ups.status.confined import Unsafe, open_append, open_own_dir, write_atomic_at
 from ups.status.host import hostname
 from ups.status.printable import printable
 from ups.status.safeio import (
-    OPEN_APPEND,
     BadFile,
     decode_json,
     number,
-    open_regular,
     read_json,
     read_tail,
     safe_value,
@@ -52,17 +52,13 @@ FINAL_RUN_STATES = ("succeeded", "partial", "failed", "killed", "lost")
 (a reboot, everything SIGKILLed)."""
 SUBDIRS = ("status", "stacks", "logs", "control")
 NODES_DIR = "nodes"
+TORCHRUN_LOGS = "torchrun"  # logs/torchrun: the --log-dir ups hands to torchrun (ups.launch.programs)
 RUN_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 # The per-node keys of a multi-node manifest; the run's own (shared) keys stay in run.json.
 NODE_STATE_ORDER = ("killed", "failed", "lost", "partial", "succeeded")
 DIR_MODE = 0o755  # a run's folders: only their owner writes there, whatever the umask
 EVENTS_TAIL_BYTES = 8 << 20  # events.jsonl is read from its last 8 MiB (a run's log is ~KBs)
 CONTROL_MAX_BYTES = 64 << 10
-
-
-def make_dir(path: Path, *, exist_ok: bool = False) -> None:
-    """mkdir with DIR_MODE: at umask 000 too, ``status/`` and ``control/`` are not world-writable."""
-    path.mkdir(mode=DIR_MODE, exist_ok=exist_ok)
 
 
 def check_run_id(run_id: str) -> str:
@@ -161,6 +157,43 @@ class RunDir:
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
 
+    # -- the folder, as ups writes into it (ups.status.confined) --------------------------
+    @contextlib.contextmanager
+    def folder(self, sub: str | None = None, *, make: bool = False) -> Iterator[int]:
+        """The run folder (or its sub-folder ``sub``) as a descriptor to write relative to: a
+        real folder, never a link, of the acting user's that no one else may write; Unsafe (an
+        OSError, one line) otherwise; so is a path to it through a link another user planted in a
+        shared folder (:func:`~ups.status.confined.check_links`). ``make``: the sub-folder is made
+        when missing."""
+        confined.check_links(self.path.parent)
+        fd = open_own_dir(self.path, f"run folder {self.path}")
+        try:
+            if sub is not None:
+                where = f"{self.path}/{sub}"
+                sub_fd = confined.make_dir(sub, where, dir_fd=fd, exist_ok=True) if make else open_own_dir(sub, where, dir_fd=fd)
+                os.close(fd)
+                fd = sub_fd
+            yield fd
+        finally:
+            os.close(fd)
+
+    def open_log(self, name: str) -> int:
+        """``logs/<name>.log`` (:meth:`log_path`) opened for appending, relative to the run
+        folder: never through a link, never into another user's folder."""
+        with self.folder("logs", make=True) as logs:
+            return open_append(self.log_path(name).name, dir_fd=logs)
+
+    def write_file(self, name: str, data: bytes) -> None:
+        """A file of the run (``config.json``, ``metrics/rank-0.json``) written atomically, its
+        folders made and opened relative to the run folder, no link followed."""
+        head, _, tail = name.rpartition("/")
+        with self.folder() as fd:
+            sub = confined.make_dirs(".", head, dir_fd=fd)
+            try:
+                write_atomic_at(sub, tail, data)
+            finally:
+                os.close(sub)
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, RunDir) and other.path == self.path
 
@@ -188,35 +221,49 @@ class RunDir:
         N, ...}``): then this node joins the run of that id, creating it if it is the first,
         and its manifest is ``nodes/<host>.json`` (see the module's docstring)."""
         root = Path(runs_root)
-        try:
-            root.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
-        except OSError as exc:
-            raise UpsError(f"cannot create runs folder {root}: {exc.strerror or exc}") from None
-        if multinode is not None:
-            if not run_id:
-                raise UpsError("a multi-node run needs a run id (--run-id, or torchrun's --rdzv-id)")
-            return cls._join(root, check_run_id(run_id), kind, argv=argv, config=config, extra=extra, name=name,
-                             multinode=multinode)
+        if multinode is not None and not run_id:
+            raise UpsError("a multi-node run needs a run id (--run-id, or torchrun's --rdzv-id)")
         if run_id is not None:
-            run = cls(root / check_run_id(run_id))
+            check_run_id(run_id)
+        # Every write below is relative to the runs folder's descriptor, then the run folder's
+        # (ups.status.confined): no link planted in a shared runs folder is ever followed.
+        try:
+            root_fd = confined.open_root(root)
+        except Unsafe as exc:
+            raise Refused(f"{exc}; nothing written") from None
+        try:
+            if multinode is not None:
+                return cls._join(root, root_fd, str(run_id), kind, argv=argv, config=config, extra=extra, name=name,
+                                 multinode=multinode)
+            return cls._make(root, root_fd, run_id, kind, argv=argv, config=config, extra=extra, name=name)
+        except Unsafe as exc:
+            raise Refused(f"{exc}; nothing written") from None
+        finally:
+            os.close(root_fd)
+
+    @classmethod
+    def _make(cls, root: Path, root_fd: int, run_id: str | None, kind: str, *, argv: list[str] | None,
+              config: dict[str, Any] | None, extra: dict[str, Any] | None, name: str | None) -> RunDir:
+        """A new run folder: ``mkdir`` that fails when the name exists (a link included), then
+        opened ``O_NOFOLLOW`` and proven this user's before anything is written in it."""
+        for _ in range(1 if run_id is not None else 20):
+            folder = run_id if run_id is not None else new_run_id(name or kind)
             try:
-                make_dir(run.path)
-            except FileExistsError:
-                raise UpsError(f"run {run_id} already exists under {root}: give another --run-id") from None
-        for _ in range(20 if run_id is None else 0):
-            run = cls(root / new_run_id(name or kind))
-            try:
-                make_dir(run.path)
+                run_fd = confined.make_dir(folder, f"run folder {root / folder}", dir_fd=root_fd)
                 break
             except FileExistsError:
-                continue
-        else:
-            if run_id is None:  # pragma: no cover - 20 collisions of 16 random bits in one second
-                raise UpsError(f"could not allocate a run id under {root}")
-        for sub in SUBDIRS:
-            make_dir(run.path / sub)
-        manifest = cls._new_manifest(run.run_id, kind, argv=argv, config=config, extra=extra, name=name)
-        run.write_manifest(manifest)
+                if run_id is not None:
+                    raise UpsError(f"run {run_id} already exists under {root}: give another --run-id") from None
+        else:  # pragma: no cover - 20 collisions of 16 random bits in one second
+            raise UpsError(f"could not allocate a run id under {root}")
+        run = cls(root / folder)
+        try:
+            for sub in SUBDIRS:
+                os.close(confined.make_dir(sub, f"{run.path}/{sub}", dir_fd=run_fd))
+            manifest = cls._new_manifest(run.run_id, kind, argv=argv, config=config, extra=extra, name=name)
+            write_atomic_at(run_fd, "run.json", _manifest_bytes(manifest))
+        finally:
+            os.close(run_fd)
         return run
 
     @staticmethod
@@ -240,40 +287,82 @@ class RunDir:
         return manifest
 
     @classmethod
-    def _join(cls, root: Path, run_id: str, kind: str, *, argv: list[str] | None, config: dict[str, Any] | None,
-              extra: dict[str, Any] | None, name: str | None, multinode: dict[str, Any]) -> RunDir:
-        """This node joins (or starts) the multi-node run ``run_id``."""
+    def _join(cls, root: Path, root_fd: int, run_id: str, kind: str, *, argv: list[str] | None,
+              config: dict[str, Any] | None, extra: dict[str, Any] | None, name: str | None,
+              multinode: dict[str, Any]) -> RunDir:
+        """This node joins (or starts) the multi-node run ``run_id``. A folder that exists is
+        proven this user's (opened ``O_NOFOLLOW``: a real folder of theirs that no one else may
+        write, and :class:`~ups.runs.ownership.OwnRun` once it has a run.json) before the first
+        write; every name this node writes in it is checked the same way."""
         run = cls(root / run_id)
         host = hostname()
         try:
-            make_dir(run.path, exist_ok=True)
+            os.mkdir(run_id, DIR_MODE, dir_fd=root_fd)
+        except FileExistsError:
+            pass
+        run_fd = open_own_dir(run_id, f"run folder {run.path}", dir_fd=root_fd)
+        try:
+            cls._prove_joined(run, run_fd)
             for sub in (*SUBDIRS, NODES_DIR):
-                make_dir(run.path / sub, exist_ok=True)
-        except OSError as exc:
-            raise UpsError(f"cannot create run folder {run.path}: {exc.strerror or exc}") from None
-        with run.manifest_lock():
-            if run.manifest_path.exists():
-                shared = run._read_json(run.manifest_path)
-                if not shared.get("multinode"):
-                    raise UpsError(f"run {run_id} already exists under {root} and is not a multi-node run: "
-                                   "give another --run-id")
-                if shared.get("kind") != kind:
-                    raise UpsError(f"run {run_id} is a {shared.get('kind')} run; this node launches {kind}")
-            else:
-                shared = {"schema": MANIFEST_SCHEMA, "id": run_id, "kind": kind, "name": name or kind, "state": "running",
-                          "created_at": time.time(), "ended_at": None, "host": host,
-                          "multinode": {k: v for k, v in multinode.items() if k != "node_rank"}}
-                write_atomic(run.manifest_path, (json.dumps(shared, indent=2, default=str) + "\n").encode())
-            mine = run.node_manifest_path(host)
-            if mine.exists():
+                os.close(confined.make_dir(sub, f"{run.path}/{sub}", dir_fd=run_fd, exist_ok=True))
+            with run.manifest_lock(run_fd):
+                run._join_locked(run_fd, host, kind, argv=argv, config=config, extra=extra, name=name,
+                                 multinode=multinode)
+        finally:
+            os.close(run_fd)
+        return run
+
+    @staticmethod
+    def _prove_joined(run: RunDir, run_fd: int) -> None:
+        """The names a joining node writes, where they exist: real folders and regular files of
+        this user's that no one else may write; and run.json passes OwnRun."""
+        from ups.runs.ownership import OwnRun
+
+        for sub in (*SUBDIRS, NODES_DIR):
+            confined.check_entry(sub, f"{run.path}/{sub}", dir_fd=run_fd, folder=True)
+        for name in ("events.jsonl", ".run.json.lock"):
+            confined.check_entry(name, f"{run.path}/{name}", dir_fd=run_fd)
+        with contextlib.suppress(FileNotFoundError):  # the log folder handed to torchrun (it follows links)
+            logs = open_own_dir("logs", f"{run.path}/logs", dir_fd=run_fd)
+            try:
+                confined.check_entry(TORCHRUN_LOGS, f"{run.path}/logs/{TORCHRUN_LOGS}", dir_fd=logs, folder=True)
+            finally:
+                os.close(logs)
+        if confined.check_entry("run.json", f"{run.path}/run.json", dir_fd=run_fd):
+            try:
+                OwnRun(run.path, dir_fd=run_fd, nothing="nothing written").close()
+            except Refused as exc:
+                raise Unsafe(str(exc).removesuffix(": nothing written").removesuffix("; nothing written")) from None
+
+    def _join_locked(self, run_fd: int, host: str, kind: str, *, argv: list[str] | None,
+                     config: dict[str, Any] | None, extra: dict[str, Any] | None, name: str | None,
+                     multinode: dict[str, Any]) -> None:
+        run, root, run_id = self, self.path.parent, self.path.name
+        if confined.check_entry("run.json", f"{run.path}/run.json", dir_fd=run_fd):
+            shared = run._read_json(run.manifest_path)
+            if not shared.get("multinode"):
+                raise UpsError(f"run {run_id} already exists under {root} and is not a multi-node run: "
+                               "give another --run-id")
+            if shared.get("kind") != kind:
+                raise UpsError(f"run {run_id} is a {shared.get('kind')} run; this node launches {kind}")
+        else:
+            shared = {"schema": MANIFEST_SCHEMA, "id": run_id, "kind": kind, "name": name or kind, "state": "running",
+                      "created_at": time.time(), "ended_at": None, "host": host,
+                      "multinode": {k: v for k, v in multinode.items() if k != "node_rank"}}
+            write_atomic_at(run_fd, "run.json", _manifest_bytes(shared))
+        mine = run.node_manifest_path(host)
+        nodes_fd = open_own_dir(NODES_DIR, str(run.nodes_dir), dir_fd=run_fd)
+        try:
+            if confined.check_entry(mine.name, str(mine), dir_fd=nodes_fd):
                 old = run._read_json(mine)
                 raise UpsError(f"node {host} has already joined run {run_id} (its launcher: pid "
                                f"{(old.get('launcher') or {}).get('pid')}, {old.get('state')}): give each run a new "
                                "--run-id, and each node its own host name (UPS_HOSTNAME)")
-            manifest = cls._new_manifest(run_id, kind, argv=argv, config=config, extra=extra, name=name)
+            manifest = self._new_manifest(run_id, kind, argv=argv, config=config, extra=extra, name=name)
             manifest["node_rank"] = multinode.get("node_rank")
-            run.write_manifest(manifest)
-        return run
+            write_atomic_at(nodes_fd, mine.name, _manifest_bytes(manifest))
+        finally:
+            os.close(nodes_fd)
 
     # -- manifest ------------------------------------------------------------------------
     @staticmethod
@@ -341,18 +430,26 @@ class RunDir:
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
         """Write run.json, or this host's node manifest of a multi-node run."""
-        path = self.node_manifest_path() if self.is_multinode else self.manifest_path
         body = {k: v for k, v in manifest.items() if k not in ("nodes", "failed_nodes")}
-        write_atomic(path, (json.dumps(body, indent=2, default=str) + "\n").encode())
+        multinode = self.is_multinode
+        with self.folder(NODES_DIR if multinode else None) as fd:
+            write_atomic_at(fd, self.node_manifest_path().name if multinode else "run.json", _manifest_bytes(body))
 
     @contextlib.contextmanager
-    def manifest_lock(self) -> Iterator[None]:
+    def manifest_lock(self, run_fd: int | None = None) -> Iterator[None]:
         """Writers of the manifest take this; readers never need it. A lock file that is not
-        a regular file (a planted FIFO or symlink) is refused, not waited on."""
+        a regular file (a planted FIFO or symlink) is refused, not waited on. ``run_fd``: the
+        run folder as the caller opened it."""
         try:
-            fd = open_regular(self.path / ".run.json.lock", OPEN_APPEND)
-        except BadFile as exc:
-            raise OSError(f"{self.path / '.run.json.lock'}: {exc}") from None
+            if run_fd is None:
+                with self.folder() as own:
+                    fd = open_append(".run.json.lock", dir_fd=own)
+            else:
+                fd = open_append(".run.json.lock", dir_fd=run_fd)
+        except Unsafe:
+            raise
+        except OSError as exc:
+            raise OSError(f"{self.path / '.run.json.lock'}: {_reason(exc)}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
@@ -399,9 +496,12 @@ class RunDir:
         entry = {"ts": time.time(), "event": event, "actor": actor, **fields}
         line = (json.dumps(entry, default=str) + "\n").encode()
         try:
-            fd = open_regular(self.events_path, OPEN_APPEND)
-        except BadFile as exc:
-            raise OSError(f"{self.events_path}: {exc}") from None
+            with self.folder() as own:
+                fd = open_append("events.jsonl", dir_fd=own)
+        except Unsafe:
+            raise
+        except OSError as exc:
+            raise OSError(f"{self.events_path}: {_reason(exc)}") from None
         try:
             os.write(fd, line)
         finally:
@@ -441,10 +541,10 @@ class RunDir:
     # -- control requests ----------------------------------------------------------------
     def put_control(self, request: str, *, actor: str, **args: Any) -> Path:
         """Ask the job to do something (e.g. ``fallback``); the job polls ``control/``."""
-        make_dir(self.control_dir, exist_ok=True)
         body = {"request": request, "actor": actor, "ts": time.time(), **args}
         path = self.control_dir / f"{time.time_ns()}-{request}.json"
-        write_atomic(path, json.dumps(body).encode())
+        with self.folder("control", make=True) as control:
+            write_atomic_at(control, path.name, json.dumps(body).encode())
         self.append_event("control", actor=actor, request=request, **args)
         return path
 
@@ -471,8 +571,8 @@ class RunDir:
                 continue  # handled meanwhile
             except BadFile as exc:
                 rejected.add(name)
-                with contextlib.suppress(OSError):
-                    os.replace(path, path.with_suffix(".rejected"))
+                with contextlib.suppress(OSError), self.folder("control") as control:
+                    os.replace(name, path.with_suffix(".rejected").name, src_dir_fd=control, dst_dir_fd=control)
                 with contextlib.suppress(OSError):
                     self.append_event("control.rejected", actor=actor, request_file=name, reason=str(exc))
                 continue
@@ -481,8 +581,8 @@ class RunDir:
 
     def ack_control(self, path: Path, *, actor: str, result: str) -> None:
         """Mark a request handled: renamed to ``*.done`` and logged as an event."""
-        with contextlib.suppress(OSError):
-            os.replace(path, path.with_suffix(".done"))
+        with contextlib.suppress(OSError), self.folder("control") as control:
+            os.replace(path.name, path.with_suffix(".done").name, src_dir_fd=control, dst_dir_fd=control)
         self.append_event("control.handled", actor=actor, request_file=path.name, result=result)
 
     # -- logs ----------------------------------------------------------------------------
@@ -492,6 +592,19 @@ class RunDir:
         if name in ("launcher", "job") and self.is_multinode:
             name = f"{name}@{hostname()}"
         return self.logs_dir / f"{name}.log"
+
+
+def _manifest_bytes(manifest: dict[str, Any]) -> bytes:
+    return (json.dumps(manifest, indent=2, default=str) + "\n").encode()
+
+
+def _reason(exc: OSError) -> str:
+    """Why a run file could not be opened for writing, as the trust boundary says it."""
+    if exc.errno == errno.ELOOP:
+        return "a symlink (not followed)"
+    if exc.errno == errno.ENXIO:
+        return "a FIFO"
+    return str(exc.strerror or exc)
 
 
 @dataclass(frozen=True)

@@ -300,12 +300,18 @@ def dump_stacks(run: RunDir, record: StatusRecord, *, actor: str, timeout: float
 
 def _append_stack_file(record: StatusRecord, path: Path, text: str) -> int:
     """Append to a stack file through the trust boundary's opener (a FIFO, device or symlink
-    named like it is refused, never waited on or followed); returns its size after the append."""
+    named like it is refused, never waited on or followed); returns its size after the append.
+    Its folder is made and opened relative to the run folder, no link followed."""
+    from ups.status.confined import in_folder, make_dirs
     from ups.status.safeio import OPEN_APPEND, BadFile, open_regular
 
+    rel = Path(record.stack_file)
     try:
-        path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-        fd = open_regular(path, OPEN_APPEND)
+        folder = make_dirs(path.parents[len(rel.parts) - 1], str(rel.parent))
+        try:
+            fd = open_regular(in_folder(folder, rel.name), OPEN_APPEND)
+        finally:
+            os.close(folder)
     except (OSError, BadFile) as exc:
         raise RefusedSignal(f"{record.label}: stack file {record.stack_file} cannot be written: "
                             f"{getattr(exc, 'strerror', None) or exc}; not signalled", exit_code=1) from None

@@ -36,8 +36,9 @@ import threading
 import time
 from collections import deque
 
+from ups.status.confined import in_folder, make_dirs, open_append
 from ups.status.exceptions import describe_exception
-from ups.status.files import append_opener, folder_identity, write_atomic
+from ups.status.files import folder_identity, write_atomic
 from ups.status.host import boot_id, hostname
 from ups.status.procs import process_start_time
 from ups.status.schema import COLL_RANKS_MAX, SCHEMA_VERSION, process_name
@@ -314,8 +315,12 @@ class Reporter:
     def _install_stack_dumps(self, signum: int) -> None:
         stacks = os.path.join(self.run_dir, "stacks")
         try:
-            os.makedirs(stacks, mode=0o755, exist_ok=True)
-            self._stack_fh = open(os.path.join(stacks, f"{self.name}.txt"), "a", buffering=1, opener=append_opener)  # noqa: SIM115
+            stacks_fd = make_dirs(self.run_dir, "stacks")  # never through a link (ups.status.confined)
+            try:
+                self._stack_fh = open(f"{self.name}.txt", "a", buffering=1,  # noqa: SIM115
+                                      opener=lambda name, _flags: open_append(name, dir_fd=stacks_fd))
+            finally:
+                os.close(stacks_fd)
             # disable() first: after a fork (DataLoader workers) faulthandler still believes it
             # is enabled and enable() would keep whatever SIGSEGV handler was set since (torch
             # installs its own in workers), so the crash traceback would never be written.
@@ -707,14 +712,13 @@ class Reporter:
             return False
         try:
             data = json.dumps(self.record_dict(), separators=(",", ":"), default=str).encode()
+            # status/ made when missing, and opened, never through a link (ups.status.confined);
+            # a vanished run folder is never made again.
+            status = make_dirs(self.run_dir, "status")
             try:
-                write_atomic(self.path, data)
-            except FileNotFoundError:
-                # status/ may not exist yet for a fresh run dir; never recreate a vanished run.
-                if not os.path.isdir(self.run_dir):
-                    raise
-                os.makedirs(os.path.dirname(self.path), mode=0o755, exist_ok=True)
-                write_atomic(self.path, data)
+                write_atomic(in_folder(status, os.path.basename(self.path)), data)
+            finally:
+                os.close(status)
         except Exception as exc:  # noqa: BLE001 - reporting must never kill the job
             self._warn(f"cannot write status record {self.path}: {exc}; the job continues")
             return False

@@ -25,6 +25,7 @@ import math
 import os
 import time
 
+from ups.status.confined import in_folder, make_dirs
 from ups.status.files import write_atomic
 
 SERIES_SCHEMA = 1
@@ -135,14 +136,13 @@ class SeriesWriter:
         self._written_mono = time.monotonic()
         data = json.dumps(self.to_dict(), separators=(",", ":")).encode()
         try:
+            # metrics/ made when missing, and opened, never through a link; a vanished run is
+            # never made again.
+            folder = make_dirs(os.path.dirname(os.path.dirname(self.path)), SERIES_DIR)
             try:
-                write_atomic(self.path, data)
-            except FileNotFoundError:
-                run_dir = os.path.dirname(os.path.dirname(self.path))
-                if not os.path.isdir(run_dir):
-                    return False  # never recreate a vanished run
-                os.makedirs(os.path.dirname(self.path), exist_ok=True)
-                write_atomic(self.path, data)
+                write_atomic(in_folder(folder, os.path.basename(self.path)), data)
+            finally:
+                os.close(folder)
         except OSError:
             return False
         self._dirty = False
