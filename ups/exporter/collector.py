@@ -1,0 +1,87 @@
+"""prometheus_client's custom collector over run folders: each scrape reads, nothing polls.
+
+``collect()`` is called by the HTTP server on each scrape: it lists the runs folder, reads
+each live run through :func:`ups.runs.read.open_run` (the one read function, which never
+writes), asks ``ups why`` for its verdict, and yields the families of
+:mod:`ups.exporter.families`. No thread runs between scrapes and nothing is kept from one to
+the next. A run that cannot be read (a hostile or half-written folder) is counted in
+``ups_exporter_unreadable_runs`` and the others are still exported: a scrape never fails
+because of one run.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from ups.exporter.families import Families
+from ups.runs.read import open_run
+from ups.runs.rundir import FINAL_RUN_STATES, RunDir, list_runs
+from ups.runs.view import node_view
+from ups.why import diagnose_view
+
+ENDED_KEPT_S = 900.0
+"""A run that ended is still exported this long after its end (by run.json's ``ended_at``),
+so that a failed run's state is scraped and its alert fires; then it drops out."""
+
+
+class RunsCollector:
+    """Every live run of ``runs_root`` (or only ``run``, for ``ups launch --metrics-port``).
+
+    Live: not ended, or ended less than ``ended_kept_s`` ago. In a multi-node run the
+    processes of this node are exported (each node runs its own exporter); the run's own
+    metrics are exported by each node's exporter alike."""
+
+    def __init__(self, runs_root: str | os.PathLike[str] | None = None, *, run: RunDir | None = None,
+                 ended_kept_s: float = ENDED_KEPT_S) -> None:
+        if (runs_root is None) == (run is None):
+            raise ValueError("RunsCollector needs a runs folder or one run")
+        self.runs_root = None if runs_root is None else Path(runs_root)
+        self.run = run
+        self.ended_kept_s = ended_kept_s
+
+    def live_runs(self, now: float) -> tuple[list[RunDir], int]:
+        """The runs to export, and how many run folders could not be read at all."""
+        if self.run is not None:
+            return [self.run], 0
+        runs, unreadable = [], 0
+        for s in list_runs(self.runs_root, missing_ok=True):
+            if s.manifest is None:
+                unreadable += 1
+            elif s.state not in FINAL_RUN_STATES or (isinstance(s.ended_at, int | float)
+                                                      and now - s.ended_at < self.ended_kept_s):
+                runs.append(s.run)
+        return runs, unreadable
+
+    def collect(self) -> Iterator[Metric]:
+        started = time.perf_counter()
+        now = time.time()
+        families = Families()
+        try:
+            runs, unreadable = self.live_runs(now)
+        except (OSError, ValueError):  # the runs folder itself is gone or not a folder: no runs
+            runs, unreadable = [], 1
+        exported = 0
+        for run in runs:
+            try:
+                view = open_run(run)
+                verdict = diagnose_view(view)
+                processes = node_view(view).processes if view.is_multinode else None
+                families.add_run(view, verdict, processes)
+                exported += 1
+            except Exception:  # noqa: BLE001 - one unreadable run never fails the scrape of the others
+                unreadable += 1
+        yield from families.families()
+        yield _gauge("ups_exporter_runs", "Runs this scrape exported.", exported)
+        yield _gauge("ups_exporter_unreadable_runs", "Run folders this scrape could not read (`ups runs` says why).",
+                     unreadable)
+        yield _gauge("ups_exporter_scrape_seconds", "Seconds this scrape took to read the runs (until its last run).",
+                     round(time.perf_counter() - started, 6))
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
