@@ -113,7 +113,15 @@ def number(value: Any) -> float | None:
     return None
 
 
-_LABEL_SAFE = re.compile(r"[^A-Za-z0-9_.:@/+=-]")
+_QUANTITY = re.compile(r"(?<![\w.])(?:\d+/)?\d+(?:\.\d+)?(?:e-?\d+)?(?=\s?(?:s|ms|min|h|steps/s|items/s|samples/s|"
+                       r"steps|items|samples|processes|process record\(s\)|%)(?!\w))")
+
+
+def stable_headline(headline: str) -> str:
+    """The headline as the info metric's label: its running quantities (ages, rates, counts:
+    "no progress for 42 s", "3 steps, 0.46 steps/s") shown as "…", so that the series changes
+    when the verdict does, not at every scrape. Ranks, steps named ("at step 40"), pids stay."""
+    return _QUANTITY.sub("…", printable(headline))[:HEADLINE_MAX]
 
 
 def label(value: Any) -> str:
@@ -166,7 +174,7 @@ class Families:
             who = verdict.who or {}
             self.add("ups_run_verdict", head, {
                 "mode": mode, "rank": _int_label(who.get("rank")), "worker": _int_label(who.get("worker")),
-                "headline": printable(str(verdict.headline or ""))[:HEADLINE_MAX]})
+                "headline": stable_headline(str(verdict.headline or ""))})
         for p in view.processes if processes is None else processes:
             self.add_process(head, p, view.read_at)
 
