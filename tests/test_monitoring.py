@@ -138,7 +138,8 @@ def test_text_from_a_run_is_escaped_and_never_a_label_name(finished_run, tmp_pat
     host = 'node"1\n} evil{x="y'
     rec = {**record(run), "host": host, "metrics": {'loss"} 1\nups_fake': 3, "loss": "nan"}}
     (run.status_dir / "rank-0.json").write_text(json.dumps(rec))
-    text, _ = scrape(RunsCollector(root, ended_kept_s=1e9))
+    assert "ups_rank_loss{" not in scrape(RunsCollector(root, ended_kept_s=1e9))[0]  # another node's rank
+    text, _ = scrape(RunsCollector(root, ended_kept_s=1e9, all_nodes=True))
     assert "ups_fake" not in text.replace("\\n", "")
     families = {f.name: f for f in text_string_to_metric_families(text)}
     (loss,) = families["ups_rank_loss"].samples

@@ -19,6 +19,8 @@ def exporter_cmd(
                                                      "host (the endpoint only reads).")] = "127.0.0.1",
     ended_kept: Annotated[float, typer.Option("--ended-kept", min=0.0, help="Seconds a run that ended is still "
                                                                            "exported (its final state, for alerts).")] = 900.0,
+    all_nodes: Annotated[bool, typer.Option("--all-nodes", help="Export the processes of every node the runs folder "
+                                                                "holds (one exporter for all), not only this node's.")] = False,
     runs_dir: RunsDirOption = default_runs_dir(),
 ) -> None:
     """Serve /metrics in the Prometheus text format for every live run of the runs folder:
@@ -28,7 +30,9 @@ def exporter_cmd(
     why`'s verdict. Names, labels and series per rank: docs/monitoring.md.
 
     Each scrape reads the run folders as `ups status` does (nothing polls in between,
-    nothing is written). One exporter per node; a run that ended stays --ended-kept seconds.
+    nothing is written). One exporter per node: on a runs folder that nodes share, each
+    exports its own node's processes (--all-nodes: every node's). A run that ended stays
+    --ended-kept seconds.
 
     \b
         ups exporter --bind 0.0.0.0            # then scrape NODE:9464/metrics
@@ -45,7 +49,7 @@ def exporter_cmd(
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    server, _ = serve(RunsCollector(runs_dir, ended_kept_s=ended_kept), port, bind)
+    server, _ = serve(RunsCollector(runs_dir, ended_kept_s=ended_kept, all_nodes=all_nodes), port, bind)
     host = f"[{bind}]" if ":" in bind else bind
     typer.echo(f"serving http://{host}:{server.server_port}/metrics for the runs in {runs_dir}", err=False)
     while not stop.wait(3600):

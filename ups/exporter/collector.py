@@ -21,7 +21,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from ups.exporter.families import Families
 from ups.runs.read import open_run
 from ups.runs.rundir import FINAL_RUN_STATES, RunDir, list_runs
-from ups.runs.view import node_view
+from ups.status.host import hostname
 from ups.why import diagnose_view
 
 ENDED_KEPT_S = 900.0
@@ -32,17 +32,19 @@ so that a failed run's state is scraped and its alert fires; then it drops out."
 class RunsCollector:
     """Every live run of ``runs_root`` (or only ``run``, for ``ups launch --metrics-port``).
 
-    Live: not ended, or ended less than ``ended_kept_s`` ago. In a multi-node run the
-    processes of this node are exported (each node runs its own exporter); the run's own
-    metrics are exported by each node's exporter alike."""
+    Live: not ended, or ended less than ``ended_kept_s`` ago. One exporter per node: on a runs
+    folder that nodes share, each exports the processes of its own node (their records' host)
+    and the runs that have one there or were launched there, so that no series is exported
+    twice; ``all_nodes`` exports every process the folder holds (one exporter for all)."""
 
     def __init__(self, runs_root: str | os.PathLike[str] | None = None, *, run: RunDir | None = None,
-                 ended_kept_s: float = ENDED_KEPT_S) -> None:
+                 ended_kept_s: float = ENDED_KEPT_S, all_nodes: bool = False, host: str | None = None) -> None:
         if (runs_root is None) == (run is None):
             raise ValueError("RunsCollector needs a runs folder or one run")
         self.runs_root = None if runs_root is None else Path(runs_root)
         self.run = run
         self.ended_kept_s = ended_kept_s
+        self.host = None if all_nodes else (host or hostname())
 
     def live_runs(self, now: float) -> tuple[list[RunDir], int]:
         """The runs to export, and how many run folders could not be read at all."""
@@ -69,9 +71,12 @@ class RunsCollector:
         for run in runs:
             try:
                 view = open_run(run)
-                verdict = diagnose_view(view)
-                processes = node_view(view).processes if view.is_multinode else None
-                families.add_run(view, verdict, processes)
+                processes = view.processes
+                if self.host is not None:
+                    processes = tuple(p for p in processes if p.record.host == self.host)
+                    if not processes and (view.manifest or {}).get("host", self.host) != self.host:
+                        continue  # another node's run: its own exporter has it
+                families.add_run(view, diagnose_view(view), processes)
                 exported += 1
             except Exception:  # noqa: BLE001 - one unreadable run never fails the scrape of the others
                 unreadable += 1
