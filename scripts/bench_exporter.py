@@ -7,7 +7,8 @@ would. Prints one JSON line.
   15 s, % of one core (target <= 1)
 - read_ms / verdict_ms / families_ms / text_ms: where a scrape's time goes, measured in this
   process on the same folder (median of --scrapes): open_run (every record read and judged),
-  `ups why`'s verdict, the metric families, prometheus_client's text
+  `ups why`'s verdict, the metric families, the endpoint's text (ups/exporter/text.py);
+  client_text_ms: prometheus_client's generate_latest on the same families, for comparison
 - series: samples in one scrape; series_per_rank: of them, per rank with its 8 workers
 """
 
@@ -77,6 +78,7 @@ def split(run, scrapes: int) -> dict[str, float]:
     from prometheus_client import CollectorRegistry, generate_latest
 
     from ups.exporter.families import Families
+    from ups.exporter.text import exposition
     from ups.runs.read import open_run
     from ups.why import diagnose_view
 
@@ -87,7 +89,8 @@ def split(run, scrapes: int) -> dict[str, float]:
         def collect(self):
             return iter(self.fams)
 
-    parts: dict[str, list[float]] = {"read_ms": [], "verdict_ms": [], "families_ms": [], "text_ms": []}
+    parts: dict[str, list[float]] = {"read_ms": [], "verdict_ms": [], "families_ms": [], "text_ms": [],
+                                     "client_text_ms": []}
     for _ in range(scrapes):
         t0 = time.perf_counter()
         view = open_run(run)
@@ -97,11 +100,13 @@ def split(run, scrapes: int) -> dict[str, float]:
         fams = Families()
         fams.add_run(view, verdict)
         t3 = time.perf_counter()
+        exposition(fams.families())
+        t4 = time.perf_counter()
         registry = CollectorRegistry(auto_describe=False)
         registry.register(Prebuilt(fams.families()))
         generate_latest(registry)
-        t4 = time.perf_counter()
-        for key, took in zip(parts, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
+        t5 = time.perf_counter()
+        for key, took in zip(parts, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), strict=True):
             parts[key].append(1000 * took)
     return {k: round(statistics.median(v), 1) for k, v in parts.items()}
 

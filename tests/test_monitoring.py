@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -57,6 +58,14 @@ def scrape(collector) -> tuple[str, float]:
     started = time.monotonic()
     text = generate_latest(registry).decode()
     return text, time.monotonic() - started
+
+
+def series(text: str) -> dict[tuple, float]:
+    """The samples of a text exposition, by name and labels (ages left out: they move between two reads)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text)
+            for s in f.samples if "_seconds" not in s.name}
 
 
 def test_the_board_draws_rank_rate_loss_health_gpu_memory_and_verdict_from_exported_metrics():
@@ -145,6 +154,13 @@ def test_text_from_a_run_is_escaped_and_never_a_label_name(finished_run, tmp_pat
     (loss,) = families["ups_rank_loss"].samples
     assert loss.value != loss.value and loss.labels["node"] == 'node"1\\x0a} evil{x="y'  # NaN; the reader's printable text, escaped
     assert families["ups_rank_loss_nonfinite"].samples[0].value == 1
+    # The endpoint's own writer (ups/exporter/text.py) says the same series as prometheus_client's.
+    from ups.exporter.text import exposition
+
+    collector = RunsCollector(root, ended_kept_s=1e9, all_nodes=True)
+    ours, theirs = [series(t) for t in (exposition(collector.collect()).decode(), scrape(collector)[0])]
+    assert ours.keys() == theirs.keys() and len(ours) > 100
+    assert all(ours[k] == theirs[k] or ours[k] != ours[k] and theirs[k] != theirs[k] for k in ours)
     names = {k for f in families.values() for s in f.samples for k in s.labels}
     assert names <= {"run", "kind", "node", "role", "rank", "worker", "op", "mode", "headline", "ups_process_health",
                      "ups_run_state", "ups_run_verdict_mode"}
@@ -159,7 +175,10 @@ def test_the_exporter_command_serves_and_a_taken_port_is_one_line(finished_run, 
     url = server.stdout.readline().split()[1]
     port = int(url.rsplit(":", 1)[1].split("/")[0])
     body = urllib.request.urlopen(url, timeout=30).read().decode()
-    assert f'ups_run_state{{kind="python",run="{run.run_id}",ups_run_state="succeeded"}} 1.0' in body
+    assert f'ups_run_state{{run="{run.run_id}",kind="python",ups_run_state="succeeded"}} 1.0' in body
+    with pytest.raises(urllib.error.HTTPError) as posted:  # the endpoint only reads
+        urllib.request.urlopen(urllib.request.Request(url, data=b"x", method="POST"), timeout=30)
+    assert posted.value.code == 405
     taken = run_ups("exporter", "--port", str(port), "--runs-dir", str(root), timeout=30)
     assert taken.returncode == 2 and taken.stderr.strip().count("\n") == 0
     assert f"cannot serve metrics on 127.0.0.1:{port}" in taken.stderr and "Traceback" not in taken.stderr
