@@ -21,44 +21,39 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-GENERATOR = textwrap.dedent(
-    """
-    import os, socket, sys, time
-    from pathlib import Path
+def generate(run: Path, ranks: int, workers: int) -> None:
+    """The job's records, as its ranks and workers would write them: all of them, then again
+    every 5 s (fresh heartbeats: every process reads ok). Runs in a process of its own, whose
+    pid the records name (alive), until it is terminated."""
+    import socket
+
+    from ups.status.files import write_atomic
     from ups.status.procs import this_process_start
     from ups.status.record import GpuMemory, StatusRecord, process_name
-    from ups.status.files import write_atomic
-    run, ranks, workers = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-    pid, start, host = os.getpid(), this_process_start(), socket.gethostname()
-    names = [("rank", r, None) for r in range(ranks)] + [("worker", r, w) for r in range(ranks) for w in range(workers)]
-    t0 = time.time()
-    tick = 0
-    while True:
-        for i, (role, r, w) in enumerate(names):
-            now = time.time()
-            step = tick * (10 if role == "rank" else 25) + (i % 3)
-            rank = role == "rank"
-            rec = StatusRecord(run_id=run.name, role=role, name=process_name(role, r, w), pid=pid, pid_start=start,
-                               host=host, rank=r, worker=w, world_size=ranks, phase="train" if rank else "read",
-                               step=step, total=10_000 if rank else None, unit="steps" if rank else "samples",
-                               rate=2.0 + (i % 7) * 0.1, started_at=t0, heartbeat_at=now, progress_at=now, phase_at=t0,
-                               coll_seq=step * 3 if rank else 0,
-                               gpu=GpuMemory(0, 2 << 30, 3 << 30, 4 << 30) if rank else None,
-                               metrics={"loss": 0.1, "lr": 3e-4, "grad_norm": 1.5, "samples_per_s": 64.0} if rank else {})
+
+    me = {"pid": os.getpid(), "pid_start": this_process_start(), "host": socket.gethostname(), "run_id": run.name}
+    rank_metrics = {"loss": 0.1, "lr": 3e-4, "grad_norm": 1.5, "samples_per_s": 64.0}
+    procs = [(r, None) for r in range(ranks)] + [(r, w) for r in range(ranks) for w in range(workers)]
+    began = time.time()
+    for tick in range(1 << 30):
+        for i, (r, w) in enumerate(procs):
+            role, at = ("rank" if w is None else "worker"), time.time()
+            step = tick * (10 if w is None else 25) + i % 3
+            extra = ({"phase": "train", "total": 10_000, "unit": "steps", "coll_seq": 3 * step, "metrics": rank_metrics,
+                      "gpu": GpuMemory(0, 2 << 30, 3 << 30, 4 << 30)} if w is None else {"phase": "read", "unit": "samples"})
+            rec = StatusRecord(role=role, name=process_name(role, r, w), rank=r, worker=w, world_size=ranks, step=step,
+                               rate=2.0 + (i % 7) / 10, started_at=began, phase_at=began, heartbeat_at=at,
+                               progress_at=at, **me, **extra)
             write_atomic(run / "status" / f"{rec.name}.json", rec.to_json().encode())
         if tick == 0:
             print("written", flush=True)
-        tick += 1
         time.sleep(5.0)
-    """
-)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -112,6 +107,9 @@ def split(run, scrapes: int) -> dict[str, float]:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--generate"]:
+        sys.path.insert(0, str(REPO))
+        return generate(Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, default=256)
     ap.add_argument("--workers", type=int, default=8)
@@ -126,7 +124,7 @@ def main() -> None:
         root = Path(d) / "runs"
         run = RunDir.create(root, "train", extra={"world_size": args.ranks})
         run.set_state("running")
-        gen = subprocess.Popen([sys.executable, "-c", GENERATOR, str(run.path), str(args.ranks), str(args.workers)],
+        gen = subprocess.Popen([sys.executable, __file__, "--generate", str(run.path), str(args.ranks), str(args.workers)],
                                env=env, stdout=subprocess.PIPE, text=True)
         exporter = None
         try:

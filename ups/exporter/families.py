@@ -24,6 +24,7 @@ from prometheus_client.core import (
     Metric,
     StateSetMetricFamily,
 )
+from prometheus_client.samples import Sample
 
 from ups.runs.manifest_spec import RUN_STATES
 from ups.runs.view import ProcessView, RunView
@@ -151,6 +152,16 @@ class Families:
             fam = self.by_name[name] = _family(name)
         fam.add_metric(list(labels), value)
 
+    def add_state(self, name: str, labels: tuple[str, ...], states: tuple[str, ...], current: str | None) -> None:
+        """A state set's series: 1 for ``current``, 0 for the other ``states`` (sorted, as
+        StateSetMetricFamily writes them; built here from one dict of labels: the state sets
+        are most of a big job's series)."""
+        fam = self.by_name.get(name)
+        if fam is None:
+            fam = self.by_name[name] = _family(name)
+        base = dict(zip(SPEC[name][2], labels, strict=True))
+        fam.samples.extend(Sample(name, {**base, name: state}, 1 if state == current else 0) for state in sorted(states))
+
     def families(self) -> list[Metric]:
         return list(self.by_name.values())
 
@@ -160,7 +171,7 @@ class Families:
         head = (run, kind)
         state = view.state
         if state in RUN_STATE_WORDS:
-            self.add("ups_run_state", head, {s: s == state for s in RUN_STATE_WORDS})
+            self.add_state("ups_run_state", head, RUN_STATE_WORDS, state)
         manifest = view.manifest or {}
         attempt = manifest.get("attempt")
         self.add("ups_run_attempt", head, attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else 1)
@@ -170,7 +181,7 @@ class Families:
         self.add("ups_run_unreadable_records", head, len(view.problems))
         if verdict is not None:
             mode = verdict.mode if verdict.mode in MODES else "other"
-            self.add("ups_run_verdict_mode", head, {m: m == mode for m in (*MODES, "other")})
+            self.add_state("ups_run_verdict_mode", head, (*MODES, "other"), mode)
             who = verdict.who or {}
             self.add("ups_run_verdict", head, {
                 "mode": mode, "rank": _int_label(who.get("rank")), "worker": _int_label(who.get("worker")),
@@ -189,7 +200,7 @@ class Families:
             return
         self.seen.add(key)
         health = p.verdict.health.value
-        self.add("ups_process_health", key, {s: s == health for s in HEALTH_STATES})
+        self.add_state("ups_process_health", key, HEALTH_STATES, health)
         if r.role != "worker":  # a worker's ages are in its health (and 2,048 series of a 256-rank job)
             self.add("ups_process_seconds_since_progress", key, round(p.progress_age, 3))
             self.add("ups_process_seconds_since_heartbeat", key, round(p.heartbeat_age, 3))
