@@ -18,6 +18,7 @@ from pathlib import Path
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from ups.errors import UpsError
 from ups.exporter.families import Families
 from ups.runs.read import open_run
 from ups.runs.rundir import FINAL_RUN_STATES, RunDir, list_runs
@@ -65,7 +66,7 @@ class RunsCollector:
         families = Families()
         try:
             runs, unreadable = self.live_runs(now)
-        except (OSError, ValueError):  # the runs folder itself is gone or not a folder: no runs
+        except (OSError, ValueError, UpsError):  # the runs folder itself is gone or not a folder: no runs
             runs, unreadable = [], 1
         exported = 0
         for run in runs:
