@@ -6,6 +6,7 @@ run against that server; hostile run folders scraped."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import socket
@@ -117,6 +118,16 @@ def test_a_hostile_run_folder_never_fails_a_scrape_nor_takes_a_second(finished_r
     samples = {(s.name, s.labels.get("run")): s.value for f in text_string_to_metric_families(text) for s in f.samples}
     assert samples[("ups_run_unreadable_records", run.run_id)] == 18  # every bad file counted, none exported
     assert samples[("ups_rank_step", run.run_id)] == record(run)["step"] and samples[("ups_exporter_runs", None)] == 1
+
+    # Run folders whose run.json is no manifest (the cases of the hostile-manifest test): counted, never read twice.
+    for name, plant in (("fifo", lambda p: os.mkfifo(p)), ("dev-zero", lambda p: p.symlink_to("/dev/zero")),
+                        ("list", lambda p: p.write_text('["run"]')), ("not-utf8", lambda p: p.write_bytes(b'{"id": "\xff"}'))):
+        bad = copy_run(finished_run, root, f"20200101-000000-{name}")
+        bad.manifest_path.unlink()
+        plant(bad.manifest_path)
+    text, took = scrape(collector)
+    samples = {(s.name, s.labels.get("run")): s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    assert took < 1.0 and samples[("ups_exporter_unreadable_runs", None)] == 4 and samples[("ups_exporter_runs", None)] == 1
 
     good_record, good_manifest = record(run), json.loads(run.manifest_path.read_text())
     rec_path = run.status_dir / "rank-0.json"
