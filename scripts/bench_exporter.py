@@ -143,7 +143,8 @@ def main() -> None:
                 times.append(took)
             scrape_cpu = (cpu_seconds(exporter.pid) - cpu_before) / args.scrapes
             lines = [ln for ln in body.decode().splitlines() if ln and not ln.startswith("#")]
-            per_run = [ln for ln in lines if ln.startswith(("ups_run_", "ups_exporter_"))]
+            per_run = [ln for ln in lines if ln.startswith("ups_run_")]
+            own = [ln for ln in lines if ln.startswith("ups_exporter_")]
             cpu0, wall0 = cpu_seconds(exporter.pid), time.monotonic()
             scrapes_in_window = 0
             while time.monotonic() - wall0 < args.seconds:
@@ -161,7 +162,7 @@ def main() -> None:
         "ranks": args.ranks, "workers_per_rank": args.workers, "records": args.ranks * (args.workers + 1),
         "scrape_ms_median": round(1000 * statistics.median(times), 1), "scrape_ms_max": round(1000 * max(times), 1),
         "scrape_cpu_ms": round(1000 * scrape_cpu, 1), "scrape_target_ms": 100, **parts, "series": len(lines),
-        "series_per_rank": round((len(lines) - len(per_run)) / args.ranks, 1), "series_per_run": len(per_run),
+        "series_per_rank": round((len(lines) - len(per_run) - len(own)) / args.ranks, 1), "series_per_run": len(per_run),
         "bytes": len(body), "cpu_window_s": args.seconds, "scrapes_in_window": scrapes_in_window,
         "cpu_pct_at_15s": round(cpu_pct, 2), "cpu_target_pct": 1.0,
     }))
