@@ -312,3 +312,17 @@ def _ready(base: str) -> bool:
             return resp.status == 200
     except OSError:
         return False
+
+
+def test_a_bad_or_taken_metrics_port_refuses_the_launch_before_anything_starts(runs_root, tmp_path):
+    prog = tmp_path / "prog.py"
+    prog.write_text("print('hi')\n")
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        for value, said in (("abc", "--metrics-port 'abc': give a port (1-65535) or ADDRESS:PORT"),
+                            (str(port), f"--metrics-port: cannot listen on 127.0.0.1:{port}")):
+            res = run_ups("launch", "python", "--metrics-port", value, str(prog), timeout=60)
+            assert res.returncode == 2 and said in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert not list(runs_root.iterdir())  # nothing half-written
