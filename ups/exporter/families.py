@@ -12,6 +12,7 @@ time. prometheus_client escapes every label value and help text the Prometheus w
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Iterable
@@ -160,7 +161,7 @@ class Families:
         if fam is None:
             fam = self.by_name[name] = _family(name)
         base = dict(zip(SPEC[name][2], labels, strict=True))
-        fam.samples.extend(Sample(name, {**base, name: state}, 1 if state == current else 0) for state in sorted(states))
+        fam.samples.extend(Sample(name, {**base, name: state}, 1 if state == current else 0) for state in _sorted(states))
 
     def families(self) -> list[Metric]:
         return list(self.by_name.values())
@@ -233,6 +234,11 @@ class Families:
             self.add("ups_rank_gpu_memory_reserved_bytes", key, number(r.gpu.reserved))
             self.add("ups_rank_gpu_memory_peak_bytes", key, number(r.gpu.peak))
         self.add("ups_rank_collectives_total", key, r.coll_seq)
+
+
+@functools.cache
+def _sorted(states: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(sorted(states))
 
 
 def _int_label(value: Any) -> str:
