@@ -177,6 +177,23 @@ def test_text_from_a_run_is_escaped_and_never_a_label_name(finished_run, tmp_pat
                      "ups_run_state", "ups_run_verdict_mode"}
 
 
+def test_a_run_whose_launcher_vanished_is_exported_settled_then_drops_out(finished_run, tmp_path):
+    """run.json still says running, its launcher is gone: exported as every reader settles it
+    (succeeded, from its records), until --ended-kept after its last sign of life."""
+    from ups.exporter.collector import RunsCollector
+
+    root = tmp_path / "runs"
+    root.mkdir()
+    run = copy_run(finished_run, root)
+    m = json.loads(run.manifest_path.read_text())
+    m.update(state="running", ended_at=None, summary=None, verdict=None)
+    m["launcher"] = {**m["launcher"], "pid_start": 1.0}  # the pid is someone else's now, or nobody's
+    run.manifest_path.write_text(json.dumps(m))
+    kept = series(scrape(RunsCollector(root, ended_kept_s=1e9))[0])
+    assert kept[("ups_run_state", (("kind", "python"), ("run", run.run_id), ("ups_run_state", "succeeded")))] == 1
+    assert not any(k[0] == "ups_run_state" for k in series(scrape(RunsCollector(root, ended_kept_s=0))[0]))
+
+
 def test_the_exporter_command_serves_and_a_taken_port_is_one_line(finished_run, tmp_path, procs):
     root = tmp_path / "runs"
     root.mkdir()

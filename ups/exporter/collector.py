@@ -72,6 +72,10 @@ class RunsCollector:
         for run in runs:
             try:
                 view = open_run(run)
+                ended = (view.manifest or {}).get("ended_at")
+                if (self.run is None and view.is_final and isinstance(ended, int | float)
+                        and now - ended >= self.ended_kept_s):
+                    continue  # settled in memory (its launcher is gone) and ended long ago
                 processes = view.processes
                 if self.host is not None:
                     processes = tuple(p for p in processes if p.record.host == self.host)
