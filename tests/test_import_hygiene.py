@@ -12,7 +12,7 @@ import pytest
 from ups.runs.rundir import RunDir
 
 # pynvml is allowed: `ups status` asks NVML for per-process GPU memory (lazily, ~10 ms).
-HEAVY = ("torch", "textual", "wandb", "h5py")
+HEAVY = ("torch", "textual", "wandb", "h5py", "prometheus_client")
 REPO = Path(__file__).resolve().parents[1]
 
 PROBE = """
@@ -28,7 +28,8 @@ print("HEAVY:" + ",".join(loaded), file=sys.stderr)
 """
 
 
-@pytest.mark.parametrize("args", [["--help"], ["runs"], ["status"], ["status", "--json"], ["kill", "--help"]])
+@pytest.mark.parametrize("args", [["--help"], ["runs"], ["status"], ["status", "--json"], ["kill", "--help"],
+                                  ["exporter", "--help"]])
 def test_cli_paths_import_nothing_heavy(runs_root, args):
     RunDir.create(runs_root, "test")
     res = subprocess.run(

@@ -82,6 +82,7 @@ def _register() -> None:
         data,
         demo,
         doctor,
+        exporter,
         gpu,
         launch,
         plot,
@@ -90,7 +91,7 @@ def _register() -> None:
         why,
     )
 
-    for group in (console_cmd, control, demo, doctor, gpu, plot, runs, processes, why):
+    for group in (console_cmd, control, demo, doctor, gpu, plot, runs, processes, why, exporter):
         app.add_typer(group.commands)  # top-level commands: `ups runs`, `ups why` ...
     app.add_typer(launch.launch_app, name="launch")
     app.add_typer(data.data_app, name="data")

@@ -52,6 +52,23 @@ RunIdOption = Annotated[str | None, typer.Option(
                      "run (default there: torchrun's --rdzv-id).")]
 
 
+MetricsPortOption = Annotated[str | None, typer.Option(
+    "--metrics-port", metavar="[ADDRESS:]PORT",
+    help="Serve this run's metrics for Prometheus (those of `ups exporter`) from the launcher on PORT, at "
+         "127.0.0.1 unless ADDRESS is given, while the run lasts.")]
+
+
+def _metrics_fields(metrics_port: str | None) -> dict[str, Any]:
+    """run.json's ``metrics`` (checked here: a bad or taken port refuses the launch)."""
+    if metrics_port is None:
+        return {}
+    from ups.exporter.address import check_free, parse_address
+
+    bind, port = parse_address(metrics_port)
+    check_free(bind, port)
+    return {"metrics": {"bind": bind, "port": port}}
+
+
 def _notify_fields(notify: list[str] | None) -> dict[str, Any]:
     """run.json's ``notify`` (validated here: a bad target refuses the launch)."""
     from ups.notify import check_targets
@@ -94,6 +111,7 @@ def launch_precompute(
     inject: InjectOption = None,
     observe_only: ObserveOption = False,
     notify: NotifyOption = None,
+    metrics_port: MetricsPortOption = None,
     detach: DetachOption = False,
     runs_dir: RunsDirOption = default_runs_dir(),
     json: JsonOption = False,
@@ -141,7 +159,7 @@ def launch_precompute(
         runs_dir, "precompute", precompute_command(cfg, config),
         argv=["ups", *sys.argv[1:]], config=resolved, env={"UPS_FAULTS": faults} if faults else {},
         thresholds=cfg.thresholds(), extra={"mode": "legacy" if cfg.num_workers == 0 else "parallel", "samples": total,
-                                            **_notify_fields(notify)},
+                                            **_notify_fields(notify), **_metrics_fields(metrics_port)},
         files={"config.json": jsonlib.dumps(resolved, indent=1).encode()}, observe_only=observe_only,
     )
     start_and_follow(run, detach=detach, json_out=json)
@@ -165,6 +183,7 @@ def launch_train(
     notify: NotifyOption = None,
     on_hang: OnHangOption = None,
     max_restarts: MaxRestartsOption = None,
+    metrics_port: MetricsPortOption = None,
     detach: DetachOption = False,
     runs_dir: RunsDirOption = default_runs_dir(),
     json: JsonOption = False,
@@ -191,7 +210,7 @@ def launch_train(
     from ups.launch.onhang import check_options
     from ups.launch.spawn import launch_run
 
-    unattended = {**check_options(on_hang, max_restarts, None), **_notify_fields(notify)}
+    unattended = {**check_options(on_hang, max_restarts, None), **_notify_fields(notify), **_metrics_fields(metrics_port)}
     kwargs, _ = prepare_train(cache_dir=cache_dir, tasks=tasks, config=config, nproc=nproc, steps=steps, nnodes=nnodes,
                               node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, debug=debug, inject=inject, resume=resume,
                               runs_dir=runs_dir, run_id=run_id)
@@ -387,6 +406,7 @@ def launch_torchrun(
     on_hang: OnHangOption = None,
     max_restarts: MaxRestartsOption = None,
     on_worker_hang: OnWorkerHangOption = None,
+    metrics_port: MetricsPortOption = None,
     run_id: RunIdOption = None,
     detach: DetachOption = False,
     runs_dir: RunsDirOption = default_runs_dir(),
@@ -427,7 +447,7 @@ def launch_torchrun(
 
     launch_program(ctx, "torchrun", name=name, total_steps=total_steps, detach=detach, runs_dir=runs_dir, json_out=json,
                    stalled_after=stalled_after, unresponsive_after=unresponsive_after, first_progress_after=first_progress_after, observe_only=observe_only,
-                   run_id=run_id, unattended={**check_options(on_hang, max_restarts, on_worker_hang), **_notify_fields(notify)})
+                   run_id=run_id, unattended={**check_options(on_hang, max_restarts, on_worker_hang), **_notify_fields(notify), **_metrics_fields(metrics_port)})
 
 
 @launch_app.command("python", cls=PassThroughCommand, context_settings=PROGRAM_SETTINGS,
@@ -444,6 +464,7 @@ def launch_python(
     on_hang: OnHangOption = None,
     max_restarts: MaxRestartsOption = None,
     on_worker_hang: OnWorkerHangOption = None,
+    metrics_port: MetricsPortOption = None,
     detach: DetachOption = False,
     runs_dir: RunsDirOption = default_runs_dir(),
     json: JsonOption = False,
@@ -465,7 +486,7 @@ def launch_python(
 
     launch_program(ctx, "python", name=name, total_steps=total_steps, detach=detach, runs_dir=runs_dir, json_out=json,
                    stalled_after=stalled_after, unresponsive_after=unresponsive_after, first_progress_after=first_progress_after, observe_only=observe_only,
-                   unattended={**check_options(on_hang, max_restarts, on_worker_hang), **_notify_fields(notify)})
+                   unattended={**check_options(on_hang, max_restarts, on_worker_hang), **_notify_fields(notify), **_metrics_fields(metrics_port)})
 
 
 def _program_command(launcher: str, usage: str, doc: str):
@@ -484,6 +505,7 @@ def _program_command(launcher: str, usage: str, doc: str):
         on_hang: OnHangOption = None,
         max_restarts: MaxRestartsOption = None,
         on_worker_hang: OnWorkerHangOption = None,
+        metrics_port: MetricsPortOption = None,
         run_id: RunIdOption = None,
         detach: DetachOption = False,
         runs_dir: RunsDirOption = default_runs_dir(),
@@ -494,7 +516,7 @@ def _program_command(launcher: str, usage: str, doc: str):
         launch_program(ctx, launcher, name=name, total_steps=total_steps, detach=detach, runs_dir=runs_dir,
                        json_out=json, stalled_after=stalled_after, unresponsive_after=unresponsive_after, first_progress_after=first_progress_after,
                        observe_only=observe_only, run_id=run_id,
-                       unattended={**check_options(on_hang, max_restarts, on_worker_hang), **_notify_fields(notify)})
+                       unattended={**check_options(on_hang, max_restarts, on_worker_hang), **_notify_fields(notify), **_metrics_fields(metrics_port)})
 
     command.__doc__ = doc
     command.__name__ = f"launch_{launcher}"

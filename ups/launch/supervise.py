@@ -26,6 +26,7 @@ from ups.errors import Refused
 from ups.launch import leftovers
 from ups.launch.autostacks import StackCollector
 from ups.launch.exits import ExitWatcher
+from ups.launch.metrics_port import start_metrics_endpoint
 from ups.launch.onhang import HANG_MODES, Decision, HangWatch, archive_attempt
 from ups.launch.pending import LauncherRun
 from ups.runs import space
@@ -562,6 +563,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     name = process_name("launcher", host=hostname()) if run.is_multinode else None  # launcher@<host>
     with Reporter(run.path, role="launcher", phase="supervise", run_id=run.run_id, name=name) as reporter:
+        start_metrics_endpoint(run, sup.manifest, actor=ACTOR)  # --metrics-port: this run's /metrics
         try:
             sup.start()
         except OSError as exc:
