@@ -623,6 +623,12 @@ class Reporter:
         return self._state
 
     @property
+    def quiet_since(self) -> float:
+        """The monotonic time of the process's last progress or phase change (a collective
+        entered or left counts): what a watcher in the process compares with the clock."""
+        return max(self._progress_mono, self._phase_mono)
+
+    @property
     def stack_signal(self) -> int | None:
         return self._stack_signal
 
