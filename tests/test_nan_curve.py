@@ -1,5 +1,5 @@
 """The curve that led to a NaN: a fast run keeps the loss of every step, and the steps just
-before its first non-finite loss for good.
+before its first non-finite loss for good; `ups plot` and the console's run chart draw it.
 
 The real run is tests/programs/nan_ddp.py (plain torch DDP, gloo, two torchrun ranks, no sleep
 between steps: hundreds of steps a second, many per heartbeat) whose rank 1 turns NaN at a
@@ -16,7 +16,9 @@ from pathlib import Path
 
 from helpers import run_ups, wait_for
 
+from console.snapshots import rank_series
 from ups.runs.rundir import RunDir
+from ups.runs.view import load_run_view
 from ups.status.series import (
     AFTER_NONFINITE,
     BEFORE_NONFINITE,
@@ -82,6 +84,13 @@ def test_a_fast_loop_that_turns_nan_keeps_its_whole_curve_and_ups_plot_draws_it(
         assert set(range(NAN_STEP - 10, NAN_STEP + 1)) <= steps, (name, sorted(steps))  # every step from 10 before it
         assert steps >= set(range(STEPS - RECENT, STEPS))  # and the last RECENT in full
     assert found["rank-1"]["first_nonfinite"]["step"] == NAN_STEP
+    # the console's run chart: the same whole curve, up to the NaN
+    shown = {s.name: s for s in rank_series(load_run_view(run))}
+    for name, last_finite in (("rank-1", NAN_STEP - 1), ("rank-0", NAN_STEP)):
+        finite = [s for s, v in shown[name].loss_pairs if math.isfinite(v)]
+        assert min(finite) == 0 and max(finite) == last_finite, name
+        assert set(range(NAN_STEP - 10, NAN_STEP + 1)) <= {s for s, _ in shown[name].loss_pairs}
+    assert shown["rank-1"].nonfinite_step == NAN_STEP
 
     res = run_ups("plot", str(run.path), "--metric", "loss", "--plain", "--width", "80")
     assert res.returncode == 0, res.stderr

@@ -7,8 +7,9 @@ that does, and a hang that has not timed out yet writes nothing. So a rank's own
 its buffer, in torch's JSON form (``_dump_fr_trace_json``), to ``<run>/flight/<name>.json``:
 
 * from the heartbeat thread, once a quiet spell (no step, no phase change, no collective entered
-  or left) lasts :data:`QUIET_S`, once per spell: the main thread may be blocked in C++, the
-  heartbeat thread is not;
+  or left) lasts :data:`QUIET_S` (or :data:`QUIET_P99` times the rank's p99 step interval when
+  that is longer: slow steps are no quiet spell), once per spell: the main thread may be
+  blocked in C++, the heartbeat thread is not;
 * from the collective's wrapper when a collective raises (a gloo timeout, a size mismatch).
 
 ``ups why`` reads them (:mod:`ups.why.flight`). Nothing happens without the Flight Recorder on:
@@ -22,6 +23,7 @@ import sys
 import time
 
 QUIET_S = 5.0
+QUIET_P99 = 3.0  # times the rank's learned p99 step interval, when that is longer
 ENV_BUFFER = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 FLIGHT_DIR = "flight"
 
@@ -70,7 +72,9 @@ class QuietWatch:
 
     def __call__(self) -> dict:
         since = self.rep.quiet_since
-        if since != self.dumped_for and time.monotonic() - since >= QUIET_S:
+        p99 = self.rep.interval_p99
+        quiet = max(QUIET_S, QUIET_P99 * p99) if p99 else QUIET_S  # a loop of 10 s steps is not quiet at 5 s
+        if since != self.dumped_for and time.monotonic() - since >= quiet:
             self.dumped_for = since
             if dump(self.rep):
                 return {"flight_dump": f"{FLIGHT_DIR}/{self.rep.name}.json"}

@@ -629,6 +629,11 @@ class Reporter:
         return max(self._progress_mono, self._phase_mono)
 
     @property
+    def interval_p99(self) -> float | None:
+        """The learned p99 of the gaps between steps (seconds), None until there are enough."""
+        return self._p99
+
+    @property
     def stack_signal(self) -> int | None:
         return self._stack_signal
 
