@@ -134,11 +134,19 @@ def read_run_dumps(run_path: str | os.PathLike[str]) -> Reading:
     return out
 
 
+_DECODED: dict[tuple, object] = {}  # JSON dumps by (device, inode, mtime, size): the console asks every second
+_DECODED_KEPT = 256
+
+
 def _read_one(path: str) -> tuple[object, str]:
     """(decoded JSON, "json") or (None, "pickle"): the bytes say which; a pickle is decoded only
     after the ownership proof, by the caller."""
     from ups.status.safeio import BadFile, decode_json, read_bytes
 
+    st = os.stat(path, follow_symlinks=False)
+    key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+    if key in _DECODED:
+        return _DECODED[key], "json"
     try:
         raw = read_bytes(path, MAX_DUMP_BYTES)
     except BadFile as exc:
@@ -146,9 +154,13 @@ def _read_one(path: str) -> tuple[object, str]:
     head = raw.lstrip()[:1]
     if head in (b"{", b"["):
         try:
-            return decode_json(raw), "json"
+            data = decode_json(raw)
         except BadFile as exc:
             raise ValueError(f"bad JSON ({exc})") from None
+        if len(_DECODED) >= _DECODED_KEPT:
+            _DECODED.clear()
+        _DECODED[key] = data
+        return data, "json"
     if raw[:1] == b"\x80":  # pickle protocol 2+
         return None, "pickle"
     raise ValueError("neither JSON nor a pickle")
