@@ -48,7 +48,7 @@ class RankSeries:
     loss: tuple[float, ...]
     rate: tuple[float, ...]
     mem: tuple[float, ...]
-    loss_pairs: tuple[tuple[float, float], ...]  # (step, loss) for the run-level chart
+    loss_pairs: tuple[tuple[float, float], ...]  # (step, loss) for the run-level chart: the whole series (bounded)
     last_loss: Any = None
     nonfinite_step: int | None = None
 
@@ -126,7 +126,7 @@ def rank_series(view: RunView, cache: dict[str, tuple[int, RankSeries | None]] |
             if data is not None:
                 loss = metric_values(data, "loss")
                 item = RankSeries(r.name, r.label, tuple(spark_values(loss)), tuple(spark_values(metric_values(data, "rate"))),
-                                  tuple(spark_values(metric_values(data, "mem"))), tuple(loss[-400:]),
+                                  tuple(spark_values(metric_values(data, "mem"))), tuple(loss),
                                   nonfinite_step=(data.get("first_nonfinite") or {}).get("step") or first_nonfinite(loss))
             if cache is not None:
                 cache[path] = (mtime, item)

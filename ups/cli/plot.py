@@ -47,7 +47,7 @@ def plot_cmd(
     wanted = {f"rank-{r}" for r in rank} if rank else None
     chosen = [(name, data) for name, data in sorted(found.items(), key=_rank_order) if wanted is None or name in wanted]
     series = {name.replace("-", " "): pairs for name, data in chosen if (pairs := metric_values(data, metric))}
-    # The exact first non-finite loss (every loss is checked, the series keeps one point a tick).
+    # The exact first non-finite loss (every loss is checked; the series may have missed one under load).
     exact = {name.replace("-", " "): (data.get("first_nonfinite") or {}).get("step") for name, data in chosen}
     for file, problem in problems.items():
         typer.echo(f"ups: metrics/{file}: {problem}", err=True)

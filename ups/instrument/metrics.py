@@ -21,6 +21,11 @@ non-blocking copy into a small pinned host buffer plus an event on the current s
 few microseconds, no sync), and the heartbeat thread reads the host buffer only once the
 event has completed (``event.query()`` never waits); a value whose step has not finished yet
 is read on a later tick.
+
+Every loss read is handed on, with its step, to the process's series
+(:data:`~ups.status.schema.LOSS_TRACE` in what :meth:`Capture.sample` returns): the curve of a
+fast run, one point per step, at the cost of a float and a step number kept per step between
+two heartbeats (a CPU loss is kept as the float it was checked as, not as a tensor).
 """
 
 from __future__ import annotations
@@ -32,7 +37,10 @@ import time
 import weakref
 from collections import deque
 
-PENDING_KEPT = 64  # losses captured since the last heartbeat (a fast loop makes many per second)
+from ups.status.schema import LOSS_TRACE
+
+PENDING_KEPT = 64  # CUDA losses in flight to the host (a ring of pinned buffers; a slot reused is skipped)
+STEPS_KEPT = 2048  # losses captured since the last heartbeat: every step of a loop up to ~2,000 steps/s
 LOGGED_KEYS = 24  # logged scalars kept per process (the most recently logged win)
 RATE_WINDOW_S = 10.0
 
@@ -186,7 +194,7 @@ class Capture:
 
     def __init__(self) -> None:
         self.cuda = _CudaCopies()
-        self.losses: deque[tuple[int, int, object]] = deque(maxlen=PENDING_KEPT)  # (seq, step, kept)
+        self.losses: deque[tuple[int, int, object]] = deque(maxlen=STEPS_KEPT)  # (seq, step, kept)
         self.seq = 0
         self.read_seq = 0
         self.grad_norm: tuple[int, object] | None = None
@@ -215,14 +223,16 @@ class Capture:
             if self.nonfinite is None and self.flag is not False:
                 self._flag(kept, step)
             return
-        self.losses.append((seq, step, kept))
         if self.nonfinite is None and kept.is_cpu:
             # Every loss checked where it is made: on the CPU the value exists already, so this
             # is a read, not a wait (well under a microsecond), and the first non-finite loss
-            # is kept whatever the step rate (the heartbeat thread reads only some of them).
+            # is kept whatever the step rate. The float is what is kept for the series.
             value = kept.item()
+            self.losses.append((seq, step, value))
             if value != value or value in _INFINITE:
                 self.nonfinite = {"step": step, "value": _finite_or_word(value), "at": time.time()}
+            return
+        self.losses.append((seq, step, kept))
 
     def _flag(self, loss, step: int) -> None:  # noqa: ANN001
         """A CUDA loss, checked on the device with no sync (see :class:`DeviceFlag`)."""
@@ -281,6 +291,7 @@ class Capture:
                 flag.copied_at = time.monotonic()  # the loop stopped (or hangs): copy the last mark from here
                 flag.copy()
         loss_step = None
+        trace: list[tuple[int, float]] = []
         for seq, step, kept in list(self.losses):
             if seq <= self.read_seq:
                 continue
@@ -291,11 +302,13 @@ class Capture:
             if value is None:
                 continue
             self.last_loss, loss_step = value, step
+            trace.append((step, value))
             if self.nonfinite is None and not math.isfinite(value):
                 self.nonfinite = {"step": step, "value": _finite_or_word(value), "at": time.time()}
         if loss_step is not None:
             out["loss"] = _finite_or_word(self.last_loss)
             out["loss_step"] = loss_step
+            out[LOSS_TRACE] = trace
         if self.nonfinite is not None:
             out["loss_nonfinite"] = self.nonfinite
         if self.grad_norm is not None:

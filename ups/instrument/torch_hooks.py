@@ -44,7 +44,7 @@ import os
 import sys
 import threading
 
-from ups.instrument import metrics, patching, process
+from ups.instrument import flight, metrics, patching, process
 from ups.status.exceptions import is_library_file
 
 ENV_FORCE_NUM_WORKERS = "UPS_FORCE_NUM_WORKERS"
@@ -348,6 +348,7 @@ def _patch_distributed(torch) -> None:  # noqa: ANN001
                 # Whatever started this process (torchrun, Lightning re-executing the script,
                 # mp.spawn, srun), the group it joined says which rank it is.
                 process.become_rank(dist.get_rank(), dist.get_world_size())
+                flight.watch(process.state.rep)  # Flight Recorder dumps, when the program has it on
             return result
 
         return wrapper
@@ -535,6 +536,7 @@ def _collective(op: str, work_type=None, *, functional: bool = False):  # noqa: 
                 result = original(*args, **kwargs)
             except BaseException:
                 t.depth = 0  # the record keeps the collective it died in
+                flight.on_error(rep)
                 raise
             t.depth = 0
             rep.leave_collective(t.base if prev in _AUTO_PHASES else prev)

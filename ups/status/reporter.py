@@ -41,7 +41,7 @@ from ups.status.exceptions import describe_exception
 from ups.status.files import folder_identity, write_atomic
 from ups.status.host import boot_id, hostname
 from ups.status.procs import process_start_time
-from ups.status.schema import COLL_RANKS_MAX, SCHEMA_VERSION, process_name
+from ups.status.schema import COLL_RANKS_MAX, LOSS_TRACE, SCHEMA_VERSION, process_name
 
 ENV_ATTEMPT = "UPS_ATTEMPT"  # 1 for a run's first attempt; a restart after a hang counts up
 
@@ -53,6 +53,7 @@ ENV_STACK_SIGNAL = "UPS_STACK_SIGNAL"
 DEFAULT_STACK_SIGNAL = int(_signal.SIGRTMIN) + 7  # see the module's docstring: not SIGUSR1
 RATE_WINDOW_S = 10.0
 INTERVALS_KEPT = 256  # recent gaps between progress, for the learned stall limit (p99)
+TRACE_KEPT = 4096  # losses read and not yet in the series (a tick without a series drops the oldest)
 # Entering one of these breaks the current progress interval: an eval or a checkpoint between
 # two steps has a limit of its own and must not teach the process that steps are that slow.
 LONG_PHASES = frozenset(("eval", "checkpoint", "load", "dist.init", "ddp.wrap", "model.build", "data.load"))
@@ -204,6 +205,7 @@ class Reporter:
         # module, and the read of an earlier attempt's file, off every process's start-up).
         self._history: SeriesWriter | None = None
         self._history_wanted = role == "rank"
+        self._trace: deque[tuple[int, float]] = deque(maxlen=TRACE_KEPT)  # losses read since the last series tick
         self._stack_fh: Any = None
         self._stack_signal: int | None = None
         self._stack_rel: str | None = None
@@ -626,6 +628,17 @@ class Reporter:
         return self._state
 
     @property
+    def quiet_since(self) -> float:
+        """The monotonic time of the process's last progress or phase change (a collective
+        entered or left counts): what a watcher in the process compares with the clock."""
+        return max(self._progress_mono, self._phase_mono)
+
+    @property
+    def interval_p99(self) -> float | None:
+        """The learned p99 of the gaps between steps (seconds), None until there are enough."""
+        return self._p99
+
+    @property
     def stack_signal(self) -> int | None:
         return self._stack_signal
 
@@ -757,6 +770,9 @@ class Reporter:
                 self._samplers.remove(sampler)
                 continue
             if values:
+                trace = values.pop(LOSS_TRACE, None)
+                if trace:
+                    self._trace.extend(trace)  # for the series (every step), not the record
                 self._metrics.update(values)
 
     def _history_tick(self) -> None:
@@ -772,9 +788,11 @@ class Reporter:
             from ups.status.series import SeriesWriter
 
             history = self._history = SeriesWriter(self.run_dir, self.name, attempt=_env_int(ENV_ATTEMPT) or 1)
+        trace = list(self._trace)
+        self._trace.clear()
         history.add({"t": time.time(), "step": self._step, "loss": _number(loss), "lr": _number(m.get("lr")),
                      "grad_norm": _number(m.get("grad_norm")), "rate": self._rate, "sps": m.get("samples_per_s"),
-                     "tps": m.get("tokens_per_s"), "mem": getattr(gpu, "allocated", None)})
+                     "tps": m.get("tokens_per_s"), "mem": getattr(gpu, "allocated", None)}, steps=trace)
         if isinstance(m.get("loss_nonfinite"), dict):
             history.note_nonfinite(m["loss_nonfinite"])
         history.maybe_write()

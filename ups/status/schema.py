@@ -15,6 +15,11 @@ other Python process of the job (a multiprocessing child, a subprocess of a rank
 STATES = ("running", "done", "failed")
 FINAL_STATES = ("done", "failed")
 
+LOSS_TRACE = "loss_trace"
+"""The key under which a metrics sampler hands the Reporter every loss it read since its last
+call, as ``[(step, value), ...]``: the heartbeat passes them to the process's series
+(:mod:`ups.status.series`), never into the record."""
+
 
 def process_name(
     role: str,

@@ -4,9 +4,17 @@ A status record says what a process does now; the series says how it got there (
 step rate, GPU memory ...). Its size is fixed whatever the run's length, so a 30-day run
 keeps a whole-run overview and recent detail in the same few tens of KB:
 
-* ``recent``: the last :data:`RECENT` points, one per heartbeat in which the process moved;
+* ``recent``: the last :data:`RECENT` points: one per step whose loss the capture read
+  (:mod:`ups.instrument.metrics` hands the heartbeat every loss since the last tick), else one
+  per heartbeat in which the process moved;
 * ``overview``: every ``stride``-th point since the process's first attempt; when it holds
-  :data:`OVERVIEW` points every second one is dropped and ``stride`` doubles.
+  :data:`OVERVIEW` points every second one is dropped and ``stride`` doubles;
+* ``around_nonfinite``: the points from :data:`BEFORE_NONFINITE` before the first non-finite
+  loss to :data:`AFTER_NONFINITE` after it, in full and for good: the curve that led to a NaN
+  survives however long the run goes on after it.
+
+The points of one tick share its time ``t`` (when the heartbeat read them); within one, the
+step orders them.
 
 The writer is the Reporter's heartbeat thread (never the training thread): it adds a point
 per tick at most and writes the file atomically every few seconds and at the end. A relaunch
@@ -32,6 +40,8 @@ SERIES_SCHEMA = 1
 SERIES_DIR = "metrics"
 RECENT = 240
 OVERVIEW = 240
+BEFORE_NONFINITE = 16
+AFTER_NONFINITE = 8
 WRITE_EVERY_S = 2.0
 MAX_SERIES_BYTES = 1 << 20
 # Columns of a point, in order. t: UNIX time; step: the record's step; attempt: 1, 2 ...;
@@ -79,6 +89,9 @@ class SeriesWriter:
         self.stride = 1
         self.count = 0  # points ever added (all attempts)
         self.first_nonfinite: dict | None = None
+        self.around_nonfinite: list[list] = []
+        self._after_left = 0  # points still to keep after the first non-finite loss
+        self._stepped = False  # the heartbeat has handed over steps: one point per step from now on
         self._last_key: tuple | None = None
         self._written_mono = 0.0
         self._dirty = False
@@ -96,26 +109,57 @@ class SeriesWriter:
         self.stride = max(1, int(data.get("stride") or 1))
         self.count = int(data.get("count") or len(self.recent))
         self.first_nonfinite = data.get("first_nonfinite")
+        self.around_nonfinite = data.get("around_nonfinite") or []
 
-    def add(self, point: dict) -> bool:
-        """Add a point (a dict of :data:`FIELDS`) unless nothing moved since the last one."""
-        key = (point.get("step"), point.get("loss") if not _isnan(point.get("loss")) else "nan")
+    def add(self, point: dict, steps: list[tuple[int, float]] | tuple = ()) -> bool:
+        """Add a point (a dict of :data:`FIELDS`) unless nothing moved since the last one.
+
+        ``steps``: every (step, loss) the capture read since the last call, in order; then each
+        is a point of its own, at the point's time, and the last one carries the point's other
+        columns (lr, rate, memory ...). With none, the point stands for the tick as it is; once
+        a series has had steps, a tick without any adds nothing (its step count would repeat
+        the last loss at another step)."""
+        if steps:
+            self._stepped = True
+            t = round(point.get("t") or 0.0, 2)
+            blank = [None] * (len(FIELDS) - 4)
+            for step, loss in steps[:-1]:  # ~1 µs each: the heartbeat thread may take thousands a tick
+                self._add_row([t, step, self.attempt, _round(loss), *blank], step, loss)
+            step, loss = steps[-1]
+            point = dict(point, step=step, loss=loss)
+        elif self._stepped:
+            return False
+        point = dict(point, attempt=self.attempt)
+        row = [_round(point.get(f)) if f != "t" else round(point.get("t") or 0.0, 2) for f in FIELDS]
+        return self._add_row(row, point.get("step"), point.get("loss"))
+
+    def _add_row(self, row: list, step, loss) -> bool:  # noqa: ANN001
+        key = (step, loss if loss == loss else "nan")
         if key == self._last_key:
             return False
         self._last_key = key
-        point = dict(point, attempt=self.attempt)
-        row = [_round(point.get(f)) if f != "t" else round(point.get("t") or 0.0, 2) for f in FIELDS]
-        self.recent.append(row)
-        if len(self.recent) > RECENT:
-            del self.recent[: len(self.recent) - RECENT]
+        recent = self.recent
+        recent.append(row)
+        if len(recent) > RECENT:
+            del recent[0]
         if self.count % self.stride == 0:
             self.overview.append(row)
             if len(self.overview) >= OVERVIEW:
                 self.overview = self.overview[::2]
                 self.stride *= 2
         self.count += 1
+        if self._after_left or (not self.around_nonfinite and isinstance(loss, float) and not math.isfinite(loss)):
+            self._keep_around_nonfinite(row)
         self._dirty = True
         return True
+
+    def _keep_around_nonfinite(self, row: list) -> None:
+        if self._after_left:
+            self.around_nonfinite.append(row)
+            self._after_left -= 1
+        else:  # the first non-finite loss: this row and those before it
+            self.around_nonfinite = self.recent[-(BEFORE_NONFINITE + 1):]
+            self._after_left = AFTER_NONFINITE
 
     def note_nonfinite(self, info: dict) -> None:
         """The first non-finite loss of this process (kept for good: later NaNs follow from it)."""
@@ -126,7 +170,8 @@ class SeriesWriter:
     def to_dict(self) -> dict:
         return {"schema": SERIES_SCHEMA, "name": self.name, "fields": list(FIELDS), "stride": self.stride,
                 "count": self.count, "attempt": self.attempt, "written_at": time.time(),
-                "first_nonfinite": self.first_nonfinite, "overview": self.overview, "recent": self.recent}
+                "first_nonfinite": self.first_nonfinite, "around_nonfinite": self.around_nonfinite,
+                "overview": self.overview, "recent": self.recent}
 
     def maybe_write(self, *, force: bool = False) -> bool:
         """Write the file when something changed and the last write is old enough (or ``force``).
@@ -147,10 +192,6 @@ class SeriesWriter:
             return False
         self._dirty = False
         return True
-
-
-def _isnan(value) -> bool:  # noqa: ANN001
-    return isinstance(value, float) and math.isnan(value)
 
 
 # --------------------------------------------------------------------------- reading
@@ -186,6 +227,7 @@ def read_series(path: str | os.PathLike[str]) -> tuple[dict | None, str | None]:
     try:
         data["overview"] = _valid_rows(data.get("overview", []), len(FIELDS))
         data["recent"] = _valid_rows(data.get("recent", []), len(FIELDS))
+        data["around_nonfinite"] = _valid_rows(data.get("around_nonfinite") or [], len(FIELDS))
     except ValueError as exc:
         return None, str(exc)
     if not isinstance(data.get("first_nonfinite"), dict | None):
@@ -193,12 +235,24 @@ def read_series(path: str | os.PathLike[str]) -> tuple[dict | None, str | None]:
     return data, None
 
 
+def _order(row: list) -> tuple[float, float]:
+    step = row[1]
+    return as_float(row[0]) or 0.0, step if isinstance(step, int | float) and not isinstance(step, bool) else -1
+
+
 def merged_rows(data: dict) -> list[list]:
-    """The series' rows in time order: the overview up to where recent detail starts, then
-    the recent rows (a whole-run chart with full detail at its end)."""
+    """The series' rows in time order: the overview up to where recent detail starts, the
+    points around the first non-finite loss, then the recent rows (a whole-run chart with full
+    detail at its end and where the loss went bad)."""
     recent = data.get("recent") or []
-    start = as_float(recent[0][0]) if recent else None
-    rows = [r for r in data.get("overview") or [] if start is None or (as_float(r[0]) or 0) < start]
+    start = _order(recent[0]) if recent else None
+    rows = [r for r in data.get("overview") or [] if start is None or _order(r) < start]
+    around = data.get("around_nonfinite") or []
+    if around:
+        seen = {(r[0], r[1], r[2]) for r in rows}
+        seen.update((r[0], r[1], r[2]) for r in recent)
+        rows += [r for r in around if (r[0], r[1], r[2]) not in seen]
+        rows.sort(key=_order)
     return rows + recent
 
 

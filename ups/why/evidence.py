@@ -1,6 +1,7 @@
 """Everything a verdict may rest on, read once and lazily: the run's view (records + health),
 its events (the launcher's process exits, automatic stack dumps, kills), each process's
-stack file, the job's and the ranks' logs, the ranks' metric series, and what this host says
+stack file, the job's and the ranks' logs, the ranks' metric series, their Flight Recorder
+dumps, and what this host says
 (:mod:`ups.why.host`: for a live stuck process what the kernel says it is blocked in, the
 cgroup's OOM kills, who holds a port, free space, the GPUs).
 
@@ -21,7 +22,7 @@ from ups.runs.view import ProcessView, RunView
 from ups.status.health import Health, busy_doing
 from ups.status.record import StatusRecord
 from ups.status.series import read_run_series
-from ups.why import stacks
+from ups.why import flight, stacks
 from ups.why.host import HostFacts, ProcFacts
 
 LOG_TAIL_BYTES = 200_000
@@ -90,6 +91,12 @@ class Evidence:
         are left out."""
         found, _problems = read_run_series(self.run.path)
         return found
+
+    @cached_property
+    def flight(self) -> flight.Reading:
+        """The ranks' PyTorch Flight Recorder dumps in the run's ``flight/`` folder
+        (:mod:`ups.why.flight`: JSON, or a pickle only from a run proven to be yours)."""
+        return flight.read_run_dumps(self.run.path)
 
     def gpu_of(self, record: StatusRecord):  # noqa: ANN201
         """The device a process of this host runs on: the one its record names, else its local

@@ -164,6 +164,19 @@ CLASSES: tuple[LogClass, ...] = (
              "the first rank to stop making progress: its stack (`py-spy dump`, `ups stacks RUN --group`) and its log",
              "find and fix the rank that did not arrive; raise the process group timeout only if a step really "
              "takes that long"),
+    # NCCL's RAS report (ncclras), read by ups.why.logread.ras, not by signs
+    LogClass("nccl_rank_behind", "NCCL's RAS report: ranks of a communicator launched fewer collectives than the others; "
+             "they stopped first and the others wait for them",
+             "the ranks behind: stuck before their next collective (their own code, their data, their GPU)",
+             "the stack and log of the ranks behind (`ups stacks RUN --group`, `py-spy dump`), around their last step",
+             "find why the rank behind stopped (its stack says where) and fix it; a restart alone meets the same hang",
+             refines=("collective_timeout",)),
+    LogClass("nccl_process_lost", "NCCL's RAS report: job processes are dead or did not answer (crashed, hung hard, "
+             "or their node went away)",
+             "the processes and nodes the report names",
+             "each named node: the process's log, the kernel log (`dmesg`: OOM killer, Xid), the node's reachability",
+             "find what ended or froze the named process (its log, its node); restart without that node if it is at fault",
+             refines=("collective_timeout", "peer_lost")),
     LogClass("nccl_heartbeat", "NCCL's watchdog itself got stuck (its heartbeat monitor timed out): a CUDA or NCCL call hung",
              "a hung NCCL/CUDA call (a peer that never joined, a GPU that stopped, a thread holding the GIL in CUDA)",
              "the rank's stack at the time (TORCH_NCCL_DUMP_ON_TIMEOUT=1 writes the flight recorder)",

@@ -37,6 +37,7 @@ from ups.why.logread.classes import (
     may_show_a_class,
 )
 from ups.why.logread.events import Event, is_errorish, read_events
+from ups.why.logread.ras import ras_summary, read_ras
 
 # Exceptions a program raises about its own inputs and code (never an infrastructure class).
 USER_TYPES = frozenset((
@@ -57,6 +58,8 @@ USER_MESSAGES = re.compile(
 # scripts go on after them, so they explain a failure only when nothing else does.
 SHELL_TOOL = re.compile(r"^(?:/(?:usr/)?bin/)?(?:rm|ls|cp|mv|mkdir|rmdir|cat|ln|chmod|chown|find|du|df|tar|touch|tee|"
                         r"module|source|wget|curl|git|fatal|bash|sh|zsh|sed|grep|awk|head|tail|cd)(?:\[\d+\])?:\s")
+# What a RAS report says more precisely than (a collective that timed out, a peer gone, NCCL's generic errors).
+RAS_REFINES = frozenset(("collective_timeout", "peer_lost", "nccl_system_error", "nccl_heartbeat"))
 # Classes whose failure a Python program raises (an exception ends it): said on a line of its own
 # ("No module named 'apex'", "[Errno 2] No such file or directory: 'x.yaml'") with an exception
 # after it, the program caught it and went on.
@@ -124,6 +127,12 @@ def read_log(text: str) -> Reading:
     """The verdict on a log's text (a run's log, a process's error, a pasted excerpt)."""
     events = read_events(text or "")
     reading = decide(events)
+    ras = read_ras(text or "")
+    if ras is not None and (not reading.failed or reading.kind == "unknown"
+                            or (reading.cls is not None and reading.cls.name in RAS_REFINES)):
+        # NCCL's RAS report names who is behind or gone: more than a timeout, or nothing, says
+        name, rank, line, n = ras_summary(ras)
+        reading = Reading("class", BY_NAME[name], line, rank, None, None, n)
     if reading.failed and reading.rank is None:
         # Output without per-rank prefixes: torchrun's report names the rank that failed first.
         root = next((ev.rank for ev in events if ev.kind == "child" and ev.etype == "ChildFailedError"

@@ -21,6 +21,7 @@ folder's files, the host's facts). The families:
 
 from __future__ import annotations
 
+from ups.why import flight
 from ups.why.evidence import Evidence
 from ups.why.rules.collectives import collectives, ddp_backward
 from ups.why.rules.common import Rule
@@ -32,7 +33,11 @@ from ups.why.rules.processes import dead, healthy, hung
 from ups.why.rules.workers import starved_loader, stuck_workers
 from ups.why.verdict import Verdict
 
-__all__ = ["RULES", "Rule", "first_verdict", "healthy"]
+__all__ = ["RULES", "Rule", "first_verdict", "healthy", "with_recorded"]
+
+# Verdicts on the training's numbers or a start: the ranks' collectives say nothing about them.
+NOT_COLLECTIVE = frozenset(("loss_nonfinite", "loss_diverged", "step_rate_dropped", "gpu_memory_leak", "starting",
+                            "succeeded", "healthy"))
 
 RULES: tuple[Rule, ...] = (lost_node, ended_training, ended, full_disk, unsupervised, settling, live_failure, busy_pause,
                           collectives,
@@ -45,5 +50,16 @@ def first_verdict(ev: Evidence) -> Verdict:
     for rule in RULES:
         verdict = rule(ev)
         if verdict is not None:
-            return verdict
+            return with_recorded(ev, verdict)
     return healthy(ev)
+
+
+def with_recorded(ev: Evidence, verdict: Verdict) -> Verdict:
+    """A failure's evidence plus what the stack recorded itself: PyTorch's Flight Recorder
+    dumps (:mod:`ups.why.flight`: where the ranks' collectives part, by rank and sequence number)."""
+    if verdict.ok or verdict.mode in NOT_COLLECTIVE:
+        return verdict
+    lines = flight.evidence_lines(ev.flight)
+    if lines:
+        verdict.evidence = list(verdict.evidence) + lines
+    return verdict
