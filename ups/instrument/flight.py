@@ -47,18 +47,19 @@ def dump(rep) -> str | None:  # noqa: ANN001 - a Reporter
     if dump_json is None:
         return None
     try:
-        from ups.status.files import write_atomic
+        from ups.status.confined import make_dirs, write_atomic_at
 
         data = dump_json()
         if not data:
             return None
-        folder = os.path.join(rep.run_dir, FLIGHT_DIR)
-        if not os.path.isdir(rep.run_dir):
-            return None  # never recreate a vanished run
-        os.makedirs(folder, mode=0o755, exist_ok=True)
-        path = os.path.join(folder, f"{rep.name}.json")
-        write_atomic(path, bytes(data))
-        return path
+        # flight/ made when missing and opened O_NOFOLLOW, the file written relative to it: never
+        # through a link (docs/safety.md); a vanished run folder is never made again.
+        folder = make_dirs(rep.run_dir, FLIGHT_DIR)
+        try:
+            write_atomic_at(folder, f"{rep.name}.json", bytes(data))
+        finally:
+            os.close(folder)
+        return os.path.join(rep.run_dir, FLIGHT_DIR, f"{rep.name}.json")
     except Exception:  # noqa: BLE001 - evidence is a bonus, never a failure of the program
         return None
 
