@@ -1,0 +1,110 @@
+"""Stacks read from outside: ``py-spy dump --pid`` (ptrace: the process is paused for the read,
+a few milliseconds, and never signalled), written in the stack-file format ``ups why`` reads
+(:mod:`ups.why.stacks`: faulthandler's, under a ``=== stack dump of ...`` header).
+
+py-spy is the ``ups[attach]`` extra. Without it, or where ptrace is refused, :func:`dump` says
+why in one line (with the fix) and the observer goes on with what ``/proc`` gives.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+
+from ups.why import stacks
+
+DUMP_TIMEOUT_S = 10.0
+MISSING = "py-spy is not installed: no stacks (pip install 'ups[attach]'); watching CPU, I/O and the log only"
+PTRACE_FIX = ("ptrace refused: run ups as the job's user, allow it with `sysctl kernel.yama.ptrace_scope=0` "
+              "(Yama), or give the container CAP_SYS_PTRACE; watching CPU, I/O and the log only")
+COLLECTIVE_OPS = frozenset(("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
+                            "all_to_all_single", "barrier", "broadcast", "broadcast_object_list", "gather",
+                            "gather_object", "monitored_barrier", "recv", "reduce", "reduce_scatter",
+                            "reduce_scatter_tensor", "scatter", "scatter_object_list", "send", "wait"))
+
+
+@dataclass(frozen=True)
+class Dump:
+    """One dump of a process: its text as a stack file holds it, and the parsed section."""
+
+    text: str
+    section: stacks.Section | None
+    at: float
+
+    @property
+    def frames(self) -> tuple:
+        """The main thread's frames: what "the same stack twice" compares."""
+        return tuple((f.file, f.line, f.function) for f in self.section.stack) if self.section else ()
+
+    def collective(self) -> tuple[str, str | None] | None:
+        """(op, the program's own call site) when the main thread is inside a torch.distributed
+        collective (its Python frames name it); None otherwise."""
+        if self.section is None:
+            return None
+        for f in self.section.stack:
+            if "distributed" in f.file and f.function in COLLECTIVE_OPS:
+                own = self.section.own_frame
+                return f.function, own.site if own else None
+        return None
+
+
+class DumpRefused(Exception):
+    """No dump: py-spy missing, ptrace refused, or the process went away. ``lasting`` says that
+    retrying will not help (said once, then no more dumps are tried)."""
+
+    def __init__(self, message: str, lasting: bool) -> None:
+        super().__init__(message)
+        self.lasting = lasting
+
+
+def executable() -> str | None:
+    return shutil.which("py-spy")
+
+
+def dump(pid: int, label: str, *, actor: str = "attach", exe: str | None = None,
+         timeout: float = DUMP_TIMEOUT_S) -> Dump:
+    """All threads' Python stacks of ``pid``, as a stack-file section; DumpRefused otherwise."""
+    exe = exe or executable()
+    if exe is None:
+        raise DumpRefused(MISSING, True)
+    try:
+        res = subprocess.run([exe, "dump", "--pid", str(pid), "--json"], capture_output=True, text=True,
+                             timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise DumpRefused(f"py-spy dump of pid {pid} took over {timeout:g} s", False) from None
+    except OSError as exc:
+        raise DumpRefused(f"py-spy could not run: {exc}", True) from None
+    err = (res.stderr or "").strip()
+    if res.returncode != 0:
+        low = err.lower()
+        if "permission denied" in low or "operation not permitted" in low or "ptrace" in low:
+            raise DumpRefused(f"pid {pid}: {PTRACE_FIX}", True)
+        raise DumpRefused(f"py-spy dump of pid {pid} failed: {err.splitlines()[-1] if err else res.returncode}", False)
+    try:
+        threads = json.loads(res.stdout)
+    except ValueError:
+        raise DumpRefused(f"py-spy dump of pid {pid}: unreadable output", False) from None
+    text = format_dump(threads, label, pid, actor)
+    return Dump(text, stacks.latest(text), time.time())
+
+
+def format_dump(threads: list[dict], label: str, pid: int, actor: str) -> str:
+    """py-spy's JSON as faulthandler writes a dump (innermost frame first)."""
+    lines = [f"=== stack dump of {label} pid {pid} requested by {actor} at {time.strftime('%Y-%m-%d %H:%M:%S')} "
+             "(py-spy, read from outside) ==="]
+    for t in threads if isinstance(threads, list) else []:
+        tid = t.get("thread_id") or t.get("os_thread_id") or 0
+        current = t.get("os_thread_id") == pid
+        lines.append(f"{'Current thread' if current else 'Thread'} 0x{int(tid):016x} (most recent call first):")
+        for f in t.get("frames") or []:
+            lines.append(f'  File "{f.get("filename")}", line {f.get("line")} in {f.get("name")}')
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def gone(pid: int) -> bool:
+    return not os.path.exists(f"/proc/{pid}")
