@@ -1,5 +1,5 @@
-"""Stacks read from outside: ``py-spy dump --pid`` (ptrace: the process is paused for the read,
-a few milliseconds, and never signalled), written in the stack-file format ``ups why`` reads
+"""Stacks read from outside: ``py-spy dump --pid --nonblocking`` (its memory read while it runs:
+no pause, no signal), written in the stack-file format ``ups why`` reads
 (:mod:`ups.why.stacks`: faulthandler's, under a ``=== stack dump of ...`` header).
 
 py-spy is the ``ups[attach]`` extra. Without it, or where ptrace is refused, :func:`dump` says
@@ -18,6 +18,10 @@ from dataclasses import dataclass
 from ups.why import stacks
 
 DUMP_TIMEOUT_S = 10.0
+DUMP_FLAGS = ("--nonblocking",)
+"""The process is not even paused for the read (py-spy reads its memory while it runs): a
+stack read from a process that is running may mix two moments, which can only make two dumps
+differ (seen as progress), never make a moving process look stuck; a stuck one reads the same."""
 MISSING = "py-spy is not installed: no stacks (pip install 'ups[attach]'); watching CPU, I/O and the log only"
 PTRACE_FIX = ("ptrace refused: run ups as the job's user, allow it with `sysctl kernel.yama.ptrace_scope=0` "
               "(Yama), or give the container CAP_SYS_PTRACE; watching CPU, I/O and the log only")
@@ -72,7 +76,7 @@ def dump(pid: int, label: str, *, actor: str = "attach", exe: str | None = None,
     if exe is None:
         raise DumpRefused(MISSING, True)
     try:
-        res = subprocess.run([exe, "dump", "--pid", str(pid), "--json"], capture_output=True, text=True,
+        res = subprocess.run([exe, "dump", "--pid", str(pid), "--json", *DUMP_FLAGS], capture_output=True, text=True,
                              timeout=timeout)
     except subprocess.TimeoutExpired:
         raise DumpRefused(f"py-spy dump of pid {pid} took over {timeout:g} s", False) from None
