@@ -142,6 +142,26 @@ def test_a_py_spy_dump_reads_as_a_stack_file(procs, tmp_path):
     assert d.collective() is None and p.poll() is None
 
 
+def test_a_rank_dumped_inside_all_reduce_names_the_collective_and_its_own_call_site():
+    """py-spy's frames of a rank waiting in an explicit all_reduce: the collective the observer
+    writes into its record (op and the program's own call site; no sequence number invented)."""
+    from ups.attach import pyspy
+    from ups.why import stacks
+    from ups.why.rules.collectives import SEEN_FROM_OUTSIDE, coll_text
+
+    site = "/usr/lib/python3.11/site-packages/torch/distributed/"
+    threads = [{"thread_id": 1, "os_thread_id": 42, "frames": [
+        {"name": "all_reduce", "filename": site + "distributed_c10d.py", "line": 3252},
+        {"name": "wrapper", "filename": site + "c10d_logger.py", "line": 83},
+        {"name": "train", "filename": "/home/me/train.py", "line": 65},
+        {"name": "<module>", "filename": "/home/me/train.py", "line": 90}]}]
+    text = pyspy.format_dump(threads, "rank 0", 42, "attach")
+    d = pyspy.Dump(text, stacks.latest(text), 0.0)
+    assert d.collective() == ("all_reduce", "train.py:65")
+    c = {"op": "all_reduce", "seq": 0, "site": "train.py:65", "context": SEEN_FROM_OUTSIDE}
+    assert coll_text(c) == f"all_reduce ({SEEN_FROM_OUTSIDE}) at train.py:65"
+
+
 # ------------------------------------------------------------------------- real torchrun jobs
 @pytest.mark.slow
 @needs_pyspy

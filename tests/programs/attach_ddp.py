@@ -6,6 +6,8 @@ plain ``torchrun --standalone --nproc-per-node 2`` (gloo, CPU), knowing nothing 
     sleep:STEP   rank 1 sleeps in its own code (a call that never returns)
     raise:STEP   rank 1 raises ValueError (a bad batch)
     raise_when:PATH   rank 1 raises ValueError once PATH exists
+    log_loss:STEP     every rank all-reduces its loss for the log each step; rank 1 sleeps at
+                      STEP before its all_reduce (rank 0 waits in an explicit all_reduce)
 """
 
 import os
@@ -52,8 +54,15 @@ def demo_basic():
             raise ValueError(f"bad batch at step {step}")
         optimizer.zero_grad()
         outputs = model(torch.randn(20, 16))
-        loss_fn(outputs, torch.randn(20, 1)).backward()
+        loss = loss_fn(outputs, torch.randn(20, 1))
+        loss.backward()
         optimizer.step()
+        if kind == "log_loss":
+            if rank == 1 and step == at:
+                print(f"rank 1 waits at step {step}", flush=True)
+                wait_for_the_answer()
+            logged = loss.detach().clone()
+            dist.all_reduce(logged)
         if rank == 0 and step % 10 == 0:
             print(f"step {step}/{STEPS}", flush=True)
         time.sleep(0.05)

@@ -42,6 +42,7 @@ from ups.status.host import boot_id, hostname
 from ups.status.procs import process_start_time, same_start, this_process_start
 from ups.status.record import SCHEMA_VERSION, StatusRecord
 from ups.status.reporter import Reporter
+from ups.why.rules.collectives import SEEN_FROM_OUTSIDE
 
 ACTOR = "attach"
 TICK_S = 1.0
@@ -139,14 +140,17 @@ class AttachObserver:
                 continue
             before = s.dump.frames if s.dump is not None else None
             s.dump = d
-            self.proof.note_stack(name, d.frames)
             if before is not None and d.frames != before:
                 self.moved(s)
+                w = self.proof.watched.get(name)
+                if w is not None:
+                    w.stacks.clear()  # it moved: "the same stack twice" starts again from this one
+            self.proof.note_stack(name, d.frames)
             coll = d.collective()
             if coll is None:
                 s.coll = None
             elif s.coll is None or s.coll["op"] != coll[0]:
-                s.coll = {"op": coll[0], "seq": 0, "site": coll[1], "since": d.at, "context": "seen from outside by py-spy"}
+                s.coll = {"op": coll[0], "seq": 0, "site": coll[1], "since": d.at, "context": SEEN_FROM_OUTSIDE}
             if d.frames != s.written_frames or mono - s.written_mono >= STACK_KEEP_S:
                 self.append_stack(name, d.text)
                 s.written_frames, s.written_mono = d.frames, mono
