@@ -275,3 +275,36 @@ def test_scan_lists_each_plain_job_once_and_leaves_out_the_one_ups_launched(runs
     assert not listed & ups_pids, "a job ups launched is listed"
     job_a = next(j for j in found["jobs"] if j["top"] == a.pid)
     assert [p["role"] for p in job_a["processes"]] == ["agent", "rank"] and job_a["log"] == str(log_a)
+
+
+@pytest.mark.slow
+@needs_pyspy
+def test_a_dataloader_worker_hung_in_getitem_is_named_with_its_index(runs_root, jobs, tmp_path):
+    """The DDP tutorial (its own Dataset, two DataLoader workers a rank) under a plain torchrun,
+    a worker of rank 1 asleep in __getitem__: the worker, the index its stack shows, the line."""
+    from why_drills import TUTORIAL, make_samples, tutorial_index, tutorial_line
+
+    index, _ = tutorial_index()
+    make_samples(tmp_path / "data")
+    log = tmp_path / "tutorial.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UPS_")}
+    env["DDP_TUTORIAL_FAULT"] = f"sleep:{index}"
+    with open(log, "wb") as out:
+        agent = subprocess.Popen([*torchrun(), "--standalone", "--nproc-per-node", "2", str(TUTORIAL), str(tmp_path / "data"),
+                                  "--epochs", "50"], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    jobs.procs.append(agent)
+    job = wait_for(lambda: (d := ups_json("attach", str(agent.pid), "--dry-run")) and
+                   sum(p["role"] == "worker" for p in d["processes"]) == 4 and d, 120, interval=1.0,
+                   message="two workers a rank")
+    jobs.remember()
+    worker = next(p for p in job["processes"] if p["role"] == "worker" and p["rank"] == 1)
+    run_id = attach(worker["pid"])  # from a worker's pid: the whole job
+
+    def named():
+        v = ups_json("why", run_id)["verdict"]
+        return v if v["mode"] == "worker_stuck" else None
+    v = wait_for(named, 60, interval=1.0, message="the worker named")
+    assert v["who"]["rank"] == 1 and v["who"]["worker"] is not None
+    assert f"while fetching index {index} " in v["headline"] and "rank 1 waits for the batch" in v["headline"]
+    assert v["where"]["site"] == f"ddp_tutorial.py:{tutorial_line('time.sleep(3600)')}"
+    assert agent.poll() is None

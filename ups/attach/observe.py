@@ -71,6 +71,9 @@ class Seen:
     written_frames: tuple = ()
     written_mono: float = 0.0
     coll: dict[str, Any] | None = None
+    phase: str = "attached"
+    phase_at: float = 0.0
+    phase_mono: float = 0.0
     gone_at: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -94,6 +97,7 @@ class AttachObserver:
         self.boot = boot_id()
         self.host = hostname()
         self.run_id = self.manifest.get("id") or run.run_id
+        self.tick_at, self.tick_mono = time.time(), time.monotonic()
 
     # -- the process tree ----------------------------------------------------------------
     def refresh(self) -> None:
@@ -108,7 +112,8 @@ class AttachObserver:
         for name, p in live.items():
             s = self.seen.get(name)
             if s is None or s.proc.pid != p.pid or s.gone_at is not None:
-                self.seen[name] = Seen(p, mono, now, mono)
+                self.seen[name] = Seen(p, mono, now, mono, phase_at=now, phase_mono=mono,
+                                       phase={"agent": "agent", "helper": "helper"}.get(p.role, PHASE))
             else:
                 s.proc = p
         for name, s in self.seen.items():
@@ -130,7 +135,7 @@ class AttachObserver:
                 continue
             s.dumped_mono = mono
             try:
-                d = pyspy.dump(s.proc.pid, s.proc.label, actor=ACTOR)
+                d = pyspy.dump(s.proc.pid, s.proc.label, actor=ACTOR, with_locals=s.proc.role == "worker")
             except pyspy.DumpRefused as exc:
                 if exc.lasting:
                     self.no_dumps = str(exc)
@@ -146,6 +151,9 @@ class AttachObserver:
                 if w is not None:
                     w.stacks.clear()  # it moved: "the same stack twice" starts again from this one
             self.proof.note_stack(name, d.frames)
+            phase = phase_of(s.proc.role, d)
+            if phase != s.phase:
+                s.phase, s.phase_at, s.phase_mono = phase, self.tick_at, self.tick_mono
             coll = d.collective()
             if coll is None:
                 s.coll = None
@@ -213,7 +221,7 @@ class AttachObserver:
 
     # -- records -------------------------------------------------------------------------
     def moved(self, s: Seen) -> None:
-        s.progress_at, s.progress_mono = time.time(), time.monotonic()
+        s.progress_at, s.progress_mono = self.tick_at, self.tick_mono  # one time a tick: processes compare
 
     def judge(self) -> dict[str, Any]:
         targets = {name: (s.proc.pid, None, None) for name, s in self.seen.items()
@@ -229,21 +237,18 @@ class AttachObserver:
 
     def record(self, s: Seen, now: float, mono: float) -> StatusRecord:
         p = s.proc
-        phase = {"agent": "agent", "helper": "helper"}.get(p.role, PHASE)
-        if p.role == "worker" and s.dump is not None and any(
-                "_worker_loop" == f.function for f in (s.dump.section.stack[:3] if s.dump.section else ())):
-            phase = "idle"  # waiting for its next index: an idle worker is no stalled one
         started = p.start or now
         return StatusRecord(
             run_id=self.run_id, role=p.role, name=p.name, pid=p.pid, pid_start=p.start or 0.0, host=self.host,
             schema=SCHEMA_VERSION, rank=p.rank, local_rank=p.local_rank, world_size=p.world_size, worker=p.worker,
-            phase=phase, state="running", step=0, unit="steps", started_at=started, progress_at=s.progress_at,
-            heartbeat_at=now, phase_at=s.progress_at, heartbeat_interval=TICK_S,
+            phase=s.phase, state="running", step=0, unit="steps", started_at=started, progress_at=s.progress_at,
+            heartbeat_at=now, phase_at=s.phase_at, heartbeat_interval=TICK_S,
+            item=s.dump.item if s.dump is not None and s.phase == "fetch" else None,
             stack_file=f"stacks/{p.name}.txt" if s.dump is not None else None,
             collective=dict(s.coll) if s.coll else None, command=" ".join(p.argv)[:400] if p.role == "agent" else None,
             metrics={"attached": True}, boot_id=self.boot,
             started_mono=max(0.0, mono - (now - started)), progress_mono=s.progress_mono, heartbeat_mono=mono,
-            phase_mono=s.progress_mono)
+            phase_mono=s.phase_mono)
 
     def write_records(self) -> None:
         now, mono = time.time(), time.monotonic()
@@ -304,6 +309,7 @@ class AttachObserver:
         published: dict[str, Any] = {}
         while self.stop is None:
             t0 = time.monotonic()
+            self.tick_at, self.tick_mono = time.time(), t0
             self.refresh()
             if not self.alive():
                 break
@@ -321,6 +327,25 @@ class AttachObserver:
             if changes:
                 reporter.metrics(**changes)
             time.sleep(max(0.05, TICK_S - (time.monotonic() - t0)))
+
+
+def _stdlib(path: str) -> bool:
+    return "site-packages" not in path and "dist-packages" not in path and "/lib/python3" in path
+
+
+def phase_of(role: str, d: pyspy.Dump) -> str:
+    """What a stack says a process is doing, in the phases the health rules know: a DataLoader
+    worker waits for its next index (``idle``: never stalled) or fetches one (``fetch``); a rank
+    waits for a batch in its DataLoader (``data``) or is anywhere else (``attached``)."""
+    frames = d.section.stack if d.section else ()
+    if role == "worker":
+        first = next((f for f in frames if not _stdlib(f.file)), None)
+        return "idle" if first is not None and first.function == "_worker_loop" else "fetch"
+    if role == "rank" and any("torch/utils/data/dataloader.py" in f.file.replace("\\", "/")
+                              and f.function in ("__next__", "_next_data", "_get_data", "_try_get_data")
+                              for f in frames):
+        return "data"
+    return {"agent": "agent", "helper": "helper"}.get(role, PHASE)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -38,6 +38,7 @@ class Dump:
     text: str
     section: stacks.Section | None
     at: float
+    item: str | None = None  # a DataLoader worker's sample in flight: "index 51 (batch [212, 51, 73, 99])"
 
     @property
     def frames(self) -> tuple:
@@ -70,13 +71,15 @@ def executable() -> str | None:
 
 
 def dump(pid: int, label: str, *, actor: str = "attach", exe: str | None = None,
-         timeout: float = DUMP_TIMEOUT_S) -> Dump:
-    """All threads' Python stacks of ``pid``, as a stack-file section; DumpRefused otherwise."""
+         timeout: float = DUMP_TIMEOUT_S, with_locals: bool = False) -> Dump:
+    """All threads' Python stacks of ``pid``, as a stack-file section; DumpRefused otherwise.
+    ``with_locals``: read the frames' local variables too (a DataLoader worker's index)."""
     exe = exe or executable()
     if exe is None:
         raise DumpRefused(MISSING, True)
     try:
-        res = subprocess.run([exe, "dump", "--pid", str(pid), "--json", *DUMP_FLAGS], capture_output=True, text=True,
+        res = subprocess.run([exe, "dump", "--pid", str(pid), "--json", *DUMP_FLAGS,
+                              *(["--locals"] if with_locals else [])], capture_output=True, text=True,
                              timeout=timeout)
     except subprocess.TimeoutExpired:
         raise DumpRefused(f"py-spy dump of pid {pid} took over {timeout:g} s", False) from None
@@ -93,7 +96,31 @@ def dump(pid: int, label: str, *, actor: str = "attach", exe: str | None = None,
     except ValueError:
         raise DumpRefused(f"py-spy dump of pid {pid}: unreadable output", False) from None
     text = format_dump(threads, label, pid, actor)
-    return Dump(text, stacks.latest(text), time.time())
+    return Dump(text, stacks.latest(text), time.time(), sample_in_flight(threads, pid))
+
+
+INDEX_NAMES = ("idx", "index", "i", "item", "key")
+
+
+def sample_in_flight(threads: list[dict], pid: int) -> str | None:
+    """The index a DataLoader worker's main thread is fetching, from its frames' locals: the
+    ``__getitem__`` argument, and the batch ``fetch`` was given (None when not fetching)."""
+    main = next((t for t in threads if isinstance(t, dict) and t.get("os_thread_id") == pid), None)
+    if main is None:
+        return None
+    index = batch = None
+    for f in main.get("frames") or []:
+        found = {v.get("name"): v.get("repr") for v in f.get("locals") or [] if isinstance(v, dict)}
+        if f.get("name") == "__getitem__" and index is None:
+            index = next((found[n] for n in INDEX_NAMES if found.get(n) is not None), None)
+        if f.get("name") == "fetch" and "_utils" in str(f.get("filename")) and batch is None:
+            batch = found.get("possibly_batched_index")
+    if index is None and batch is None:
+        return None
+    text = f"index {index}" if index is not None else ""
+    if batch is not None:
+        text += f" (batch {batch})" if text else f"batch {batch}"
+    return text[:200]
 
 
 def format_dump(threads: list[dict], label: str, pid: int, actor: str) -> str:
