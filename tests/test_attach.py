@@ -308,3 +308,36 @@ def test_a_dataloader_worker_hung_in_getitem_is_named_with_its_index(runs_root, 
     assert f"while fetching index {index} " in v["headline"] and "rank 1 waits for the batch" in v["headline"]
     assert v["where"]["site"] == f"ddp_tutorial.py:{tutorial_line('time.sleep(3600)')}"
     assert agent.poll() is None
+
+
+@pytest.mark.slow
+@needs_pyspy
+def test_an_mp_spawn_job_is_found_from_its_parent_and_its_stuck_rank_named(runs_root, jobs, tmp_path):
+    """The DDP tutorial's mp.spawn form (tests/programs/attach_spawn.py): the parent is the job's
+    top, its spawned children ranks 0 and 1 in start order, the resource tracker a helper."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    program = Path(__file__).parent / "programs" / "attach_spawn.py"
+    log = tmp_path / "spawn.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UPS_")}
+    with open(log, "wb") as out:
+        parent = subprocess.Popen([sys.executable, str(program), port], stdout=out, stderr=subprocess.STDOUT, env=env,
+                                  start_new_session=True)
+    jobs.procs.append(parent)
+    wait_for(lambda: "rank 1 waits at step 30" in log.read_text(), 120, interval=0.3, message="rank 1 asleep")
+    jobs.remember()
+    job = ups_json("attach", str(parent.pid), "--dry-run")
+    ranks = sorted((p for p in job["processes"] if p["role"] == "rank"), key=lambda p: p["rank"])
+    assert job["top"] == parent.pid and [p["rank"] for p in ranks] == [0, 1]
+    assert all(p["rank_from"] == "start order" for p in ranks) and ranks[0]["start"] <= ranks[1]["start"]
+    run_id = attach(ranks[1]["pid"])
+
+    def named():
+        v = ups_json("why", run_id)["verdict"]
+        return v if v["mode"] == "rank_stuck_peers_wait" else None
+    v = wait_for(named, 60, interval=1.0, message="rank 1 named")
+    assert v["who"]["pid"] == ranks[1]["pid"] and v["where"]["function"] == "stuck_here"
+    assert "rank 0 waits for it" in v["headline"] and parent.poll() is None

@@ -1,0 +1,53 @@
+"""Distributed data parallel training started with ``mp.spawn``, the way PyTorch's DDP tutorial
+writes it (``python attach_spawn.py``; gloo, CPU); rank 1 sleeps in its own code at step 30."""
+
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def setup(rank, world_size, port):
+    os.environ["MASTER_ADDR"] = "localhost"
+    os.environ["MASTER_PORT"] = port
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+
+
+class ToyModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net1 = nn.Linear(10, 10)
+        self.relu = nn.ReLU()
+        self.net2 = nn.Linear(10, 5)
+
+    def forward(self, x):
+        return self.net2(self.relu(self.net1(x)))
+
+
+def stuck_here():
+    time.sleep(3600)
+
+
+def demo_basic(rank, world_size, port):
+    setup(rank, world_size, port)
+    model = DDP(ToyModel())
+    loss_fn = nn.MSELoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.001)
+    for step in range(100000):
+        if rank == 1 and step == 30:
+            print(f"rank 1 waits at step {step}", flush=True)
+            stuck_here()
+        optimizer.zero_grad()
+        loss_fn(model(torch.randn(20, 10)), torch.randn(20, 5)).backward()
+        optimizer.step()
+        time.sleep(0.05)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    mp.spawn(demo_basic, args=(2, sys.argv[1] if len(sys.argv) > 1 else "29533"), nprocs=2, join=True)
