@@ -199,10 +199,13 @@ def test_rank_1_asleep_in_its_own_code_is_named_within_30_s_of_attach_and_the_jo
     m = json.loads((runs_root / run_id / "run.json").read_text())
     assert m["kind"] == "attached" and m["attached"]["by"] and m["attached"]["at"] > 0
     assert {p["pid"]: p["start"] for p in m["attached"]["processes"]} == starts
-    group = run_ups("stacks", run_id, "--group")
-    assert group.returncode == 0 and f"wait_for_the_answer at attach_ddp.py:{SLEEP_LINE}" in group.stdout, group.stdout
     events = [json.loads(line)["event"] for line in (runs_root / run_id / "events.jsonl").read_text().splitlines()]
     assert events == ["attach"], events
+    group = run_ups("stacks", run_id, "--group")
+    assert group.returncode == 0 and f"wait_for_the_answer at attach_ddp.py:{SLEEP_LINE}" in group.stdout, group.stdout
+    fresh = run_ups("stacks", run_id, "--rank", "1")  # read from outside now, never by a signal
+    assert fresh.returncode == 0 and f'attach_ddp.py", line {SLEEP_LINE} in wait_for_the_answer' in fresh.stdout, fresh.stdout
+    assert same_start(process_start_time(rank1), starts[rank1])
 
     # kill goes through the same proofs: the job's processes end, and the run says killed.
     res = run_ups("kill", run_id, timeout=120)

@@ -15,6 +15,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 
+from ups.runs.signals import pyspy_as_faulthandler
 from ups.why import stacks
 
 DUMP_TIMEOUT_S = 10.0
@@ -125,16 +126,7 @@ def sample_in_flight(threads: list[dict], pid: int) -> str | None:
 
 def format_dump(threads: list[dict], label: str, pid: int, actor: str) -> str:
     """py-spy's JSON as faulthandler writes a dump (innermost frame first)."""
-    lines = [f"=== stack dump of {label} pid {pid} requested by {actor} at {time.strftime('%Y-%m-%d %H:%M:%S')} "
-             "(py-spy, read from outside) ==="]
-    for t in threads if isinstance(threads, list) else []:
-        tid = t.get("thread_id") or t.get("os_thread_id") or 0
-        current = t.get("os_thread_id") == pid
-        lines.append(f"{'Current thread' if current else 'Thread'} 0x{int(tid):016x} (most recent call first):")
-        for f in t.get("frames") or []:
-            lines.append(f'  File "{f.get("filename")}", line {f.get("line")} in {f.get("name")}')
-        lines.append("")
-    return "\n".join(lines) + "\n"
+    return pyspy_as_faulthandler(threads if isinstance(threads, list) else [], label, pid, actor)
 
 
 def gone(pid: int) -> bool:
