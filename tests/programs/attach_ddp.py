@@ -16,20 +16,10 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from ddp_tutorial import ToyModel  # the tutorial's model (16 in, 1 out), beside this file
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 STEPS = int(os.environ.get("ATTACH_DDP_STEPS", "100000"))
-
-
-class ToyModel(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.net1 = nn.Linear(16, 32)
-        self.relu = nn.ReLU()
-        self.net2 = nn.Linear(32, 1)
-
-    def forward(self, x):
-        return self.net2(self.relu(self.net1(x)))
 
 
 def wait_for_the_answer():

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
+from ddp_tutorial import ToyModel  # the tutorial's model (16 in, 1 out), beside this file
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 
@@ -16,17 +17,6 @@ def setup(rank, world_size, port):
     os.environ["MASTER_ADDR"] = "localhost"
     os.environ["MASTER_PORT"] = port
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
-
-
-class ToyModel(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.net1 = nn.Linear(10, 10)
-        self.relu = nn.ReLU()
-        self.net2 = nn.Linear(10, 5)
-
-    def forward(self, x):
-        return self.net2(self.relu(self.net1(x)))
 
 
 def stuck_here():
@@ -43,7 +33,7 @@ def demo_basic(rank, world_size, port):
             print(f"rank 1 waits at step {step}", flush=True)
             stuck_here()
         optimizer.zero_grad()
-        loss_fn(model(torch.randn(20, 10)), torch.randn(20, 5)).backward()
+        loss_fn(model(torch.randn(20, 16)), torch.randn(20, 1)).backward()
         optimizer.step()
         time.sleep(0.05)
     dist.destroy_process_group()
