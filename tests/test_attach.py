@@ -278,6 +278,17 @@ def test_scan_lists_each_plain_job_once_and_leaves_out_the_one_ups_launched(runs
     assert not listed & ups_pids, "a job ups launched is listed"
     job_a = next(j for j in found["jobs"] if j["top"] == a.pid)
     assert [p["role"] for p in job_a["processes"]] == ["agent", "rank"] and job_a["log"] == str(log_a)
+    assert not job_a["orphan"]
+
+    # Its agent killed: the rank (a session of its own) lives on under init, and is named an orphan.
+    rank_a = job_a["processes"][1]["pid"]
+    os.kill(a.pid, signal.SIGKILL)
+    a.wait(timeout=10)
+    found = wait_for(lambda: (f := ups_json("attach", "--scan")) and any(j["top"] == rank_a for j in f["orphans"]) and f,
+                     30, interval=0.5, message="the orphan")
+    orphan = next(j for j in found["orphans"] if j["top"] == rank_a)
+    assert orphan["processes"][0]["role"] == "rank" and orphan["processes"][0]["env"]["TORCHELASTIC_RUN_ID"]
+    assert "ports" in orphan["processes"][0] and found["gpu"]
 
 
 @pytest.mark.slow

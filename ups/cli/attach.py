@@ -31,10 +31,11 @@ def attach_cmd(
     or stderr go to a file.
 
     Then one observer process (detached; the run's only writer) samples each process from
-    /proc (CPU, I/O, state, kernel wait, threads), reads its stacks with `py-spy dump` every
-    10 s (ptrace: a pause of milliseconds, never a signal; `pip install 'ups[attach]'`), and
-    reads progress and errors from the log. Nothing goes into the job and nothing signals it.
-    Where ptrace is refused it says so once, with the fix, and goes on without stacks.
+    /proc (CPU, I/O, state, kernel wait, threads), reads its stacks with `py-spy dump
+    --nonblocking` every 10 s (its memory read while it runs: no pause, no signal; `pip install
+    'ups[attach]'`), and reads progress and errors from the log. Nothing goes into the job and
+    nothing signals it. Where ptrace is refused it says so once, with the fix, and goes on
+    without stacks. It is never acted on automatically.
 
     --scan lists the jobs on this host ups does not watch (jobs started by `ups launch` and
     attached ones left out), and orphans: ranks whose torchrun agent died, with the ports
