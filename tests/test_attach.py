@@ -121,6 +121,20 @@ def test_without_py_spy_a_dump_says_one_line_with_the_fix(monkeypatch, tmp_path)
     assert exc.value.lasting and "pip install 'ups[attach]'" in str(exc.value) and "\n" not in str(exc.value)
 
 
+def test_where_ptrace_is_refused_a_dump_says_so_in_one_line_with_the_fix(tmp_path):
+    """py-spy's own words when the kernel refuses (Yama, no CAP_SYS_PTRACE, another user)."""
+    from ups.attach import pyspy
+
+    fake = tmp_path / "py-spy"
+    fake.write_text("#!/bin/sh\necho 'Error: Permission denied (os error 13)' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    with pytest.raises(pyspy.DumpRefused) as exc:
+        pyspy.dump(os.getpid(), "rank 0", exe=str(fake))
+    text = str(exc.value)
+    assert exc.value.lasting and "\n" not in text
+    assert "ptrace_scope" in text and "CAP_SYS_PTRACE" in text and "watching CPU, I/O and the log only" in text
+
+
 @needs_pyspy
 def test_a_py_spy_dump_reads_as_a_stack_file(procs, tmp_path):
     """py-spy's dump, in the stack-file format ups why reads: the program's own frame is where."""

@@ -310,6 +310,11 @@ class AttachObserver:
         while self.stop is None:
             t0 = time.monotonic()
             self.tick_at, self.tick_mono = time.time(), t0
+            if not self.run.manifest_path.is_file():
+                # The run folder was deleted: nothing to write to; the job is the user's and goes on.
+                print(f"ups attach: run folder {self.run.path} is gone; watching ends, the job goes on", flush=True)
+                self.stop = "run folder gone"
+                return
             self.refresh()
             if not self.alive():
                 break
@@ -365,7 +370,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             obs.loop(reporter)
         finally:
-            if obs.stop is not None and obs.alive():
+            if obs.stop == "run folder gone":
+                pass
+            elif obs.stop is not None and obs.alive():
                 # Asked to stop (``ups kill`` ends the observer first, then the job): watching
                 # ends; the job's end is for whoever stops it, or for a reader to settle.
                 run.append_event("attach.stopped", actor=ACTOR, signal=obs.stop,
