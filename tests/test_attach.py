@@ -176,6 +176,17 @@ def test_a_rank_dumped_inside_all_reduce_names_the_collective_and_its_own_call_s
     assert coll_text(c) == f"all_reduce ({SEEN_FROM_OUTSIDE}) at train.py:65"
 
 
+def test_the_console_marks_an_attached_run(runs_root):
+    from console.render import run_header
+    from ups.runs.rundir import RunDir
+    from ups.runs.view import load_run_view
+
+    attached = RunDir.create(runs_root, "attached", name="attached-train")
+    launched = RunDir.create(runs_root, "torchrun")
+    assert "not launched by ups: attached, watched from outside" in run_header(load_run_view(attached), time.time()).plain
+    assert "not launched by ups" not in run_header(load_run_view(launched), time.time()).plain
+
+
 # ------------------------------------------------------------------------- real torchrun jobs
 @pytest.mark.slow
 @needs_pyspy
