@@ -351,9 +351,10 @@ def test_a_dataloader_worker_hung_in_getitem_is_named_with_its_index(runs_root, 
 
 @pytest.mark.slow
 @needs_pyspy
-def test_an_mp_spawn_job_is_found_from_its_parent_and_its_stuck_rank_named(runs_root, jobs, tmp_path):
+def test_an_mp_spawn_job_is_found_from_its_parent_and_the_rank_its_peer_waits_for_in_all_reduce_named(runs_root, jobs, tmp_path):
     """The DDP tutorial's mp.spawn form (tests/programs/attach_spawn.py): the parent is the job's
-    top, its spawned children ranks 0 and 1 in start order, the resource tracker a helper."""
+    top, its spawned children ranks 0 and 1 in start order, the resource tracker a helper; rank 1
+    asleep before an explicit all_reduce that rank 0 waits in."""
     import socket
 
     with socket.socket() as s:
@@ -379,4 +380,8 @@ def test_an_mp_spawn_job_is_found_from_its_parent_and_its_stuck_rank_named(runs_
         return v if v["mode"] == "rank_stuck_peers_wait" else None
     v = wait_for(named, 60, interval=1.0, message="rank 1 named")
     assert v["who"]["pid"] == ranks[1]["pid"] and v["where"]["function"] == "stuck_here"
-    assert "rank 0 waits for it" in v["headline"] and parent.poll() is None
+    # The collective rank 0 waits in, read from its stack: the op and the program's own call site.
+    reduce_line = next(n for n, line in enumerate(program.read_text().splitlines(), 1) if "dist.all_reduce(logged)" in line)
+    assert "rank 0 waits for it in all_reduce" in v["headline"], v["headline"]
+    assert f"rank 0 waits in all_reduce (seen from outside by py-spy) at attach_spawn.py:{reduce_line}" in v["evidence"]
+    assert parent.poll() is None

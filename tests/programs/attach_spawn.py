@@ -1,5 +1,6 @@
 """Distributed data parallel training started with ``mp.spawn``, the way PyTorch's DDP tutorial
-writes it (``python attach_spawn.py``; gloo, CPU); rank 1 sleeps in its own code at step 30."""
+writes it (``python attach_spawn.py``; gloo, CPU), all-reducing its loss for the log each step;
+rank 1 sleeps in its own code at step 30, before that all_reduce."""
 
 import os
 import sys
@@ -29,12 +30,15 @@ def demo_basic(rank, world_size, port):
     loss_fn = nn.MSELoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.001)
     for step in range(100000):
+        optimizer.zero_grad()
+        loss = loss_fn(model(torch.randn(20, 16)), torch.randn(20, 1))
+        loss.backward()
+        optimizer.step()
         if rank == 1 and step == 30:
             print(f"rank 1 waits at step {step}", flush=True)
             stuck_here()
-        optimizer.zero_grad()
-        loss_fn(model(torch.randn(20, 16)), torch.randn(20, 1)).backward()
-        optimizer.step()
+        logged = loss.detach().clone()
+        dist.all_reduce(logged)  # the mean loss for the log
         time.sleep(0.05)
     dist.destroy_process_group()
 
