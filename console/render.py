@@ -85,6 +85,8 @@ def run_header(view, now: float) -> Text:
                       f"  elapsed {elapsed}  eta {fmt_duration(view.eta_s)}  {fmt_progress(*view.progress)}"
                       f"  {fmt_rate(view.rate, view.unit)}" + (f"  mode {mode}" if mode else ""),
                       (fmt_attempt(m), "bold yellow"))
+    if view.kind == "attached":
+        t.append("\nnot launched by ups: attached, watched from outside (no signal; exit codes not visible)", style="cyan")
     if m.get("summary"):
         t.append(f"\n{m['summary']}", style="dim")
     if view.manifest_problem:

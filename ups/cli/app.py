@@ -76,6 +76,7 @@ def _register() -> None:
     """Every command group, in the order `ups --help` lists them. The root knows the groups;
     no command module imports it (importing them is cheap: Typer only)."""
     from ups.cli import (
+        attach,
         cache,
         console_cmd,
         control,
@@ -91,7 +92,7 @@ def _register() -> None:
         why,
     )
 
-    for group in (console_cmd, control, demo, doctor, gpu, plot, runs, processes, why, exporter):
+    for group in (console_cmd, control, demo, doctor, gpu, plot, runs, processes, why, exporter, attach):
         app.add_typer(group.commands)  # top-level commands: `ups runs`, `ups why` ...
     app.add_typer(launch.launch_app, name="launch")
     app.add_typer(data.data_app, name="data")

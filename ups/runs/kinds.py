@@ -233,6 +233,28 @@ def pipeline_outcome(view: RunView, end: End) -> Outcome:
     return Outcome("failed", text or describe_returncode(end.returncode))
 
 
+def attached_outcome(view: RunView, end: End) -> Outcome:
+    """A job ups attached to (``ups attach``): no exit code is ever seen from outside. Its
+    observer writes the end it saw (and the cause its log names, ups.attach.observe); this rule
+    decides only for a reader settling a run whose observer is gone, from what the records
+    and torchrun's own report in the copied log say, and names nothing it did not see."""
+    if end.terminated:
+        return Outcome("killed", "stopped by request")
+    codes, root = torchrun_failures(_log_tail(view))
+    if codes and any(codes.values()):
+        bad = root if root is not None else min(r for r, c in codes.items() if c)
+        return Outcome("failed", f"torchrun reported rank {bad} {describe_returncode(codes.get(bad))} (read from its log)",
+                       {"rank": bad, "exit_code": codes.get(bad) if (codes.get(bad) or 0) >= 0 else None,
+                        "signal": _signal_of(codes.get(bad)), "torchrun_root": root})
+    failed = [p.record for p in view.ranks() if p.record.state == "failed"]
+    if failed:
+        r = failed[0]
+        return Outcome("failed", f"{r.label}: {r.error or 'failed'}", {"rank": r.rank, "error": r.error,
+                                                                       "error_site": r.error_site})
+    return Outcome("lost", "the job's processes are gone and its observer ended before it could say how: "
+                           "exit codes are not visible from outside")
+
+
 # Which rule decides a run's end, by its kind; any other kind: the default rule.
 RULES = {
     "precompute": precompute_outcome,
@@ -240,6 +262,7 @@ RULES = {
     "deepspeed": torchrun_outcome, "srun": torchrun_outcome,
     "python": python_outcome,
     "pipeline": pipeline_outcome,
+    "attached": attached_outcome,
 }
 
 

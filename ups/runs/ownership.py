@@ -11,7 +11,8 @@ to the run:
   lower), nor the acting command or one of its parents;
 * and it is provably the job's, one of:
   - the run's launcher itself: the pid and start time ``run.json`` records **and** its
-    command line is ``python -m ups.launch.supervise <this run folder>``;
+    command line is ``python -m ups.launch.supervise <this run folder>`` (an attached run's:
+    ``python -m ups.attach.observe <this run folder>``);
   - a descendant of that launcher, of the job's top process (its pid and start time as
     run.json records them), or of the acting process (a job's own watchdog acting on its
     DataLoader workers), by the ``PPid`` chain in ``/proc``;
@@ -38,6 +39,7 @@ from ups.errors import Refused, RefusedSignal
 from ups.status.procs import process_start_time, same_start
 
 SUPERVISOR_MODULE = "ups.launch.supervise"
+OBSERVER_MODULE = "ups.attach.observe"  # an attached run's launcher: it watches, and starts nothing
 MAX_DEPTH = 256  # a PPid chain longer than this is not one we started
 
 
@@ -298,7 +300,8 @@ class JobScope:
         if pid is None or pid <= 1 or start is None or not same_start(process_start_time(pid), start):
             return None
         argv = cmdline(pid) or []
-        if SUPERVISOR_MODULE not in argv or not any(_same_folder(a, self.run_path) for a in argv[argv.index(SUPERVISOR_MODULE) + 1:]):
+        module = next((m for m in (SUPERVISOR_MODULE, OBSERVER_MODULE) if m in argv), None)
+        if module is None or not any(_same_folder(a, self.run_path) for a in argv[argv.index(module) + 1:]):
             return None
         return pid
 

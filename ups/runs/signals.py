@@ -273,6 +273,16 @@ def dump_stacks(run: RunDir, record: StatusRecord, *, actor: str, timeout: float
     now (the program reset it): by default that signal would kill it. Then a dump that
     cannot kill is tried (py-spy, if installed and allowed), else HandlerGone says why.
     """
+    if record.stack_signal is None and record.metrics.get("attached") is True and record.role != "launcher":
+        # A process of a job ups attached to (ups attach): read from outside, never signalled.
+        proof = check_identity(run, record, scope)
+        text = read_stacks_outside(record.pid, record.label, actor, timeout)
+        if text is None:
+            raise RefusedSignal(f"{record.label} (pid {record.pid}) is watched from outside (ups attach) and never "
+                                "signalled; no fresh dump: py-spy is not installed or not permitted", exit_code=1)
+        log_event(run, "stacks.pyspy", actor=actor, target=record.name, pid=record.pid,
+                  reason="attached job: read from outside, no signal", proof=proof)
+        return text
     if record.stack_signal is None or not record.stack_file:
         raise RefusedSignal(
             f"{record.label} (pid {record.pid}) registered no stack-dump handler; "
@@ -339,6 +349,44 @@ def _dump_without_signal(pid: int, timeout: float) -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return res.stdout if res.returncode == 0 and res.stdout.strip() else None
+
+
+def read_stacks_outside(pid: int, label: str, actor: str, timeout: float) -> str | None:
+    """Every thread's stack of ``pid`` read by ``py-spy dump --nonblocking`` (its memory read
+    while it runs: no pause, no signal), in the stack-file format (faulthandler's, under a
+    ``=== stack dump of ...`` header) that :mod:`ups.why.stacks` reads; None when py-spy is
+    missing, not permitted or fails."""
+    import json
+    import shutil
+    import subprocess
+
+    exe = shutil.which("py-spy")
+    if exe is None:
+        return None
+    try:
+        res = subprocess.run([exe, "dump", "--pid", str(pid), "--json", "--nonblocking"], capture_output=True, text=True,
+                             timeout=max(timeout, 1.0))
+        threads = json.loads(res.stdout) if res.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return None
+    return pyspy_as_faulthandler(threads, label, pid, actor) if isinstance(threads, list) else None
+
+
+def pyspy_as_faulthandler(threads: list[dict], label: str, pid: int, actor: str) -> str:
+    """py-spy's JSON dump as faulthandler writes one (innermost frame first), under the header
+    of a requested dump."""
+    lines = [f"=== stack dump of {label} pid {pid} requested by {actor} at {time.strftime('%Y-%m-%d %H:%M:%S')} "
+             "(py-spy, read from outside) ==="]
+    for t in threads:
+        if not isinstance(t, dict):
+            continue
+        tid = t.get("thread_id") or t.get("os_thread_id") or 0
+        current = t.get("os_thread_id") == pid
+        lines.append(f"{'Current thread' if current else 'Thread'} 0x{int(tid):016x} (most recent call first):")
+        for f in t.get("frames") or []:
+            lines.append(f'  File "{f.get("filename")}", line {f.get("line")} in {f.get("name")}')
+        lines.append("")
+    return "\n".join(lines) + "\n"
 
 
 def _wait_for_dump(path: Path, start: int, timeout: float) -> str:

@@ -60,9 +60,14 @@ def group_text(c: dict) -> str | None:
     return f"group {name}{members}"
 
 
+SEEN_FROM_OUTSIDE = "seen from outside by py-spy"
+"""The context of a collective an attached run's observer read from a stack (ups.attach): its
+op and call site are known, its sequence number is not."""
+
+
 def coll_text(c: dict, *, site: bool = True) -> str:
     """``all_gather_single (FSDP unshard of root) #76 on mesh dim 'dp' [1, 3] at train.py:142``."""
-    text = f"{op_text(c)} #{c['seq']}"
+    text = op_text(c) if c.get("context") == SEEN_FROM_OUTSIDE else f"{op_text(c)} #{c['seq']}"
     group = group_text(c)
     if group:
         text += f" on {group}"

@@ -1,0 +1,387 @@
+"""`ups attach`: a job ups did not start (a plain `torchrun --standalone --nproc-per-node 2`, gloo,
+written the way PyTorch's DDP tutorial writes it: tests/programs/attach_ddp.py), found from any
+of its pids, watched from outside (/proc, py-spy, its log) and judged by `ups why`'s own rules.
+The job is never signalled by the attach and goes on running."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import run_ups, wait_for
+
+from ups.status.procs import process_start_time, same_start
+
+PROGRAM = Path(__file__).parent / "programs" / "attach_ddp.py"
+SLEEP_LINE = next(n for n, line in enumerate(PROGRAM.read_text().splitlines(), 1) if "time.sleep(3600)" in line)
+RAISE_LINE = next(n for n, line in enumerate(PROGRAM.read_text().splitlines(), 1)
+                  if "raise ValueError" in line and n > 1 and "raise_when" in PROGRAM.read_text().splitlines()[n - 2])
+needs_pyspy = pytest.mark.skipif(shutil.which("py-spy") is None, reason="py-spy is not installed (pip install 'ups[attach]')")
+
+
+def torchrun() -> list[str]:
+    exe = Path(sys.executable).parent / "torchrun"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "torch.distributed.run"]
+
+
+def tree(pid: int) -> list[int]:
+    from ups.attach.find import children_map
+
+    kids, out, todo = children_map(), [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(kids.get(p, []))
+    return out
+
+
+class PlainJobs:
+    """Jobs started the way a user starts them, without ups; every process of each (torchrun
+    starts each rank in a session of its own) is SIGKILLed at teardown."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.procs: list[subprocess.Popen] = []
+        self.pids: set[int] = set()
+
+    def start(self, fault: str = "", *, nproc: int = 2, program: Path = PROGRAM, name: str = "job") -> tuple[subprocess.Popen, Path]:
+        log = self.tmp / f"{name}.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("UPS_")}
+        env["ATTACH_DDP_FAULT"] = fault
+        with open(log, "wb") as out:
+            proc = subprocess.Popen([*torchrun(), "--standalone", "--nproc-per-node", str(nproc), str(program)],
+                                    stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=self.tmp)
+        self.procs.append(proc)
+        return proc, log
+
+    def remember(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                self.pids |= set(tree(p.pid))
+
+    def cleanup(self) -> None:
+        self.remember()
+        for pid in self.pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # pragma: no cover
+                pass
+
+
+@pytest.fixture
+def jobs(tmp_path):
+    j = PlainJobs(tmp_path)
+    yield j
+    j.cleanup()
+
+
+def ups_json(*args: str) -> dict:
+    res = run_ups(*args, "--json")
+    assert res.returncode in (0, 1), res.stderr
+    return json.loads(res.stdout)
+
+
+def attach(pid: int) -> str:
+    res = run_ups("attach", str(pid), "--json")
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)["run_id"]
+
+
+# ------------------------------------------------------------------------------ bad input
+def test_a_pid_that_is_no_job_is_refused_in_one_line(runs_root, procs):
+    res = run_ups("attach", "4194999")
+    assert res.returncode == 2 and res.stderr.strip() == "ups: no process 4194999 on this host (it ended, or is a zombie)"
+    sleeper = procs.python("import time; time.sleep(60)")
+    res = run_ups("attach", str(sleeper.pid))
+    assert res.returncode == 2 and "is not a PyTorch job" in res.stderr and "Traceback" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    res = run_ups("attach")
+    assert res.returncode == 2 and "give the pid" in res.stderr
+    assert not any(runs_root.iterdir()), "nothing half-written"
+
+
+def test_without_py_spy_a_dump_says_one_line_with_the_fix(monkeypatch, tmp_path):
+    from ups.attach import pyspy
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(pyspy.DumpRefused) as exc:
+        pyspy.dump(os.getpid(), "rank 0")
+    assert exc.value.lasting and "pip install 'ups[attach]'" in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_where_ptrace_is_refused_a_dump_says_so_in_one_line_with_the_fix(tmp_path):
+    """py-spy's own words when the kernel refuses (Yama, no CAP_SYS_PTRACE, another user)."""
+    from ups.attach import pyspy
+
+    fake = tmp_path / "py-spy"
+    fake.write_text("#!/bin/sh\necho 'Error: Permission denied (os error 13)' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    with pytest.raises(pyspy.DumpRefused) as exc:
+        pyspy.dump(os.getpid(), "rank 0", exe=str(fake))
+    text = str(exc.value)
+    assert exc.value.lasting and "\n" not in text
+    assert "ptrace_scope" in text and "CAP_SYS_PTRACE" in text and "watching CPU, I/O and the log only" in text
+
+
+@needs_pyspy
+def test_a_py_spy_dump_reads_as_a_stack_file(procs, tmp_path):
+    """py-spy's dump, in the stack-file format ups why reads: the program's own frame is where."""
+    from ups.attach import pyspy
+
+    prog = tmp_path / "asleep.py"
+    prog.write_text("import time\n\ndef wait_here():\n    time.sleep(60)\n\nprint('ready', flush=True)\nwait_here()\n")
+    p = procs.popen([sys.executable, str(prog)], stdout=subprocess.PIPE)
+    assert p.stdout.readline() == b"ready\n"
+
+    def dumped():
+        try:
+            d = pyspy.dump(p.pid, "rank 0")
+        except pyspy.DumpRefused:
+            return None
+        return d if d.section is not None and d.section.own_frame and d.section.own_frame.line == 4 else None
+    d = wait_for(dumped, 20, interval=0.2, message="a dump inside wait_here")
+    assert d.section.own_frame.site == "asleep.py:4" and d.section.own_frame.function == "wait_here"
+    assert d.collective() is None and p.poll() is None
+
+
+def test_a_rank_dumped_inside_all_reduce_names_the_collective_and_its_own_call_site():
+    """py-spy's frames of a rank waiting in an explicit all_reduce: the collective the observer
+    writes into its record (op and the program's own call site; no sequence number invented)."""
+    from ups.attach import pyspy
+    from ups.why import stacks
+    from ups.why.rules.collectives import SEEN_FROM_OUTSIDE, coll_text
+
+    site = "/usr/lib/python3.11/site-packages/torch/distributed/"
+    threads = [{"thread_id": 1, "os_thread_id": 42, "frames": [
+        {"name": "all_reduce", "filename": site + "distributed_c10d.py", "line": 3252},
+        {"name": "wrapper", "filename": site + "c10d_logger.py", "line": 83},
+        {"name": "train", "filename": "/home/me/train.py", "line": 65},
+        {"name": "<module>", "filename": "/home/me/train.py", "line": 90}]}]
+    text = pyspy.format_dump(threads, "rank 0", 42, "attach")
+    d = pyspy.Dump(text, stacks.latest(text), 0.0)
+    assert d.collective() == ("all_reduce", "train.py:65")
+    c = {"op": "all_reduce", "seq": 0, "site": "train.py:65", "context": SEEN_FROM_OUTSIDE}
+    assert coll_text(c) == f"all_reduce ({SEEN_FROM_OUTSIDE}) at train.py:65"
+
+
+def test_the_console_marks_an_attached_run(runs_root):
+    from console.render import run_header
+    from ups.runs.rundir import RunDir
+    from ups.runs.view import load_run_view
+
+    attached = RunDir.create(runs_root, "attached", name="attached-train")
+    launched = RunDir.create(runs_root, "torchrun")
+    assert "not launched by ups: attached, watched from outside" in run_header(load_run_view(attached), time.time()).plain
+    assert "not launched by ups" not in run_header(load_run_view(launched), time.time()).plain
+
+
+# ------------------------------------------------------------------------- real torchrun jobs
+@pytest.mark.slow
+@needs_pyspy
+def test_rank_1_asleep_in_its_own_code_is_named_within_30_s_of_attach_and_the_job_runs_on(runs_root, jobs):
+    agent, log = jobs.start("sleep:30")
+    wait_for(lambda: "rank 1 waits at step 30" in log.read_text(), 120, interval=0.3, message="rank 1 asleep")
+
+    # Found from torchrun's agent and from a rank alike: one job, roles from the environment.
+    job = ups_json("attach", str(agent.pid), "--dry-run")
+    by_name = {p["name"]: p for p in job["processes"]}
+    assert job["top"] == agent.pid and job["log"] == str(log) and job["world_size"] == 2
+    assert {"agent", "rank-0", "rank-1"} <= set(by_name)
+    assert by_name["agent"]["role"] == "agent" and by_name["rank-1"]["env"]["RANK"] == "1"
+    assert by_name["rank-1"]["env"]["TORCHELASTIC_RUN_ID"] and by_name["rank-0"]["env"]["MASTER_PORT"]
+    rank1 = by_name["rank-1"]["pid"]
+    assert ups_json("attach", str(rank1), "--dry-run")["top"] == agent.pid
+    starts = {p["pid"]: p["start"] for p in job["processes"]}
+    jobs.remember()
+
+    run_id = attach(rank1)
+    t0 = time.monotonic()
+
+    def named():
+        v = ups_json("why", run_id)["verdict"]
+        return v if v["mode"] == "rank_stuck_peers_wait" else None
+    v = wait_for(named, 30, interval=1.0, message="ups why to name rank 1")
+    assert time.monotonic() - t0 <= 30
+    assert v["who"]["rank"] == 1 and v["who"]["pid"] == rank1
+    assert v["where"]["site"] == f"attach_ddp.py:{SLEEP_LINE}" and v["where"]["function"] == "wait_for_the_answer"
+    assert "rank 0 waits for it in backward (DDP's gradient all-reduce)" in v["headline"]
+
+    # Watching never signalled it: every process alive, the same processes (start times).
+    for pid, start in starts.items():
+        assert same_start(process_start_time(pid), start), f"pid {pid} is gone or was replaced"
+    m = json.loads((runs_root / run_id / "run.json").read_text())
+    assert m["kind"] == "attached" and m["attached"]["by"] and m["attached"]["at"] > 0
+    assert {p["pid"]: p["start"] for p in m["attached"]["processes"]} == starts
+    events = [json.loads(line)["event"] for line in (runs_root / run_id / "events.jsonl").read_text().splitlines()]
+    assert events == ["attach"], events
+    group = run_ups("stacks", run_id, "--group")
+    assert group.returncode == 0 and f"wait_for_the_answer at attach_ddp.py:{SLEEP_LINE}" in group.stdout, group.stdout
+    fresh = run_ups("stacks", run_id, "--rank", "1")  # read from outside now, never by a signal
+    assert fresh.returncode == 0 and f'attach_ddp.py", line {SLEEP_LINE} in wait_for_the_answer' in fresh.stdout, fresh.stdout
+    assert same_start(process_start_time(rank1), starts[rank1])
+
+    # kill goes through the same proofs: the job's processes end, and the run says killed.
+    res = run_ups("kill", run_id, timeout=120)
+    assert res.returncode == 0, res.stderr
+    wait_for(lambda: all(process_start_time(pid) is None for pid in starts), 60, message="the job's end")
+    proofs = [json.loads(line).get("proof") for line in (runs_root / run_id / "events.jsonl").read_text().splitlines()
+              if json.loads(line)["event"] == "signal"]
+    assert proofs and all(proofs), proofs
+    assert json.loads((runs_root / run_id / "run.json").read_text())["state"] == "killed"
+
+
+@pytest.mark.slow
+@needs_pyspy
+def test_a_healthy_job_attached_is_healthy_with_no_event_but_the_attach_then_its_crash_fails_the_run(runs_root, jobs, tmp_path):
+    """Healthy for 20 s while attached (the issue's 5 minutes, shortened for the suite), then
+    rank 1 raises: the run ends failed with the root cause read from the job's log, and no exit
+    code that nobody saw."""
+    crash = tmp_path / "crash-now"
+    agent, log = jobs.start(f"raise_when:{crash}")
+    wait_for(lambda: "step 20/" in log.read_text(), 120, interval=0.3, message="training")
+    jobs.remember()
+    run_id = attach(agent.pid)
+    events = runs_root / run_id / "events.jsonl"
+    deadline = time.monotonic() + 20
+    seen = []
+    while time.monotonic() < deadline:
+        v = ups_json("why", run_id)["verdict"]
+        seen.append(v["mode"])
+        assert v["mode"] == "healthy", v
+        time.sleep(2.0)
+    assert len(seen) >= 3
+    assert [json.loads(line)["event"] for line in events.read_text().splitlines()] == ["attach"]
+    status = ups_json("status", run_id)
+    assert status["state"] == "running"
+
+    crash.touch()
+
+    def ended():
+        m = json.loads((runs_root / run_id / "run.json").read_text())
+        return m if m["state"] not in ("launching", "running") else None
+    m = wait_for(ended, 90, interval=0.5, message="the run's end")
+    assert m["state"] == "failed", m
+    assert "rank 1" in m["summary"] and "ValueError" in m["summary"] and f"attach_ddp.py:{RAISE_LINE}" in m["summary"]
+    assert m["failure"]["rank"] == 1 and m["failure"]["error"].startswith("ValueError: bad batch at step")
+    assert m.get("exit_code") is None and m.get("signal") is None
+    v = ups_json("why", run_id)["verdict"]
+    assert v["who"]["rank"] == 1 and "ValueError" in v["headline"]
+
+
+@pytest.mark.slow
+def test_scan_lists_each_plain_job_once_and_leaves_out_the_one_ups_launched(runs_root, jobs, tmp_path):
+    idle = tmp_path / "idle_rank.py"
+    idle.write_text("import os, time\nprint('rank', os.environ['RANK'], flush=True)\ntime.sleep(120)\n")
+    a, log_a = jobs.start(nproc=1, program=idle, name="a")
+    b, log_b = jobs.start(nproc=1, program=idle, name="b")
+    res = run_ups("launch", "torchrun", "--detach", "--json", "--nproc-per-node", "1", str(idle))
+    assert res.returncode == 0, res.stderr
+    launched = json.loads(res.stdout)
+    for log in (log_a, log_b):
+        wait_for(lambda log=log: "rank 0" in log.read_text(), 90, interval=0.3, message="the plain jobs' ranks")
+    launched_run = runs_root / launched["run_id"]
+    wait_for(lambda: (launched_run / "status" / "rank-0.json").exists(), 90, interval=0.3, message="the launched rank")
+    jobs.remember()
+
+    found = ups_json("attach", "--scan")
+    tops = [j["top"] for j in found["jobs"]]
+    assert tops.count(a.pid) == 1 and tops.count(b.pid) == 1, found
+    ups_pids = {json.loads(p.read_text())["pid"] for p in (launched_run / "status").glob("*.json")}
+    listed = {p["pid"] for j in found["jobs"] for p in j["processes"]}
+    assert not listed & ups_pids, "a job ups launched is listed"
+    job_a = next(j for j in found["jobs"] if j["top"] == a.pid)
+    assert [p["role"] for p in job_a["processes"]] == ["agent", "rank"] and job_a["log"] == str(log_a)
+    assert not job_a["orphan"]
+
+    # Its agent killed: the rank (a session of its own) lives on under init, and is named an orphan.
+    rank_a = job_a["processes"][1]["pid"]
+    os.kill(a.pid, signal.SIGKILL)
+    a.wait(timeout=10)
+    found = wait_for(lambda: (f := ups_json("attach", "--scan")) and any(j["top"] == rank_a for j in f["orphans"]) and f,
+                     30, interval=0.5, message="the orphan")
+    orphan = next(j for j in found["orphans"] if j["top"] == rank_a)
+    assert orphan["processes"][0]["role"] == "rank" and orphan["processes"][0]["env"]["TORCHELASTIC_RUN_ID"]
+    assert "ports" in orphan["processes"][0] and found["gpu"]
+
+
+@pytest.mark.slow
+@needs_pyspy
+def test_a_dataloader_worker_hung_in_getitem_is_named_with_its_index(runs_root, jobs, tmp_path):
+    """The DDP tutorial (its own Dataset, two DataLoader workers a rank) under a plain torchrun,
+    a worker of rank 1 asleep in __getitem__: the worker, the index its stack shows, the line."""
+    from why_drills import TUTORIAL, make_samples, tutorial_index, tutorial_line
+
+    index, _ = tutorial_index()
+    make_samples(tmp_path / "data")
+    log = tmp_path / "tutorial.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UPS_")}
+    env["DDP_TUTORIAL_FAULT"] = f"sleep:{index}"
+    with open(log, "wb") as out:
+        agent = subprocess.Popen([*torchrun(), "--standalone", "--nproc-per-node", "2", str(TUTORIAL), str(tmp_path / "data"),
+                                  "--epochs", "50"], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    jobs.procs.append(agent)
+    job = wait_for(lambda: (d := ups_json("attach", str(agent.pid), "--dry-run")) and
+                   sum(p["role"] == "worker" for p in d["processes"]) == 4 and d, 120, interval=1.0,
+                   message="two workers a rank")
+    jobs.remember()
+    worker = next(p for p in job["processes"] if p["role"] == "worker" and p["rank"] == 1)
+    run_id = attach(worker["pid"])  # from a worker's pid: the whole job
+
+    def named():
+        v = ups_json("why", run_id)["verdict"]
+        return v if v["mode"] == "worker_stuck" else None
+    v = wait_for(named, 60, interval=1.0, message="the worker named")
+    assert v["who"]["rank"] == 1 and v["who"]["worker"] is not None
+    assert f"while fetching index {index} " in v["headline"] and "rank 1 waits for the batch" in v["headline"]
+    assert v["where"]["site"] == f"ddp_tutorial.py:{tutorial_line('time.sleep(3600)')}"
+    assert agent.poll() is None
+
+
+@pytest.mark.slow
+@needs_pyspy
+def test_an_mp_spawn_job_is_found_from_its_parent_and_the_rank_its_peer_waits_for_in_all_reduce_named(runs_root, jobs, tmp_path):
+    """The DDP tutorial's mp.spawn form (tests/programs/attach_spawn.py): the parent is the job's
+    top, its spawned children ranks 0 and 1 in start order, the resource tracker a helper; rank 1
+    asleep before an explicit all_reduce that rank 0 waits in."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    program = Path(__file__).parent / "programs" / "attach_spawn.py"
+    log = tmp_path / "spawn.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UPS_")}
+    with open(log, "wb") as out:
+        parent = subprocess.Popen([sys.executable, str(program), port], stdout=out, stderr=subprocess.STDOUT, env=env,
+                                  start_new_session=True)
+    jobs.procs.append(parent)
+    wait_for(lambda: "rank 1 waits at step 30" in log.read_text(), 120, interval=0.3, message="rank 1 asleep")
+    jobs.remember()
+    job = ups_json("attach", str(parent.pid), "--dry-run")
+    ranks = sorted((p for p in job["processes"] if p["role"] == "rank"), key=lambda p: p["rank"])
+    assert job["top"] == parent.pid and [p["rank"] for p in ranks] == [0, 1]
+    assert all(p["rank_from"] == "start order" for p in ranks) and ranks[0]["start"] <= ranks[1]["start"]
+    run_id = attach(ranks[1]["pid"])
+
+    def named():
+        v = ups_json("why", run_id)["verdict"]
+        return v if v["mode"] == "rank_stuck_peers_wait" else None
+    v = wait_for(named, 60, interval=1.0, message="rank 1 named")
+    assert v["who"]["pid"] == ranks[1]["pid"] and v["where"]["function"] == "stuck_here"
+    # The collective rank 0 waits in, read from its stack: the op and the program's own call site.
+    reduce_line = next(n for n, line in enumerate(program.read_text().splitlines(), 1) if "dist.all_reduce(logged)" in line)
+    assert "rank 0 waits for it in all_reduce" in v["headline"], v["headline"]
+    assert f"rank 0 waits in all_reduce (seen from outside by py-spy) at attach_spawn.py:{reduce_line}" in v["evidence"]
+    assert parent.poll() is None

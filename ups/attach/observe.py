@@ -1,0 +1,386 @@
+"""The observer of an attached run: its only writer, as the launcher is for a launched run.
+
+``python -m ups.attach.observe RUN_DIR``, started detached by ``ups attach`` (a session of its
+own: closing the terminal does not stop it). It never signals the job and puts nothing into
+it. Once a second it:
+
+* follows the job's process tree from its top process (new DataLoader workers, ended ones);
+* samples every rank and worker from ``/proc`` (:class:`ups.launch.proof.Observer`: CPU and
+  run-queue time per thread, I/O, state, kernel wait, socket bytes), in windows of 5 s;
+* every :data:`STACK_EVERY_S` reads each one's stacks with ``py-spy dump`` (ptrace, no
+  signal), into ``stacks/<name>.txt`` in the format ``ups why`` reads;
+* copies what the job writes to its log into ``logs/job.log`` (the last 64 KiB before the
+  attach, then everything after), and reads its progress counter there
+  (:class:`ups.launch.lineprogress.LineProgress`: tqdm, k/n, "step 3 of 9");
+* writes a status record for each process (``ups.status.record``), on its behalf: progress
+  moves when the process was seen working (a busy window, or a different stack than the last
+  dump); ``collective`` names the torch.distributed call its stack is in.
+
+When every process of the job is gone it writes how the run ended, as far as is known from
+outside: which processes it saw end and when, and the root cause its log names
+(:func:`ups.why.logread.read_log`); never an exit code it did not see.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ups.attach import pyspy
+from ups.attach.find import Proc, find_job
+from ups.launch.lineprogress import LineProgress
+from ups.launch.proof import Observer
+from ups.runs.rundir import FINAL_RUN_STATES, RunDir
+from ups.status.files import write_atomic
+from ups.status.host import boot_id, hostname
+from ups.status.procs import process_start_time, same_start, this_process_start
+from ups.status.record import SCHEMA_VERSION, StatusRecord
+from ups.status.reporter import Reporter
+from ups.why.rules.collectives import SEEN_FROM_OUTSIDE
+
+ACTOR = "attach"
+TICK_S = 1.0
+STACK_EVERY_S = 10.0
+"""One py-spy dump of each process every 10 s: a pause of a few ms (measured by
+scripts/bench_attach.py), far below 1 % of the job's time."""
+STACK_KEEP_S = 60.0  # an unchanged stack is appended again at most this often
+STACK_FILE_MAX = 1 << 20
+LOG_BACKLOG = 64 << 10
+LOG_CHUNK = 1 << 20
+PHASE = "attached"
+WATCHED_ROLES = ("rank", "worker")
+
+
+@dataclass
+class Seen:
+    """What the observer knows of one process of the job."""
+
+    proc: Proc
+    started_mono: float
+    progress_at: float
+    progress_mono: float
+    windows: int = 0  # windows judged so far (proof.Observer's)
+    dump: pyspy.Dump | None = None
+    dumped_mono: float = 0.0
+    written_frames: tuple = ()
+    written_mono: float = 0.0
+    coll: dict[str, Any] | None = None
+    phase: str = "attached"
+    phase_at: float = 0.0
+    phase_mono: float = 0.0
+    gone_at: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class AttachObserver:
+    def __init__(self, run: RunDir) -> None:
+        self.run = run
+        self.manifest = run.read_manifest()
+        att = self.manifest.get("attached") or {}
+        job = self.manifest.get("job") or {}
+        self.top, self.top_start = int(job["pid"]), job.get("pid_start")
+        self.log_src: str | None = att.get("log")
+        self.seen: dict[str, Seen] = {}
+        self.proof = Observer()
+        self.lines = LineProgress()
+        self.stop: str | None = None
+        self.no_dumps: str | None = None  # said once: py-spy missing, ptrace refused
+        self.log_pos: int | None = None
+        self.log_ino: int | None = None
+        self.pending = b""
+        self.boot = boot_id()
+        self.host = hostname()
+        self.run_id = self.manifest.get("id") or run.run_id
+        self.tick_at, self.tick_mono = time.time(), time.monotonic()
+
+    # -- the process tree ----------------------------------------------------------------
+    def refresh(self) -> None:
+        procs: list[Proc] = []
+        if same_start(process_start_time(self.top), self.top_start):
+            try:
+                procs = find_job(self.top).procs
+            except Exception:  # noqa: BLE001 - the top ended between two reads: what is known stays
+                procs = []
+        now, mono = time.time(), time.monotonic()
+        live = {p.name: p for p in procs if p.start is not None}
+        for name, p in live.items():
+            s = self.seen.get(name)
+            if s is None or s.proc.pid != p.pid or s.gone_at is not None:
+                self.seen[name] = Seen(p, mono, now, mono, phase_at=now, phase_mono=mono,
+                                       phase={"agent": "agent", "helper": "helper"}.get(p.role, PHASE))
+            else:
+                s.proc = p
+        for name, s in self.seen.items():
+            if s.gone_at is None and name not in live and not same_start(process_start_time(s.proc.pid), s.proc.start):
+                s.gone_at = now
+                self.run.append_event("process.gone", actor=ACTOR, name=name, pid=s.proc.pid,
+                                      detail="seen gone from outside; its exit code is not visible to an observer")
+
+    def alive(self) -> list[Seen]:
+        return [s for s in self.seen.values() if s.gone_at is None]
+
+    # -- stacks --------------------------------------------------------------------------
+    def dumps(self) -> None:
+        if self.no_dumps is not None:
+            return
+        mono = time.monotonic()
+        for name, s in self.seen.items():
+            if s.gone_at is not None or s.proc.role not in WATCHED_ROLES or mono - s.dumped_mono < STACK_EVERY_S:
+                continue
+            s.dumped_mono = mono
+            try:
+                d = pyspy.dump(s.proc.pid, s.proc.label, actor=ACTOR, with_locals=s.proc.role == "worker")
+            except pyspy.DumpRefused as exc:
+                if exc.lasting:
+                    self.no_dumps = str(exc)
+                    print(f"ups attach: {exc}", flush=True)
+                    self.run.append_event("attach.no_stacks", actor=ACTOR, reason=str(exc))
+                    return
+                continue
+            before = s.dump.frames if s.dump is not None else None
+            s.dump = d
+            if before is not None and d.frames != before:
+                self.moved(s)
+                w = self.proof.watched.get(name)
+                if w is not None:
+                    w.stacks.clear()  # it moved: "the same stack twice" starts again from this one
+            self.proof.note_stack(name, d.frames)
+            phase = phase_of(s.proc.role, d)
+            if phase != s.phase:
+                s.phase, s.phase_at, s.phase_mono = phase, self.tick_at, self.tick_mono
+            coll = d.collective()
+            if coll is None:
+                s.coll = None
+            elif s.coll is None or s.coll["op"] != coll[0]:
+                s.coll = {"op": coll[0], "seq": 0, "site": coll[1], "since": d.at, "context": SEEN_FROM_OUTSIDE}
+            if d.frames != s.written_frames or mono - s.written_mono >= STACK_KEEP_S:
+                self.append_stack(name, d.text)
+                s.written_frames, s.written_mono = d.frames, mono
+
+    def append_stack(self, name: str, text: str) -> None:
+        from ups.status.safeio import OPEN_APPEND, BadFile, open_regular
+
+        path = self.run.stacks_dir / f"{name}.txt"
+        try:
+            if path.exists() and path.stat().st_size > STACK_FILE_MAX:
+                path.replace(path.with_suffix(".txt.1"))
+            fd = open_regular(path, OPEN_APPEND)
+        except (OSError, BadFile):
+            return
+        try:
+            os.write(fd, ("\n" + text).encode())
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    # -- the log -------------------------------------------------------------------------
+    def copy_log(self) -> None:
+        if not self.log_src:
+            return
+        try:
+            fd = os.open(self.log_src, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            return
+        try:
+            st = os.fstat(fd)
+            backlog = self.log_pos is None
+            if self.log_pos is None or st.st_ino != self.log_ino or st.st_size < self.log_pos:
+                self.log_pos = max(0, st.st_size - LOG_BACKLOG) if self.log_pos is None else 0
+                self.log_ino = st.st_ino
+            os.lseek(fd, self.log_pos, os.SEEK_SET)
+            data = os.read(fd, LOG_CHUNK)
+        except OSError:
+            return
+        finally:
+            os.close(fd)
+        if not data:
+            return
+        self.log_pos += len(data)
+        with contextlib.suppress(OSError):
+            from ups.status.files import append_opener
+
+            out = append_opener(str(self.run.log_path("job")), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            try:
+                os.write(out, data)
+            finally:
+                os.close(out)
+        if backlog:
+            return  # what it printed before the attach has no times: no rate to read from it
+        text = (self.pending + data).decode(errors="replace")
+        *lines, rest = text.replace("\r", "\n").split("\n")
+        self.pending = rest.encode()[-4096:]
+        for line in lines:
+            self.lines.feed(line)
+
+    # -- records -------------------------------------------------------------------------
+    def moved(self, s: Seen) -> None:
+        s.progress_at, s.progress_mono = self.tick_at, self.tick_mono  # one time a tick: processes compare
+
+    def judge(self) -> dict[str, Any]:
+        targets = {name: (s.proc.pid, None, None) for name, s in self.seen.items()
+                   if s.gone_at is None and s.proc.role in WATCHED_ROLES}
+        watched = self.proof.tick(targets)
+        for name, w in watched.items():
+            s = self.seen[name]
+            if len(w.windows) != s.windows or (w.windows and s.windows == 8):
+                s.windows = len(w.windows)
+                if w.windows and w.windows[-1].verdict != "idle":
+                    self.moved(s)
+        return {name: w.to_dict() for name, w in watched.items()}
+
+    def record(self, s: Seen, now: float, mono: float) -> StatusRecord:
+        p = s.proc
+        started = p.start or now
+        return StatusRecord(
+            run_id=self.run_id, role=p.role, name=p.name, pid=p.pid, pid_start=p.start or 0.0, host=self.host,
+            schema=SCHEMA_VERSION, rank=p.rank, local_rank=p.local_rank, world_size=p.world_size, worker=p.worker,
+            phase=s.phase, state="running", step=0, unit="steps", started_at=started, progress_at=s.progress_at,
+            heartbeat_at=now, phase_at=s.phase_at, heartbeat_interval=TICK_S,
+            item=s.dump.item if s.dump is not None and s.phase == "fetch" else None,
+            stack_file=f"stacks/{p.name}.txt" if s.dump is not None else None,
+            collective=dict(s.coll) if s.coll else None, command=" ".join(p.argv)[:400] if p.role == "agent" else None,
+            metrics={"attached": True}, boot_id=self.boot,
+            started_mono=max(0.0, mono - (now - started)), progress_mono=s.progress_mono, heartbeat_mono=mono,
+            phase_mono=s.phase_mono)
+
+    def write_records(self) -> None:
+        now, mono = time.time(), time.monotonic()
+        for s in self.seen.values():
+            if s.gone_at is not None:
+                continue
+            rec = self.record(s, now, mono)
+            with contextlib.suppress(OSError):
+                write_atomic(self.run.status_dir / f"{rec.name}.json", rec.to_json().encode())
+
+    # -- the end -------------------------------------------------------------------------
+    def finish(self) -> None:
+        self.copy_log()
+        from ups.status.safeio import try_tail
+        from ups.why.logread import read_log
+
+        text = try_tail(self.run.log_path("job"), 200_000) or ""
+        ends = [{"name": n, "pid": s.proc.pid, "gone_at": s.gone_at} for n, s in sorted(self.seen.items())]
+        reading = read_log(text) if text else None
+        seen_end = "every process of the job was seen to end; their exit codes are not visible from outside"
+        failure = None
+        if reading is not None and reading.failed:
+            state = "failed"
+            who = f"rank {reading.rank}: " if reading.rank is not None else ""
+            summary = f"{who}{reading.summary} (read from the job's log: {reading.line.strip()[:200]})"
+            line = re.sub(r"^\[(?:default)?rank\d+\]:\s*", "", reading.line.strip())  # torchrun's prefix
+            failure = {"rank": reading.rank, "error": line[:500] or reading.summary,
+                       "error_site": reading.site, "clean": None}
+        elif text:
+            state, summary = "succeeded", f"{seen_end}; its log names no failure"
+        else:
+            state, summary = "lost", f"{seen_end}, and it wrote no log ups could read: how it ended is not known"
+        for s in self.seen.values():
+            # The last word on a process: done when the job ended with no failure in its log;
+            # failed, with the log's words, for the rank the log names; the others stay as last
+            # seen (running, now gone): how they ended is not known from outside.
+            named = reading is not None and reading.failed and reading.rank is not None and s.proc.rank == reading.rank \
+                and s.proc.role == "rank"
+            if s.gone_at is None or not (state == "succeeded" or named):
+                continue
+            rec = self.record(s, s.gone_at, time.monotonic())
+            if named:
+                rec = rec.with_changes(state="failed", error=failure["error"], error_site=reading.site)
+            else:
+                rec = rec.with_changes(state="done")
+            with contextlib.suppress(OSError):
+                write_atomic(self.run.status_dir / f"{rec.name}.json", rec.to_json().encode())
+        self.run.settle(state, summary=summary, failure=failure, ended=ends)
+        self.run.append_event("exit", actor=ACTOR, state=state, summary=summary)
+        from ups.launch.supervise import record_verdict
+
+        record_verdict(self.run)
+
+    def on_signal(self, signum: int, _frame: Any) -> None:
+        self.stop = signal.Signals(signum).name
+
+    def loop(self, reporter: Reporter) -> None:
+        published: dict[str, Any] = {}
+        while self.stop is None:
+            t0 = time.monotonic()
+            self.tick_at, self.tick_mono = time.time(), t0
+            if not self.run.manifest_path.is_file():
+                # The run folder was deleted: nothing to write to; the job is the user's and goes on.
+                print(f"ups attach: run folder {self.run.path} is gone; watching ends, the job goes on", flush=True)
+                self.stop = "run folder gone"
+                return
+            self.refresh()
+            if not self.alive():
+                break
+            observed = self.judge()
+            self.dumps()
+            self.copy_log()
+            self.write_records()
+            counter = self.lines.current()
+            changes: dict[str, Any] = {}
+            if observed != published:
+                changes["observed"] = observed
+                published = observed
+            if counter is not None:
+                changes["output_progress"] = counter
+            if changes:
+                reporter.metrics(**changes)
+            time.sleep(max(0.05, TICK_S - (time.monotonic() - t0)))
+
+
+def _stdlib(path: str) -> bool:
+    return "site-packages" not in path and "dist-packages" not in path and "/lib/python3" in path
+
+
+def phase_of(role: str, d: pyspy.Dump) -> str:
+    """What a stack says a process is doing, in the phases the health rules know: a DataLoader
+    worker waits for its next index (``idle``: never stalled) or fetches one (``fetch``); a rank
+    waits for a batch in its DataLoader (``data``) or is anywhere else (``attached``)."""
+    frames = d.section.stack if d.section else ()
+    if role == "worker":
+        first = next((f for f in frames if not _stdlib(f.file)), None)
+        return "idle" if first is not None and first.function == "_worker_loop" else "fetch"
+    if role == "rank" and any("torch/utils/data/dataloader.py" in f.file.replace("\\", "/")
+                              and f.function in ("__next__", "_next_data", "_get_data", "_try_get_data")
+                              for f in frames):
+        return "data"
+    return {"agent": "agent", "helper": "helper"}.get(role, PHASE)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m ups.attach.observe RUN_DIR", file=sys.stderr)
+        return 2
+    run = RunDir(args[0])
+    obs = AttachObserver(run)
+    run.update_manifest(state="running", launcher={"pid": os.getpid(), "pid_start": this_process_start(),
+                                                   "pgid": os.getpgid(0), "adopted": False})
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, obs.on_signal)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    with Reporter(run.path, role="launcher", phase="supervise", run_id=obs.run_id, stack_signal=None) as reporter:
+        reporter.item(f"observing pid {obs.top} from outside (no signal, nothing in the job)")
+        try:
+            obs.loop(reporter)
+        finally:
+            if obs.stop == "run folder gone":
+                pass
+            elif obs.stop is not None and obs.alive():
+                # Asked to stop (``ups kill`` ends the observer first, then the job): watching
+                # ends; the job's end is for whoever stops it, or for a reader to settle.
+                run.append_event("attach.stopped", actor=ACTOR, signal=obs.stop,
+                                 detail="the observer was asked to stop while the job ran")
+            elif run.read_manifest().get("state") not in FINAL_RUN_STATES:
+                obs.finish()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

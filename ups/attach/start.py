@@ -1,0 +1,93 @@
+"""An attached run's folder and its observer: ``ups attach PID``.
+
+The folder is an ordinary run folder (:class:`ups.runs.rundir.RunDir`) of kind ``attached``:
+its manifest names the job's top process (``job``: pid, start time, command; the anchor of
+the ownership proofs every action takes, :class:`ups.runs.ownership.JobScope`), and under
+``attached`` the processes found with their start times, who attached it and when, and the
+log read. One observer process (:mod:`ups.attach.observe`) is its only writer from then on.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ups.attach.find import Job, stat_of, watched_pids
+from ups.errors import UpsError
+from ups.runs.rundir import RunDir
+
+KIND = "attached"
+OBSERVER_MODULE = "ups.attach.observe"
+START_WAIT_S = 20.0
+THRESHOLDS = {"stalled_after": 15.0, "startup_grace": 0.0}
+"""Seen from outside, a process makes progress when it is seen working (a busy window, or a
+different stack than the last dump); 15 s without (three idle windows and a stack read twice
+the same) is stalled. Nothing is known of start-up: no grace."""
+
+
+def who() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return str(os.getuid())
+
+
+def check_attachable(job: Job, runs_root: str | os.PathLike[str]) -> None:
+    if job.launched_by_ups:
+        raise UpsError(f"pid {job.given} belongs to a job started by ups launch (run folder {job.launched_by_ups}): "
+                       "ups already watches it (`ups status`)")
+    taken = watched_pids(runs_root) & {p.pid for p in job.procs}
+    if taken:
+        raise UpsError(f"pid {job.given}'s job is already attached (an observer under {runs_root} watches pid "
+                       f"{min(taken)}): `ups runs` lists it")
+
+
+def create_run(job: Job, runs_root: str | os.PathLike[str], *, run_id: str | None = None) -> RunDir:
+    top = job.top_proc
+    st = stat_of(job.top)
+    job_entry = {"pid": top.pid, "pid_start": top.start, "command": top.argv}
+    if st is not None and st[2] == top.pid:
+        job_entry["sid"] = top.pid  # the top leads its session: the session proves its members
+    name = "attached-" + (os.path.basename(next((a for a in top.argv[1:] if a.endswith(".py")), top.argv[0] if top.argv else "job"))
+                          .removesuffix(".py"))
+    extra = {
+        "job": job_entry,
+        "automatic": "observe",
+        "instrument": False,
+        "world_size": job.world_size,
+        "thresholds": THRESHOLDS,
+        "attached": {"by": who(), "at": time.time(), "given_pid": job.given, "log": job.log,
+                     "processes": [{"pid": p.pid, "start": p.start, "role": p.role, "name": p.name, "rank": p.rank}
+                                   for p in job.procs]},
+    }
+    return RunDir.create(runs_root, KIND, argv=list(top.argv), extra=extra, name=name, run_id=run_id)
+
+
+def start_observer(run: RunDir) -> subprocess.Popen[bytes]:
+    """The observer, detached (a session of its own), its output in ``logs/launcher.log``."""
+    log = open(run.log_path("launcher"), "ab")  # noqa: SIM115 - handed to the child
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("UPS_") or k in ("UPS_RUNS_DIR", "UPS_HOSTNAME")}
+        here = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        return subprocess.Popen([sys.executable, "-m", OBSERVER_MODULE, str(run.path.resolve())],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, env=env, cwd="/")
+    finally:
+        log.close()
+
+
+def wait_started(run: RunDir, proc: subprocess.Popen[bytes], timeout: float = START_WAIT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (run.status_dir / "launcher.json").exists():
+            return
+        if proc.poll() is not None:
+            raise UpsError(f"the observer of run {run.run_id} ended at once (exit {proc.returncode}): "
+                           f"see {run.log_path('launcher')}")
+        time.sleep(0.05)
+    raise UpsError(f"the observer of run {run.run_id} wrote nothing within {timeout:g} s: see {run.log_path('launcher')}")

@@ -1,0 +1,115 @@
+"""``ups attach``: a PyTorch job ups did not start, found from any of its pids and watched from outside."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from ups.cli.common import JsonOption, RunsDirOption, default_runs_dir, fail, print_json
+
+commands = typer.Typer()  # registered by ups.cli.app, the root
+
+
+@commands.command("attach")
+def attach_cmd(
+    pid: Annotated[int | None, typer.Argument(help="Any process of the job: torchrun's agent, a rank, a DataLoader "
+                                                   "worker, an mp.spawn parent, a launcher.", show_default=False)] = None,
+    scan: Annotated[bool, typer.Option("--scan", help="List every PyTorch job on this host that ups does not watch "
+                                                      "(once each), and ranks whose agent died; attach nothing.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the job's processes and their roles; attach nothing.")] = False,
+    run_id: Annotated[str | None, typer.Option("--run-id", help="Name the attached run (default: a new id).")] = None,
+    runs_dir: RunsDirOption = default_runs_dir(),
+    json: JsonOption = False,
+) -> None:
+    """Watch a job ups did not launch (a plain torchrun, a SLURM script, a notebook's job)
+    from outside, as a run: `ups status`, `why`, `stacks`, `logs` and `kill` then work on it.
+
+    From PID it walks the process tree up to the job's top and down to every process, and
+    names each one's role from its environment (RANK, LOCAL_RANK, WORLD_SIZE, GROUP_RANK,
+    TORCHELASTIC_*, MASTER_ADDR/PORT), command line and parentage; its log is where its stdout
+    or stderr go to a file.
+
+    Then one observer process (detached; the run's only writer) samples each process from
+    /proc (CPU, I/O, state, kernel wait, threads), reads its stacks with `py-spy dump
+    --nonblocking` every 10 s (its memory read while it runs: no pause, no signal; `pip install
+    'ups[attach]'`), and reads progress and errors from the log. Nothing goes into the job and
+    nothing signals it. Where ptrace is refused it says so once, with the fix, and goes on
+    without stacks. It is never acted on automatically.
+
+    --scan lists the jobs on this host ups does not watch (jobs started by `ups launch` and
+    attached ones left out), and orphans: ranks whose torchrun agent died, with the ports
+    they listen on and the GPU memory they hold (NVML). See docs/attach.md.
+
+    Exit codes: 0 attached (or listed), 2 bad input (no such pid, not a PyTorch job, already
+    watched). --json prints the job ({"top", "given", "log", "world_size", "processes": [...]})
+    with "run_id"; with --scan, {"jobs": [...], "orphans": [...], "gpu"}.
+    """
+    from ups.attach.find import find_job
+    from ups.attach.find import scan as scan_jobs
+    from ups.errors import UpsError
+
+    if scan:
+        if pid is not None:
+            raise fail("give a pid or --scan, not both")
+        found = scan_jobs(runs_dir)
+        if json:
+            print_json(found)
+            return
+        if not found["jobs"]:
+            typer.echo("no PyTorch job on this host that ups does not watch")
+            return
+        for j in found["jobs"]:
+            typer.echo(("ORPHAN (its agent died) " if j["orphan"] else "") + j["describe"] + (f"; log {j['log']}" if j["log"] else ""))
+            for p in j["processes"]:
+                held = ""
+                if p.get("ports"):
+                    held += f", listens on {', '.join(map(str, p['ports']))}"
+                if p.get("gpu_bytes"):
+                    held += f", {p['gpu_bytes'] / 2**30:.1f} GiB GPU memory"
+                typer.echo(f"  pid {p['pid']:>7}  {p['label']:<22} {' '.join(p['argv'])[:70]}{held}")
+        if found["gpu"] != "NVML":
+            typer.echo(found["gpu"])
+        typer.echo("attach one with: ups attach PID")
+        return
+    if pid is None:
+        raise fail("give the pid of any process of the job (or --scan to list them)")
+    try:
+        job = find_job(pid)
+    except UpsError as exc:
+        raise fail(str(exc)) from None
+    if dry_run:
+        if json:
+            print_json(job.to_dict())
+            return
+        _show(job)
+        return
+    from ups.attach.start import check_attachable, create_run, start_observer, wait_started
+
+    try:
+        check_attachable(job, runs_dir)
+        run = create_run(job, runs_dir, run_id=run_id)
+        proc = start_observer(run)
+        wait_started(run, proc)
+    except UpsError as exc:
+        raise fail(str(exc)) from None
+    run.append_event("attach", actor=f"cli:{_user()}", pid=pid, top=job.top,
+                     processes=[{"pid": p.pid, "name": p.name} for p in job.procs], log=job.log)
+    if json:
+        print_json({**job.to_dict(), "run_id": run.run_id, "run_dir": str(run.path)})
+        return
+    _show(job)
+    typer.echo(f"attached as run {run.run_id} (observer pid {proc.pid}); try: ups why {run.run_id}")
+
+
+def _user() -> str:
+    from ups.attach.start import who
+
+    return who()
+
+
+def _show(job) -> None:  # noqa: ANN001 - ups.attach.find.Job, imported lazily
+    typer.echo(job.describe() + (f"; log {job.log}" if job.log else "; no log file (stdout and stderr are not files)"))
+    for p in job.procs:
+        env = " ".join(f"{k}={v}" for k, v in p.env.items() if k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK"))
+        typer.echo(f"  pid {p.pid:>7}  {p.label:<22} {env:<40} {' '.join(p.argv)[:60]}")
