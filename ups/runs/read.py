@@ -43,8 +43,9 @@ def open_run(
     clocks (see :func:`ups.runs.view.load_run_view`)."""
     view = None
     if run is not None:
-        view = settled(load_run_view(run, now=now, mono=mono, include=include, source=source, table_factory=table_factory,
-                                     process_table=process_table, local_host=local_host))
+        view = load_run_view(run, now=now, mono=mono, include=include, source=source, table_factory=table_factory,
+                             process_table=process_table, local_host=local_host)
+        view = settled(view)  # built once: settling re-derives only what follows from the manifest
     if remotes:
         from ups.runs.remote import merge_remote
 

@@ -13,15 +13,12 @@ SIGKILLed). Every reader shows that state (:func:`ups.runs.read.open_run`); only
 
 from __future__ import annotations
 
-import dataclasses
-
 from ups.runs.exits import ProcessExit, read_exits
 from ups.runs.kinds import finalize
 from ups.runs.outcome import End
 from ups.runs.rundir import merge_node_states
-from ups.runs.view import RunView, load_run_view, node_view
+from ups.runs.view import RunView, node_view, settled_view
 from ups.status.host import hostname
-from ups.status.reader import StatusSnapshot
 from ups.status.record import StatusRecord
 
 TOP_ROLE = {"torchrun": "agent", "train": "agent"}  # other kinds: the job's process is rank 0
@@ -65,15 +62,17 @@ def settled(view: RunView) -> RunView:
         return view
     launcher = (view.manifest or {}).get("launcher") or {}
     whole, view = view, node_view(view)  # a multi-node run: this node is settled, from its own processes
+    ended_at = (whole.manifest or {}).get("ended_at") or _last_sign_of_life(view)
     rc = derived_returncode(view)
-    outcome = finalize(view, End(rc, False, vanished_exits(view, read_exits(view.run))))
+    ends = vanished_exits(view, read_exits(view.run))
+    outcome = finalize(view, End(rc, False, ends))
     state = outcome.state
     said = any(p.record.state == "failed" for p in view.processes if p.record.role in ("rank", "agent", "worker"))
     if state == "failed" and not said and rc is None:
         state = "lost"  # nothing recorded how it ended
     summary = f"launcher lost (pid {launcher.get('pid')} gone); {outcome.summary}"
     changes = dict(summary=summary, failure=outcome.failure, exit_code=rc, launcher_lost=True, **outcome.extra,
-                   state=state, ended_at=(whole.manifest or {}).get("ended_at") or _last_sign_of_life(view))
+                   state=state, ended_at=ended_at)
     manifest = dict(whole.manifest or {})
     if manifest.get("multinode"):
         # This node's manifest ends; the run's state is then every node's, merged as on disk.
@@ -83,19 +82,7 @@ def settled(view: RunView) -> RunView:
         manifest.update(merge_node_states(nodes, (manifest.get("multinode") or {}).get("nnodes")))
     else:
         manifest.update(changes)
-    snapshot = StatusSnapshot(tuple(p.record for p in whole.processes), whole.problems, whole.read_at)
-    again = load_run_view(whole.run, now=whole.read_at, source=_Fixed(snapshot), manifest=manifest)
-    return dataclasses.replace(again, settled=changes)
-
-
-class _Fixed:
-    """The records already read, read again (a view rebuilt around a settled manifest)."""
-
-    def __init__(self, snapshot: StatusSnapshot) -> None:
-        self._snapshot = snapshot
-
-    def read(self) -> StatusSnapshot:
-        return self._snapshot
+    return settled_view(whole, manifest, changes)
 
 
 def _last_sign_of_life(view: RunView) -> float | None:

@@ -204,7 +204,6 @@ def load_run_view(
     include: Callable[[str], bool] | None = None,
     local_host: str | None = None,
     mono: float | None = None,
-    manifest: dict[str, Any] | None = None,
 ) -> RunView:
     """Read the manifest and every record once (or those ``include`` names), classify them.
 
@@ -213,23 +212,20 @@ def load_run_view(
     its own record yet (the first second of a run) is alive, not gone.
 
     Ages of records written on this boot of this host come from CLOCK_MONOTONIC (``mono``,
-    taken now unless ``now`` is given without it: a fixed clock in tests is a wall clock).
-    ``manifest``: one already read (a run settled in memory: ups.runs.settle) instead of run.json."""
+    taken now unless ``now`` is given without it: a fixed clock in tests is a wall clock)."""
     problem: str | None = None
-    if manifest is None:
-        try:
-            manifest = run.read_manifest()
-        except CorruptRun as exc:
-            manifest, problem = None, str(exc)
-    thresholds = Thresholds.from_dict((manifest or {}).get("thresholds"))
+    try:
+        manifest: dict[str, Any] | None = run.read_manifest()
+    except CorruptRun as exc:
+        manifest, problem = None, str(exc)
     snap = source.read() if source is not None else read_status_dir(run.status_dir, include)
     records = with_output_progress(snap.records)
     if now is None:
         now, mono = time.time(), time.monotonic() if mono is None else mono
     boot = boot_id() if mono is not None else None
-    launcher = (manifest or {}).get("launcher") if isinstance((manifest or {}).get("launcher"), dict) else None
     table = process_table or (table_factory or StaticProcessTable.snapshot)(
         [r.pid for r in records] + _launcher_pids(manifest or {}))
+    thresholds = Thresholds.from_dict((manifest or {}).get("thresholds"))
     verdicts = classify_run(records, now, table, thresholds, local_host=local_host, mono=mono, boot_id=boot)
     processes = []
     for r in records:
@@ -245,12 +241,30 @@ def load_run_view(
             if p.record.host in lost and not p.record.is_final else p for p in processes)
     if any(p.verdict.health is Health.UNRESPONSIVE for p in processes):
         processes = _disk_full_verdicts(run, processes)
+    view = RunView(run, manifest, problem, processes, snap.problems, thresholds, now)
+    return _around(view, manifest, table, here, lost)
+
+
+def settled_view(view: RunView, manifest: dict[str, Any], settled: dict[str, Any]) -> RunView:
+    """``view`` around the manifest a reader settled in memory (ups.runs.settle): the parts
+    that follow from the manifest (a multi-node run's nodes and lost nodes, the supervision)
+    are derived again; the records, their verdicts and the clock stay as they were read.
+    Nobody is left to supervise a settled run, so no process of it is looked up again."""
+    lost = {n.host: n.reason for n in view.nodes if not n.reachable}
+    return dataclasses.replace(_around(view, manifest, StaticProcessTable({}), hostname(), lost), settled=settled)
+
+
+def _around(view: RunView, manifest: dict[str, Any] | None, table: ProcessTable, here: str,
+            lost: dict[str, str]) -> RunView:
+    """``view`` with ``manifest`` and what follows from it: the nodes of a multi-node run, a
+    lost node's end, and who supervises the run (``table``: the launchers' pids)."""
     nodes: tuple[NodeView, ...] = ()
     if manifest is not None and manifest.get("multinode"):
-        nodes = node_views(manifest, processes, lost, here)
+        nodes = node_views(manifest, view.processes, lost, here)
         manifest = with_lost_nodes(manifest, nodes)
-    supervision = _supervision(manifest, launcher, processes, table, here, multinode=bool(nodes))
-    return RunView(run, manifest, problem, processes, snap.problems, thresholds, now, supervision, nodes)
+    launcher = (manifest or {}).get("launcher") if isinstance((manifest or {}).get("launcher"), dict) else None
+    supervision = _supervision(manifest, launcher, view.processes, table, here, multinode=bool(nodes))
+    return dataclasses.replace(view, manifest=manifest, supervision=supervision, nodes=nodes)
 
 
 def with_output_progress(records: tuple[StatusRecord, ...]) -> tuple[StatusRecord, ...]:
