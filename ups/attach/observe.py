@@ -37,7 +37,6 @@ from ups.attach.find import Proc, find_job
 from ups.launch.lineprogress import LineProgress
 from ups.launch.proof import Observer
 from ups.runs.rundir import FINAL_RUN_STATES, RunDir
-from ups.status.files import write_atomic
 from ups.status.host import boot_id, hostname
 from ups.status.procs import process_start_time, same_start, this_process_start
 from ups.status.record import SCHEMA_VERSION, StatusRecord
@@ -164,14 +163,17 @@ class AttachObserver:
                 s.written_frames, s.written_mono = d.frames, mono
 
     def append_stack(self, name: str, text: str) -> None:
-        from ups.status.safeio import OPEN_APPEND, BadFile, open_regular
+        from ups.status.confined import open_append
 
-        path = self.run.stacks_dir / f"{name}.txt"
+        file = f"{name}.txt"
         try:
-            if path.exists() and path.stat().st_size > STACK_FILE_MAX:
-                path.replace(path.with_suffix(".txt.1"))
-            fd = open_regular(path, OPEN_APPEND)
-        except (OSError, BadFile):
+            # stacks/ and the file opened relative to the run folder, never through a link
+            with self.run.folder("stacks", make=True) as stacks:
+                with contextlib.suppress(FileNotFoundError):
+                    if os.stat(file, dir_fd=stacks, follow_symlinks=False).st_size > STACK_FILE_MAX:
+                        os.rename(file, f"{file}.1", src_dir_fd=stacks, dst_dir_fd=stacks)
+                fd = open_append(file, dir_fd=stacks)
+        except OSError:
             return
         try:
             os.write(fd, ("\n" + text).encode())
@@ -204,9 +206,7 @@ class AttachObserver:
             return
         self.log_pos += len(data)
         with contextlib.suppress(OSError):
-            from ups.status.files import append_opener
-
-            out = append_opener(str(self.run.log_path("job")), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            out = self.run.open_log("job")  # relative to the run folder, never through a link
             try:
                 os.write(out, data)
             finally:
@@ -257,7 +257,7 @@ class AttachObserver:
                 continue
             rec = self.record(s, now, mono)
             with contextlib.suppress(OSError):
-                write_atomic(self.run.status_dir / f"{rec.name}.json", rec.to_json().encode())
+                self.run.write_file(f"status/{rec.name}.json", rec.to_json().encode())  # never through a link
 
     # -- the end -------------------------------------------------------------------------
     def finish(self) -> None:
@@ -295,7 +295,7 @@ class AttachObserver:
             else:
                 rec = rec.with_changes(state="done")
             with contextlib.suppress(OSError):
-                write_atomic(self.run.status_dir / f"{rec.name}.json", rec.to_json().encode())
+                self.run.write_file(f"status/{rec.name}.json", rec.to_json().encode())  # never through a link
         self.run.settle(state, summary=summary, failure=failure, ended=ends)
         self.run.append_event("exit", actor=ACTOR, state=state, summary=summary)
         from ups.launch.supervise import record_verdict

@@ -69,7 +69,7 @@ def create_run(job: Job, runs_root: str | os.PathLike[str], *, run_id: str | Non
 
 def start_observer(run: RunDir) -> subprocess.Popen[bytes]:
     """The observer, detached (a session of its own), its output in ``logs/launcher.log``."""
-    log = open(run.log_path("launcher"), "ab")  # noqa: SIM115 - handed to the child
+    log = os.fdopen(run.open_log("launcher"), "ab")  # never through a link; handed to the child
     try:
         env = {k: v for k, v in os.environ.items() if not k.startswith("UPS_") or k in ("UPS_RUNS_DIR", "UPS_HOSTNAME")}
         here = str(Path(__file__).resolve().parents[2])
