@@ -67,7 +67,8 @@ def test_the_fixtures_get_no_wrong_class_and_no_negative_a_class(half: str):
 
 
 # -- a torch upgrade that changes a message is caught ------------------------------------------------
-CHEAP = ("ckpt_args", "ckpt_cuda", "nan_anomaly")  # torch's own messages: weights_only, map_location, anomaly mode
+# torch's own messages: weights_only on a checkpoint and on an HTML page, map_location, anomaly mode
+CHEAP = ("ckpt_args", "ckpt_html", "ckpt_cuda", "nan_anomaly")
 
 
 def test_failures_made_again_with_the_installed_torch_are_still_named(tmp_path: Path):
@@ -151,3 +152,14 @@ def test_a_cause_before_the_nan_wins_and_a_nan_before_the_programs_error_wins():
     assert read_log(own).name == "loss_nonfinite"
     anomaly = "RuntimeError: Function 'LogBackward0' returned nan values in its 0th output.\n"
     assert read_log(anomaly).name == "loss_nonfinite"
+
+
+def test_a_file_that_is_no_pickle_under_weights_only_is_corrupt_and_a_short_write_is_a_full_disk():
+    # torch 2.13 on an HTML page saved as weights: the unpickler's first byte, '<', is no opcode
+    html = ("_pickle.UnpicklingError: Weights only load failed. In PyTorch 2.6, we changed the default value of the "
+            "`weights_only` argument in `torch.load` from `False` to `True`.\nPlease file an issue with the following so "
+            "that we can make `weights_only=True` compatible with your use case: WeightsUnpickler error: \n\n"
+            "Unsupported operand 60\n")
+    assert read_log(html).name == "checkpoint_corrupt"
+    assert read_log("WeightsUnpickler error: Unsupported operand 149\n").name is None  # a real opcode (FRAME)
+    assert read_log("OSError: 1048576 requested and 31712 written\n").name == "disk_full"  # numpy's tofile

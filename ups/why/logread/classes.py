@@ -21,6 +21,7 @@ in /dev/shm is shared memory, not a disk).
 
 from __future__ import annotations
 
+import pickletools
 import re
 from dataclasses import dataclass
 
@@ -340,6 +341,7 @@ CLASSES: tuple[LogClass, ...] = (
 BY_NAME = {c.name: c for c in CLASSES}
 
 _ECC_XIDS = (48, 63, 64, 92, 94, 95)
+_PICKLE_OPCODES = tuple(str(ord(op.code)) for op in pickletools.opcodes)
 # An exit status however a launcher words it: torchrun "exitcode: -9", DeepSpeed "exits with
 # return code = -9", a shell's "exit code 137" (128 + the signal).
 _EXIT_WORDS = ("exitcode", "exit code", "exit status", "return code", "returncode", "exited with code")
@@ -521,6 +523,8 @@ SIGNS: tuple[Sign, ...] = (
     # disk_full
     _s("disk_full", r"No space left on device|There is not enough space on the disk|\bENOSPC\b|\[Errno 28\]|PytorchStreamWriter failed writing|file write failed|"
        r"unexpected pos \d+ vs \d+|Cannot write: No space|database or disk is full|"
+       # numpy's short write of an array to a file (ndarray.tofile, np.save): only a full disk writes less
+       r"\d+ requested and \d+ written|"
        # Kubernetes evicting a pod for the node's disk (its ephemeral storage)
        r"The node was low on resource: ephemeral-storage|ephemeral local storage usage exceeds|"
        # HF datasets' check before it downloads and prepares a dataset
@@ -540,6 +544,9 @@ SIGNS: tuple[Sign, ...] = (
        # (Keras) that is truncated or not HDF5 at all
        r"cloned a repository without having git-lfs installed|"
        r"Unable to (?:synchronously )?open file \((?:truncated file|file signature not found|bad object header)"),
+    # torch.load's weights_only unpickler on a file that is no pickle at all (an HTML page: its first
+    # byte '<' is "Unsupported operand 60"); an operand that is a pickle opcode is another story
+    _s("checkpoint_corrupt", r"Unsupported operand (?!(?:" + "|".join(_PICKLE_OPCODES) + r")\b)\d+\b"),
     _s("checkpoint_corrupt", r"Ran out of input", unless_frames=r"multiprocessing|spawn\.py|reduction\.py|queues\.py"),
     # permission_denied: the OS's EACCES/EPERM on a path (Python's PermissionError, a C library's strerror)
     _s("permission_denied", r"PermissionError|\[Errno 13\]|\[Errno 1\] Operation not permitted|\bEACCES\b|"
