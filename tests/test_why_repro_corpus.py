@@ -150,6 +150,10 @@ def test_a_cause_before_the_nan_wins_and_a_nan_before_the_programs_error_wins():
     own = ("step 3 loss nan\nTraceback (most recent call last):\n  File \"/home/me/train.py\", line 9, in <module>\n"
            "    check(loss)\nValueError: bad loss\n")
     assert read_log(own).name == "loss_nonfinite"
+    # the program's own check that raised about the loss is its own error, as any other
+    raised = read_log("Traceback (most recent call last):\n  File \"/home/me/train.py\", line 50, in <module>\n"
+                      "    raise ValueError(f\"loss is {loss}\")\nValueError: loss is nan\n")
+    assert raised.kind == "user_code" and raised.exception == "ValueError"
     anomaly = "RuntimeError: Function 'LogBackward0' returned nan values in its 0th output.\n"
     assert read_log(anomaly).name == "loss_nonfinite"
 

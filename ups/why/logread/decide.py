@@ -244,8 +244,19 @@ def decide(events: list[Event], lines: list[Line] | None = None) -> Reading:
 
 
 def _first_nonfinite_loss(lines: list[Line]) -> Line | None:
-    # the line as printed: a progress bar's body is blanked, its postfix holds the loss
-    return next((ln for ln in lines if ln.role not in ("frame", "source") and NONFINITE_LOSS.search(ln.raw)), None)
+    """The first line that prints a NaN or inf loss: read as printed (a progress bar's body is
+    blanked, its postfix holds the loss); never an exception's line ("ValueError: loss is nan" is
+    the program's own error, decided as one)."""
+    for ln in lines:
+        low = ln.raw.lower()
+        if "loss" not in low or ("nan" not in low and "inf" not in low):  # most lines: no regex
+            continue
+        if ln.role not in ("frame", "source", "header", "chain") and not _RAISED.match(ln.body) and NONFINITE_LOSS.search(ln.raw):
+            return ln
+    return None
+
+
+_RAISED = re.compile(r"\s*[\w.]*(?:Error|Exception)\b")
 
 
 def _raised_later(events: list[Event], ev: Event) -> bool:
