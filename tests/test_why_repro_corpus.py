@@ -158,12 +158,18 @@ def test_a_cause_before_the_nan_wins_and_a_nan_before_the_programs_error_wins():
     assert read_log(anomaly).name == "loss_nonfinite"
 
 
-def test_a_file_that_is_no_pickle_under_weights_only_is_corrupt_and_a_short_write_is_a_full_disk():
-    # torch 2.13 on an HTML page saved as weights: the unpickler's first byte, '<', is no opcode
-    html = ("_pickle.UnpicklingError: Weights only load failed. In PyTorch 2.6, we changed the default value of the "
-            "`weights_only` argument in `torch.load` from `False` to `True`.\nPlease file an issue with the following so "
-            "that we can make `weights_only=True` compatible with your use case: WeightsUnpickler error: \n\n"
-            "Unsupported operand 60\n")
-    assert read_log(html).name == "checkpoint_corrupt"
-    assert read_log("WeightsUnpickler error: Unsupported operand 149\n").name is None  # a real opcode (FRAME)
-    assert read_log("OSError: 1048576 requested and 31712 written\n").name == "disk_full"  # numpy's tofile
+# torch 2.13 on an HTML page saved as weights: the unpickler's first byte, '<', is no pickle opcode
+HTML_UNDER_WEIGHTS_ONLY = (
+    "_pickle.UnpicklingError: Weights only load failed. In PyTorch 2.6, we changed the default value of the "
+    "`weights_only` argument in `torch.load` from `False` to `True`.\nPlease file an issue with the following so "
+    "that we can make `weights_only=True` compatible with your use case: WeightsUnpickler error: \n\n"
+    "Unsupported operand 60\n")
+
+
+@pytest.mark.parametrize("text, name", [
+    (HTML_UNDER_WEIGHTS_ONLY, "checkpoint_corrupt"),
+    ("WeightsUnpickler error: Unsupported operand 149\n", None),  # a real opcode (FRAME): not a file that is no pickle
+    ("OSError: 1048576 requested and 31712 written\n", "disk_full"),  # numpy's short write (ndarray.tofile)
+])
+def test_a_file_that_is_no_pickle_is_corrupt_and_a_short_write_is_a_full_disk(text: str, name: str | None):
+    assert read_log(text).name == name
