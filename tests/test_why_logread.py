@@ -975,7 +975,7 @@ def test_nothing_failed_says_so():
 
 
 def test_every_class_says_what_who_where_and_the_fix():
-    assert len(CLASSES) == 34 and len(BY_NAME) == 34
+    assert len(CLASSES) == 37 and len(BY_NAME) == 37  # the taxonomy's 32; 2 for NCCL's RAS report (issue 38); 3 reproduction showed missing (issue 42)
     for c in CLASSES:
         assert c.what and c.who and c.where and c.fix, c.name
         assert all(r in BY_NAME for r in c.refines), c.name

@@ -21,6 +21,7 @@ in /dev/shm is shared memory, not a disk).
 
 from __future__ import annotations
 
+import pickletools
 import re
 from dataclasses import dataclass
 
@@ -291,11 +292,26 @@ CLASSES: tuple[LogClass, ...] = (
              "`mount | grep ' ro,'` for the path the message names",
              "write outputs, caches and checkpoints to a writable folder (set the cache/output paths); if the disk "
              "was remounted read-only after errors, check the kernel log"),
+    LogClass("permission_denied", "the OS refused the job access to a path: its user has no permission there",
+             "the path's owner and mode against the user the job runs as (a folder another user or a container made, "
+             "a shared folder, a file system mounted for another user)",
+             "`ls -ld` on the path the message names and on each folder above it, and `id` of the user the job runs as",
+             "write where the job's user may (an output or cache folder of its own, set by the job's paths), or give "
+             "that user the right to write there (chown/chmod, the container's user)"),
     LogClass("checkpoint_corrupt", "a checkpoint or weights file could not be read: truncated, corrupt, or not a checkpoint",
              "the file: an interrupted download or save, or an HTML page / Git LFS pointer saved under a weights name",
              "the file's size and first bytes (`ls -l`, `head -c 200`)",
              "download or save it again (check its size or hash); resume from the previous checkpoint; write "
              "checkpoints atomically (temp file + rename)"),
+    LogClass("checkpoint_weights_only", "torch.load refused a checkpoint: it holds Python objects that weights_only "
+             "loading does not allow (torch >= 2.6 loads with weights_only=True by default)",
+             "the checkpoint's contents (an argparse.Namespace, numpy values, a class of the program saved beside the "
+             "weights) against torch.load's weights_only default",
+             "the \"Unsupported global: GLOBAL ...\" line names the object; the torch.load call",
+             "for a file you trust: allow that object (torch.serialization.add_safe_globals([...]) or the "
+             "safe_globals context manager) or load it with torch.load(path, weights_only=False); save only tensors "
+             "and state_dicts in checkpoints",
+             refines=("checkpoint_corrupt",)),
     LogClass("checkpoint_cuda_on_cpu", "a checkpoint saved from GPU tensors was loaded where there is no CUDA",
              "the loading code: torch.load without map_location on a machine without a GPU",
              "the torch.load call",
@@ -322,6 +338,12 @@ CLASSES: tuple[LogClass, ...] = (
              "the crash's stack (faulthandler: python -X faulthandler, or `ups stacks`), and which library was in it",
              "rerun with python -X faulthandler to get the frame; update or rebuild the native extension it "
              "crashed in; for a DataLoader worker, try num_workers=0 to get the real error"),
+    LogClass("loss_nonfinite", "the loss became NaN or inf",
+             "the training's numbers: a learning rate too high, a bad batch (NaN or inf in the data, a log of 0), "
+             "fp16 overflow without loss scaling",
+             "the first step whose loss is NaN or inf (the line shown), its batch and the learning rate then",
+             "find the step's batch and check it for NaN/inf; lower the learning rate or clip gradients; use bf16 or "
+             "a GradScaler for fp16; torch.autograd.detect_anomaly() names the operation that made the first NaN"),
     LogClass("job_terminated", "the job was stopped from outside (a time limit, a preemption, a cancel, a signal)",
              "the scheduler or an operator (SLURM's time limit, a spot/preemption notice, scancel, kill)",
              "the scheduler's records (`sacct -j JOB`, the cloud's preemption notices)",
@@ -332,6 +354,7 @@ CLASSES: tuple[LogClass, ...] = (
 BY_NAME = {c.name: c for c in CLASSES}
 
 _ECC_XIDS = (48, 63, 64, 92, 94, 95)
+_PICKLE_OPCODES = tuple(str(ord(op.code)) for op in pickletools.opcodes)
 # An exit status however a launcher words it: torchrun "exitcode: -9", DeepSpeed "exits with
 # return code = -9", a shell's "exit code 137" (128 + the signal).
 _EXIT_WORDS = ("exitcode", "exit code", "exit status", "return code", "returncode", "exited with code")
@@ -513,6 +536,8 @@ SIGNS: tuple[Sign, ...] = (
     # disk_full
     _s("disk_full", r"No space left on device|There is not enough space on the disk|\bENOSPC\b|\[Errno 28\]|PytorchStreamWriter failed writing|file write failed|"
        r"unexpected pos \d+ vs \d+|Cannot write: No space|database or disk is full|"
+       # numpy's short write of an array to a file (ndarray.tofile, np.save): only a full disk writes less
+       r"\d+ requested and \d+ written|"
        # Kubernetes evicting a pod for the node's disk (its ephemeral storage)
        r"The node was low on resource: ephemeral-storage|ephemeral local storage usage exceeds|"
        # HF datasets' check before it downloads and prepares a dataset
@@ -532,7 +557,19 @@ SIGNS: tuple[Sign, ...] = (
        # (Keras) that is truncated or not HDF5 at all
        r"cloned a repository without having git-lfs installed|"
        r"Unable to (?:synchronously )?open file \((?:truncated file|file signature not found|bad object header)"),
+    # torch.load's weights_only unpickler on a file that is no pickle at all (an HTML page: its first
+    # byte '<' is "Unsupported operand 60"); an operand that is a pickle opcode is another story
+    _s("checkpoint_corrupt", r"Unsupported operand (?!(?:" + "|".join(_PICKLE_OPCODES) + r")\b)\d+\b"),
     _s("checkpoint_corrupt", r"Ran out of input", unless_frames=r"multiprocessing|spawn\.py|reduction\.py|queues\.py"),
+    # permission_denied: the OS's EACCES/EPERM on a path (Python's PermissionError, a C library's strerror)
+    _s("permission_denied", r"PermissionError|\[Errno 13\]|\[Errno 1\] Operation not permitted|\bEACCES\b|"
+       r"(?:/|\\)[^\s:'\"]*['\"]?:? ?Permission denied|Permission denied:? ['\"]?(?:/|\.{1,2}/|~/|[A-Za-z]:\\)|"
+       r"cannot (?:open|create|write|remove|make)[^\n]*: Permission denied|"
+       # torch's own stream writer (torch.save): "open file failed with strerror: Permission denied"
+       r"strerror:? (?:Permission denied|Operation not permitted)"),
+    # checkpoint_weights_only: torch.load's weights_only unpickler refused an object (torch >= 2.6)
+    _s("checkpoint_weights_only", r"Unsupported global: GLOBAL|was not an allowed global by default|"
+       r"Weights only load failed[^\n]*Unsupported (?:global|class)"),
     # checkpoint_cuda_on_cpu
     # ... or the end of its message ("... please use torch.load with map_location=torch.device('cpu') to map
     # your storages to the CPU."), when a paste or a wrap cut its start
@@ -563,6 +600,8 @@ SIGNS: tuple[Sign, ...] = (
        r"\b0xC0000005\b", KILLED),  # Windows' exit status of an access violation
     _s("segfault", _exit("-6", "134") + r"|Signal 6 \(SIGABRT\)|\bSIGABRT\b|^Aborted\b|killed by signal: Aborted|"
        r"Fatal Python error: Aborted", EXIT),
+    # loss_nonfinite: autograd's anomaly mode names the backward that made the first NaN
+    _s("loss_nonfinite", r"Function '\w+' returned (?:nan|inf) values in its \d+\w* output"),
     # job_terminated
     _s("job_terminated", r"CANCELLED AT \S+ DUE TO|STEPD TERMINATED ON|Received (?:\d+|Signals\.\w+|SIG\w+) death signal|"
        r"got signal: (?:15|1|2|Signals\.SIG(?:TERM|HUP|INT))\b|DUE TO PREEMPTION|\bwas preempted\b|preemption notice|"
@@ -627,6 +666,15 @@ STORE_BARRIER_WAIT_CLASS = "rendezvous_timeout"
 NCCL_NET_ERRNO = re.compile(r"-> 2 \((?:Operation now in progress|Connection (?:refused|timed out|reset by peer)|"
                             r"No route to host|Network is unreachable|Host is (?:down|unreachable)|"
                             r"Software caused connection abort|Cannot assign requested address)\)", re.I)
+
+
+# A loss printed as NaN or inf on any line (a logger's INFO line, a progress bar's postfix, a
+# print): "loss nan", "loss: inf", "train_loss=nan", "{'loss': nan, ...}", "loss is nan". Read
+# by the decision apart from the signs, which never read context lines; its step and rank are
+# the first such line's. Not a best or minimum loss so far, which starts at inf ("'best_train_loss': inf").
+NONFINITE_LOSS = re.compile(r"(?<!best )(?<!min )\b(?!(?:best|min|lowest|prev|previous|init)\w*[_ ]loss)(?:\w+[_ ])?loss\b['\"]?\s*(?:[:=]|is|became|=\s*tensor\()?\s*[-+]?(?:nan|inf)\b", re.I)
+NONFINITE_LOSS_CLASS = "loss_nonfinite"
+STEP_OF = re.compile(r"\b(?:step|iter(?:ation)?|it|batch)\b\s*[:=#]?\s*(\d+)", re.I)
 
 
 def cpp_frame_class(symbol: str) -> str | None:

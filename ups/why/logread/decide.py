@@ -30,13 +30,17 @@ from ups.why.logread.classes import (
     CAUSE,
     EXIT,
     KILLED,
+    NONFINITE_LOSS,
+    NONFINITE_LOSS_CLASS,
     SIGNS,
+    STEP_OF,
     SYMPTOM,
     LogClass,
     frame_class,
     may_show_a_class,
 )
-from ups.why.logread.events import Event, is_errorish, read_events
+from ups.why.logread.events import Event, is_errorish, parse
+from ups.why.logread.lines import Line, read_lines
 from ups.why.logread.ras import ras_summary, read_ras
 
 # Exceptions a program raises about its own inputs and code (never an infrastructure class).
@@ -87,6 +91,7 @@ class Reading:
     site: str | None = None  # file:line (the program's own frame where there is one)
     exception: str | None = None  # the exception's type when the line is one
     n: int | None = None  # the line's index in the log
+    detail: str | None = None  # what the deciding line names: the refused path, the first non-finite step
 
     @property
     def name(self) -> str | None:
@@ -101,7 +106,7 @@ class Reading:
         """The verdict in one sentence."""
         at = f" at {self.site}" if self.site else ""
         if self.kind == "class" and self.cls:
-            return self.cls.what
+            return f"{self.cls.what} ({self.detail})" if self.detail else self.cls.what
         if self.kind == "user_code":
             return f"your code raised {self.exception}{at}"
         if self.kind == "unknown":
@@ -125,8 +130,9 @@ def at_site(site: str | None) -> str:
 
 def read_log(text: str) -> Reading:
     """The verdict on a log's text (a run's log, a process's error, a pasted excerpt)."""
-    events = read_events(text or "")
-    reading = decide(events)
+    lines = read_lines(text or "")
+    events = parse(lines)
+    reading = decide(events, lines)
     ras = read_ras(text or "")
     if ras is not None and (not reading.failed or reading.kind == "unknown"
                             or (reading.cls is not None and reading.cls.name in RAS_REFINES)):
@@ -179,8 +185,13 @@ class Candidate(NamedTuple):
     k: int = 0  # the line of the event the class was read on
 
 
-def decide(events: list[Event]) -> Reading:
+def decide(events: list[Event], lines: list[Line] | None = None) -> Reading:
     classed: list[Candidate] = []
+    nonfinite = _first_nonfinite_loss(lines or [])
+    if nonfinite is not None:
+        # A loss printed as NaN or inf, on whatever line printed it (a logger's INFO line, a
+        # progress bar): a symptom, first in time against the others and the program's own error.
+        classed.append(Candidate(SYMPTOM, Event("line", [nonfinite]), BY_NAME[NONFINITE_LOSS_CLASS]))
     unclassed: list[Event] = []
     nccl_seen: set[str] = set()  # processes whose first NCCL WARN with a class is read
     for ev in events:
@@ -241,6 +252,22 @@ def decide(events: list[Event]) -> Reading:
     return Reading("none")
 
 
+def _first_nonfinite_loss(lines: list[Line]) -> Line | None:
+    """The first line that prints a NaN or inf loss: read as printed (a progress bar's body is
+    blanked, its postfix holds the loss); never an exception's line ("ValueError: loss is nan" is
+    the program's own error, decided as one)."""
+    for ln in lines:
+        low = ln.raw.lower()
+        if "loss" not in low or ("nan" not in low and "inf" not in low):  # most lines: no regex
+            continue
+        if ln.role not in ("frame", "source", "header", "chain") and not _RAISED.match(ln.body) and NONFINITE_LOSS.search(ln.raw):
+            return ln
+    return None
+
+
+_RAISED = re.compile(r"\s*[\w.]*(?:Error|Exception)\b")
+
+
 def _raised_later(events: list[Event], ev: Event) -> bool:
     """An exception of ``ev``'s stream comes after it: the program went on past ``ev``'s line."""
     return any(e.kind == "exception" and e.n > ev.n and e.head.stream == ev.head.stream for e in events)
@@ -263,7 +290,32 @@ def _first(candidates: list[Candidate]) -> Candidate:
 def _class_reading(hit: Candidate) -> Reading:
     ev, line_read = hit.event, hit.event.lines[hit.k]
     line = _shown(line_read.raw)
-    return Reading("class", hit.cls, line, _rank(ev, line), ev.site(), ev.etype, line_read.n)
+    return Reading("class", hit.cls, line, _rank(ev, line), ev.site(), ev.etype, line_read.n,
+                   _detail(hit.cls, ev, line_read.body or line_read.raw))
+
+
+# The path an OS error names: Python's "[Errno 13] Permission denied: '/x'", a tool's "cannot create
+# directory '/x'", a shell's "/x: Permission denied".
+_QUOTED_PATH = re.compile(r"""['"‘]((?:/|\.{1,2}/|~/|[A-Za-z]:\\)[^'"’]*)['"’]""")
+_BARE_PATH = re.compile(r"(?<![\w.])((?:/|~/)[^\s:'\"]+)")
+
+
+def _detail(cls: LogClass | None, ev: Event, body: str) -> str | None:
+    """What the deciding line names that the class's words cannot: the path a write was refused
+    on, the step whose loss was first non-finite."""
+    if cls is None:
+        return None
+    if cls.name == "permission_denied":
+        # the message's lines, never a traceback's frames (their paths are the program's files)
+        said = [ln.body for ln in ev.lines if ln.role not in ("frame", "source")]
+        for text in (body, *said):
+            m = _QUOTED_PATH.search(text) or _BARE_PATH.search(text)
+            if m:
+                return f"on {m.group(1)}"
+    if cls.name == NONFINITE_LOSS_CLASS:
+        m = STEP_OF.search(body)
+        return f"first at step {m.group(1)}" if m else None
+    return None
 
 
 def _exception_reading(ev: Event) -> Reading:

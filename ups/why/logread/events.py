@@ -372,7 +372,7 @@ def _detail_follows(lines: list[Line], k: int, last: Line) -> bool:
     return after is not None and after.role == "content" and bool(_DETAIL.match(after.body))
 
 
-_STARTS = re.compile(r"^(?:slurmstepd|srun:|Killed\b|Segmentation fault|Bus error|Aborted|NVRM:|\*\*\*|"
+_STARTS = re.compile(r"^(?:slurmstepd|srun:|Killed\b|Terminated\b|Segmentation fault|Bus error|Aborted|NVRM:|\*\*\*|"
                      r"ERROR:|terminate called|Fatal Python error|.*\bfailed \(exitcode:)")
 
 

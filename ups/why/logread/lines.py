@@ -493,6 +493,8 @@ class _Roles:
         if self.ipython and _IPYTHON_CODE.match(body):
             return "source", body
         if _CARETS.match(body) or nccl in ("INFO", "TRACE") or (nccl is None and level in QUIET_LEVELS):
+            if level is not None:  # a logger's line is a statement of its own: a warning's carried lines end
+                self.in_warning = False
             return "context", body
         if "arn" in body and _WARNING_LINE.search(body) and not _EXCEPTION_LIKE.match(body):
             self.in_warning = True
@@ -517,7 +519,7 @@ class _Roles:
         return "content", said
 
 
-_STATEMENT = re.compile(r"^(?:[\w.]*(?:Error|Exception)\b|terminate called|Traceback|\*\*\*|slurmstepd|srun:|Killed\b|"
+_STATEMENT = re.compile(r"^(?:[\w.]*(?:Error|Exception)\b|terminate called|Traceback|\*\*\*|slurmstepd|srun:|Killed\b|Terminated\b|"
                         r"Segmentation fault|Bus error|Aborted|NVRM:)")
 
 
