@@ -126,7 +126,7 @@ def soak(minutes: float, window: float) -> dict:
     root = Path(tempfile.mkdtemp(prefix="ups-soak-"))
     env = dict(os.environ, UPS_RUNS_DIR=str(root), PYTHONPATH=str(REPO))
     res = subprocess.run([sys.executable, "-m", "ups", "launch", "torchrun", "--detach", "--json", "--nproc-per-node", "2",
-                          str(CHURN), "--epochs", "0", "--minutes", str(minutes)],
+                          str(CHURN), "--epochs", "0", "--minutes", str(minutes + 3)],  # outlives the windows
                          capture_output=True, text=True, env=env, cwd=root, timeout=120)
     if res.returncode != 0:
         raise SystemExit(f"bench_soak: the launch failed: {res.stderr.strip()}")
@@ -137,14 +137,17 @@ def soak(minutes: float, window: float) -> dict:
     windows: list[dict] = []
     last = None
     try:
+        deadline = time.monotonic() + 180  # torch's import and the rendezvous, on a loaded box
+        while _epochs(run / "logs" / "job.log") < 1 and time.monotonic() < deadline and _cpu_s(launcher) is not None:
+            time.sleep(0.5)  # the windows start once the job trains
         t_start = time.monotonic()
         t_end = t_start + minutes * 60
-        while time.monotonic() < t_end and _cpu_s(launcher) is not None:
+        while time.monotonic() + window <= t_end and _cpu_s(launcher) is not None:
             relay = relay or _relay_pid(launcher)
             t0, c0, r0 = time.monotonic(), _cpu_s(launcher), _cpu_s(relay) if relay else None
             e0 = _epochs(run / "logs" / "job.log")
             lines0 = _lines(run / "events.jsonl")
-            time.sleep(max(0.0, min(window, t_end - time.monotonic())))
+            time.sleep(window)
             t1, c1, r1 = time.monotonic(), _cpu_s(launcher), _cpu_s(relay) if relay else None
             if c1 is None or c0 is None:
                 break
@@ -181,6 +184,9 @@ def soak(minutes: float, window: float) -> dict:
     for key in ("launcher_cpu_pct", "launcher_rss_mib", "launcher_fds", "relay_cpu_pct", "event_lines_per_epoch",
                 "status_json_ms", "snapshot_ms"):
         out[f"{key}_first"], out[f"{key}_last"] = first.get(key), (last or {}).get(key)
+    half = len(windows) // 2  # descriptors come and go with the live workers (a pidfd each): compare the highs
+    out["launcher_fds_max_first_half"] = max((w["launcher_fds"] or 0 for w in windows[:half]), default=None)
+    out["launcher_fds_max_second_half"] = max((w["launcher_fds"] or 0 for w in windows[half:]), default=None)
     out["epochs"] = (last or {}).get("epochs")
     out["unclean_worker_exits"] = sum(1 for e in _events(run) if e.get("event") == "process.exit"
                                       and e.get("role") == "worker" and not e.get("clean"))
