@@ -236,8 +236,7 @@ def fast_forward(generations: int, windows: int = 10, ranks: int = 2, workers: i
 
     root = Path(tempfile.mkdtemp(prefix="ups-ff-"))
     run = RunDir.create(root, "train", name="fastforward")
-    watcher = ExitWatcher(run, worker_word_s=0.0) if "worker_word_s" in ExitWatcher.__init__.__code__.co_varnames \
-        else ExitWatcher(run)
+    watcher = ExitWatcher(run)  # driven from this thread (tick), not started
     host, t0 = hostname(), time.time()
     slots = [(r, w) for r in range(ranks) for w in range(workers)]
     per_window = max(1, generations // windows)
@@ -279,7 +278,7 @@ def fast_forward(generations: int, windows: int = 10, ranks: int = 2, workers: i
         c = time.thread_time()
         watcher.scan()  # the launcher's scan sees the epoch's workers running
         cpu_window += time.thread_time() - c
-        held_max = max(held_max, _held(watcher))
+        held_max = max(held_max, watcher.watching())
         for _pid, go_w, _ in kids:
             os.write(go_w, b"1")
             os.close(go_w)
@@ -288,13 +287,13 @@ def fast_forward(generations: int, windows: int = 10, ranks: int = 2, workers: i
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             c = time.thread_time()
-            _tick(watcher)
+            watcher.tick(0)
             cpu_window += time.thread_time() - c
             if all(watcher.exits.get(name) is not None and watcher.exits[name].pid == pid for pid, _, name in kids):
                 break
         if (gen + 1) % per_window == 0:
             out_windows.append({"generations": gen + 1, "cpu_us_per_generation": round(1e6 * cpu_window / per_window, 1),
-                                "held": _held(watcher)})
+                                "held": watcher.watching()})
             cpu_window = 0.0
     watcher.stop()
     events = [e for e in _events(run.path) if e.get("event") == "process.exit"]
@@ -305,23 +304,6 @@ def fast_forward(generations: int, windows: int = 10, ranks: int = 2, workers: i
             "cpu_us_per_generation_last": last["cpu_us_per_generation"],
             "held_first": first["held"], "held_last": last["held"], "held_max": held_max,
             "exit_events": len(events), "unclean": sum(1 for e in events if not e.get("clean"))}
-
-
-def _held(watcher) -> int | None:  # noqa: ANN001
-    """How many processes the watcher holds (the watcher before watching(), on the base
-    commit: every (name, pid) it had ever seen)."""
-    return watcher.watching() if hasattr(watcher, "watching") else len(watcher._watched)  # noqa: SLF001
-
-
-def _tick(watcher) -> None:  # noqa: ANN001
-    if hasattr(watcher, "tick"):
-        watcher.tick(0)
-        return
-    # The watcher before it had tick() (the base commit, for the before/after figures): one
-    # round of its loop without the 100 ms wait.
-    for fd, _ in watcher._poll.poll(0):  # noqa: SLF001
-        watcher._ended(fd)  # noqa: SLF001
-    watcher._check_unwatchable()  # noqa: SLF001
 
 
 def main(argv: list[str] | None = None) -> int:
