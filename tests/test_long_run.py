@@ -5,6 +5,7 @@ fast-forward replays real short-lived processes through the launcher's exit watc
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -58,3 +59,70 @@ def test_fast_forward_keeps_the_watchers_cost_per_generation_flat(tmp_path):
     assert out["exit_events"] == 0  # every one ended normally: nothing in the event log
     first, last = out["cpu_us_per_generation_first"], out["cpu_us_per_generation_last"]
     assert last < 2.5 * first + 1000, out["windows"]
+
+
+SLOT_WORKER = """
+import os, sys, time
+from ups.status.files import write_atomic
+from ups.status.host import hostname
+from ups.status.procs import this_process_start
+from ups.status.reader import read_record_file
+from ups.status.record import StatusRecord
+
+status, run_id, tell = sys.argv[1], sys.argv[2], sys.argv[3] == "tell"
+path = os.path.join(status, "rank-0-worker-0.json")
+metrics = {}
+if tell and os.path.exists(path):  # as the DataLoader hook does: the slot's previous worker's final state
+    before = read_record_file(path)
+    metrics["previous"] = {"pid": before.pid, "pid_start": before.pid_start, "state": before.state,
+                           "phase": before.phase, "step": before.step, "error": before.error, "exit_code": before.exit_code}
+
+def write(state):
+    now = time.time()
+    write_atomic(path, StatusRecord(run_id=run_id, role="worker", name="rank-0-worker-0", pid=os.getpid(),
+                                    pid_start=this_process_start(), host=hostname(), rank=0, worker=0,
+                                    phase="fetch" if state == "running" else "done", state=state, step=4,
+                                    unit="samples", started_at=now, heartbeat_at=now, progress_at=now, phase_at=now,
+                                    exit_code=None if state == "running" else 0, metrics=metrics).to_json().encode())
+
+write("running")
+print("ready", flush=True)
+sys.stdin.readline()
+write("done")
+"""
+
+
+def _slot_worker(run: RunDir, tell: bool) -> subprocess.Popen:
+    p = subprocess.Popen([sys.executable, "-c", SLOT_WORKER, str(run.status_dir), run.run_id, "tell" if tell else "-"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert p.stdout.readline().strip() == "ready"
+    return p
+
+
+@pytest.mark.parametrize("tell", [True, False])
+def test_a_worker_slot_taken_before_the_launcher_read_the_end_still_tells_the_end(runs_root, tell):
+    """A loaded box: the launcher reads worker A's end only after the next epoch's worker B
+    took A's record file. B's record carries A's final state, so A's normal end stays normal.
+    Without it (tell=False: what the launcher had before), the end reads as a death."""
+    from ups.launch.exits import ExitWatcher
+
+    run = RunDir.create(runs_root, "train")
+    watcher = ExitWatcher(run, worker_word_s=0.5)
+    a = _slot_worker(run, tell)
+    watcher.scan()
+    assert watcher.watching() == 1  # A, through its pidfd
+    a.communicate("\n", timeout=30)  # A writes its final record and exits; the launcher has not looked yet
+    b = _slot_worker(run, tell)  # ... and B takes the file
+    try:
+        wait_for(lambda: (watcher.tick(0), watcher.exits.get("rank-0-worker-0"))[1], 10, message="A's end noted")
+        end = watcher.exits["rank-0-worker-0"]
+        assert end.pid == a.pid
+        logged = [e for e in run.read_events() if e["event"] == "process.exit"]
+        if tell:
+            assert end.clean and end.record_state == "done" and logged == []
+        else:
+            assert not end.clean and [e["pid"] for e in logged] == [a.pid]
+    finally:
+        b.communicate("\n", timeout=30)
+        watcher.stop()
+    assert watcher.watching() == 0
