@@ -69,8 +69,9 @@ def _metrics_sampler() -> dict:
 
 def start_reporter(role: str, *, worker: int | None = None, loader: int | None = None, rank: int | None = None,
                    command: str | None = None, local_rank: int | None = None, world_size: int | None = None,
-                   name: str | None = None) -> Reporter | None:
-    """Start this process's record (the one and only of this process)."""
+                   name: str | None = None, metrics: dict | None = None) -> Reporter | None:
+    """Start this process's record (the one and only of this process); ``metrics`` are in
+    its first write."""
     run_dir = os.environ.get("UPS_RUN_DIR")
     if not run_dir:
         return None
@@ -101,6 +102,8 @@ def start_reporter(role: str, *, worker: int | None = None, loader: int | None =
         import resource
 
         rep.metrics(nofile_limit=resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    if metrics:
+        rep.metrics(**metrics)
     if role == "rank":
         rep.add_sampler(_metrics_sampler)  # loss, lr, grad norm ... read by the heartbeat thread
     state.rep = rep

@@ -631,6 +631,7 @@ def _patch_data(torch) -> None:  # noqa: ANN001
     dl = torch.utils.data.dataloader
     patching.patch(dl._BaseDataLoaderIter, "__next__", _make_next)
     patching.patch(dl._MultiProcessingDataLoaderIter, "__init__", _make_mp_iter_init)
+    patching.patch(dl._MultiProcessingDataLoaderIter, "_shutdown_workers", _make_shutdown_workers)
     patching.patch(dl.DataLoader, "__init__", _make_loader_init)
     patching.patch(torch.utils.data.DistributedSampler, "set_epoch", _make_set_epoch)
 
@@ -805,7 +806,12 @@ def _make_loader_init(original):
 
 class WorkerInit:
     """Wraps a DataLoader's ``worker_init_fn``: starts the worker's record first. Picklable, so
-    spawn-context workers get it too (it is unpickled in the child from this module)."""
+    spawn-context workers get it too (it is unpickled in the child from this module).
+
+    A worker's record file is its slot's (``rank-0-worker-1``): the next epoch's worker of
+    the slot takes it over. The new record carries the final state of the one before
+    (``metrics.previous``), so the launcher, reading that end late on a loaded box, still
+    reads a normal end as one (ups.launch.exits)."""
 
     def __init__(self, loader: int, rank: int, fn, owner: str | None = None) -> None:  # noqa: ANN001
         self.loader = loader
@@ -813,19 +819,101 @@ class WorkerInit:
         self.fn = fn
         self.owner = owner  # the record name of a process that is not a rank (its workers are its own)
 
+    def record_name(self, worker_id: int) -> str:
+        if self.owner:
+            return f"{self.owner}-worker-{worker_id}" if not self.loader else \
+                f"{self.owner}-loader-{self.loader}-worker-{worker_id}"
+        from ups.status.schema import process_name
+
+        return process_name("worker", self.rank, worker_id, loader=self.loader)
+
     def __call__(self, worker_id: int) -> None:
         if process.state.rep is None:
             try:
-                name = None
-                if self.owner:
-                    name = f"{self.owner}-worker-{worker_id}" if not self.loader else \
-                        f"{self.owner}-loader-{self.loader}-worker-{worker_id}"
-                process.start_reporter("worker", worker=worker_id, loader=self.loader, rank=self.rank, name=name)
+                name = self.record_name(worker_id)
+                before = _slot_record(name)
+                previous = None
+                if before is not None and before.get("pid") != os.getpid():
+                    previous = {k: before.get(k) for k in ("pid", "pid_start", "state", "phase", "step", "error",
+                                                           "exit_code")}
+                process.start_reporter("worker", worker=worker_id, loader=self.loader, rank=self.rank,
+                                       name=name if self.owner else None,
+                                       metrics={"previous": previous} if previous else None)
                 _patch_fetchers()
             except Exception as exc:  # noqa: BLE001
                 process.warn(f"no status record for DataLoader worker {worker_id} ({type(exc).__name__}: {exc})")
         if self.fn is not None:
             self.fn(worker_id)
+
+    def ended(self, workers) -> None:  # noqa: ANN001 - the iterator's multiprocessing.Process list
+        """In the rank, once the DataLoader has joined its workers: a worker whose record still
+        says running never wrote its end (it left through ``os._exit``, or a signal killed it);
+        the rank writes it, with the exit code or the signal it saw."""
+        for worker_id, w in enumerate(workers):
+            code = w.exitcode
+            if code is not None:
+                _write_worker_end(self.record_name(worker_id), w.pid, code)
+
+
+def _slot_path(name: str) -> str | None:
+    run_dir = os.environ.get("UPS_RUN_DIR")
+    return os.path.join(run_dir, "status", f"{name}.json") if run_dir else None
+
+
+def _slot_record(name: str) -> dict | None:
+    """The record now in a worker slot's file, as a plain dict (None: none, or unreadable)."""
+    path = _slot_path(name)
+    if path is None:
+        return None
+    from ups.status.safeio import BadFile, read_json  # the runs folder is outside input
+
+    try:
+        data = read_json(path)
+    except (BadFile, OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _write_worker_end(name: str, pid: int, code: int) -> None:
+    data = _slot_record(name)
+    path = _slot_path(name)
+    if data is None or path is None or data.get("pid") != pid or data.get("state") != "running":
+        return  # it wrote its own end, or the file is another process's now
+    import json
+
+    from ups.status.files import write_atomic
+
+    if code == 0:
+        data.update(state="done", phase="done", exit_code=0)
+    else:
+        import signal
+
+        try:
+            how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+        except ValueError:
+            how = f"killed by signal {-code}"
+        data.update(state="failed", exit_code=code, error=f"DataLoader worker {how}",
+                    error_site="as its rank's DataLoader saw it")
+    try:
+        write_atomic(path, json.dumps(data).encode())
+    except OSError:
+        pass
+
+
+def _make_shutdown_workers(original):
+    def _shutdown_workers(self):  # noqa: ANN001, ANN202
+        first = not getattr(self, "_shutdown", True)
+        try:
+            return original(self)
+        finally:
+            init = getattr(self, "_ups_worker_init", None)
+            if first and init is not None:
+                try:
+                    init.ended(getattr(self, "_workers", ()))
+                except Exception:  # noqa: BLE001 - noting the ends must never cost the program
+                    pass
+
+    return _shutdown_workers
 
 
 def _make_mp_iter_init(original):
@@ -836,7 +924,9 @@ def _make_mp_iter_init(original):
         lid = _loader_id(loader)
         self._ups_loader = lid
         user_fn = loader.worker_init_fn
-        loader.worker_init_fn = WorkerInit(lid, rep.rank or 0, user_fn, None if rep.role == "rank" else rep.name)
+        init = WorkerInit(lid, rep.rank or 0, user_fn, None if rep.role == "rank" else rep.name)
+        self._ups_worker_init = init
+        loader.worker_init_fn = init
         try:
             original(self, loader, *args, **kwargs)
         finally:

@@ -30,11 +30,12 @@ class ProcessExit:
     exit_code: int | None  # what the record says (normal exits and recorded failures only)
     at_mono: float | None = None  # CLOCK_MONOTONIC of ``at`` (the order of ends, immune to clock steps)
     boot_id: str | None = None
+    signal: str | None = None  # the signal that ended it, where its parent saw it (a DataLoader worker's rank)
 
     @property
     def clean(self) -> bool:
-        """The interpreter exited normally (the final record was written)."""
-        return self.record_state != "running"
+        """The interpreter exited normally (the final record was written, by itself)."""
+        return self.record_state != "running" and self.signal is None
 
     def to_dict(self) -> dict:
         return {**asdict(self), "clean": self.clean}
@@ -56,12 +57,13 @@ def read_exits(run: RunDir) -> dict[str, ProcessExit]:
 
 def _exit_spec() -> dict:
     from ups.status.record import RECORD_SPEC
-    from ups.status.safeio import boolean, number
+    from ups.status.safeio import boolean, number, optional, text
 
     r = RECORD_SPEC
     return {"name": r["name"], "pid": r["pid"], "role": r["role"], "rank": r["rank"], "at": number(0.0),
             "exact": boolean, "record_state": r["state"], "phase": r["phase"], "step": r["step"], "error": r["error"],
-            "exit_code": r["exit_code"], "at_mono": r["progress_mono"], "boot_id": r["boot_id"]}
+            "exit_code": r["exit_code"], "at_mono": r["progress_mono"], "boot_id": r["boot_id"],
+            "signal": optional(text(32, cut=False))}
 
 
 _EXIT_SPEC = _exit_spec()

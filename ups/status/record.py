@@ -207,6 +207,11 @@ _KNOWN_METRICS: dict[str, Check] = {
     # A launcher's record: the counter the job prints ("converted 5/40 files": ups.launch.lineprogress).
     "output_progress": obj({"k": integer(0, INT_MAX), "n": integer(1, INT_MAX), "at": number(0.0), "text": text(512),
                             "rate": optional(number(0.0, 1e15)), "unit": text(64, cut=False)}, required=("k", "n", "at")),
+    # A DataLoader worker's record: the final state of the previous worker of its slot (the
+    # epoch before's), for a watcher that reads that one's end after this one took the file.
+    "previous": obj({"pid": integer(1, PID_MAX), "pid_start": number(0.0), "state": text(choices=STATES),
+                     "phase": text(NAME_MAX, cut=False), "step": integer(0, INT_MAX), "error": optional(text()),
+                     "exit_code": optional(integer(-(1 << 31), 1 << 31))}, required=("pid", "pid_start", "state")),
     # A launcher's record: what it sees of the processes it watches (ups.launch.proof), by name.
     "observed": dict_of(obj({
         "pid": integer(1, PID_MAX), "state": text(choices=("watching", "busy", "idle", "unsure")),
