@@ -87,8 +87,15 @@ def write(state):
 
 write("running")
 print("ready", flush=True)
-sys.stdin.readline()
-write("done")
+if sys.stdin.readline().strip() == "killed":  # its rank's word on a worker killed by SIGKILL
+    now = time.time()
+    write_atomic(path, StatusRecord(run_id=run_id, role="worker", name="rank-0-worker-0", pid=os.getpid(),
+                                    pid_start=this_process_start(), host=hostname(), rank=0, worker=0, phase="fetch",
+                                    state="failed", step=1, unit="samples", started_at=now, heartbeat_at=now,
+                                    progress_at=now, phase_at=now, exit_code=-9,
+                                    error="DataLoader worker killed by SIGKILL").to_json().encode())
+else:
+    write("done")
 """
 
 
@@ -126,3 +133,33 @@ def test_a_worker_slot_taken_before_the_launcher_read_the_end_still_tells_the_en
         b.communicate("\n", timeout=30)
         watcher.stop()
     assert watcher.watching() == 0
+
+
+def test_a_worker_killed_between_two_scans_is_still_logged_with_its_signal(runs_root):
+    """A loaded box: worker A started, was killed and replaced by B before the launcher's
+    watcher ever scanned (it never watched A). B's record carries A's end, and that death is
+    logged, with its signal; a normal end seen the same way logs nothing."""
+    from ups.launch.exits import ExitWatcher
+
+    run = RunDir.create(runs_root, "train")
+    watcher = ExitWatcher(run, worker_word_s=0.5)
+    a = _slot_worker(run, True)
+    a.communicate("killed\n", timeout=30)  # A's final record, as its rank's DataLoader writes it
+    b = _slot_worker(run, True)  # B takes the slot; the watcher looks only now
+    try:
+        watcher.scan()
+        end = watcher.exits.get("rank-0-worker-0")
+        assert end is not None and end.pid == a.pid and not end.clean and end.signal == "SIGKILL"
+        logged = [e for e in run.read_events() if e["event"] == "process.exit"]
+        assert [(e["pid"], e["signal"]) for e in logged] == [(a.pid, "SIGKILL")]
+        assert watcher.watching() == 1  # B only
+    finally:
+        b.communicate("\n", timeout=30)
+        watcher.stop()
+    # B's normal end, and C's after it, seen through C's record: nothing more is logged
+    c = _slot_worker(run, True)
+    try:
+        ExitWatcher(run, worker_word_s=0.5).scan()
+    finally:
+        c.communicate("\n", timeout=30)
+    assert len([e for e in run.read_events() if e["event"] == "process.exit"]) == 1

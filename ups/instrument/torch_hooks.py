@@ -881,7 +881,7 @@ def _write_worker_end(name: str, pid: int, code: int) -> None:
         return  # it wrote its own end, or the file is another process's now
     import json
 
-    from ups.status.files import write_atomic
+    from ups.status.confined import make_dirs, write_atomic_at
 
     if code == 0:
         data.update(state="done", phase="done", exit_code=0)
@@ -895,7 +895,13 @@ def _write_worker_end(name: str, pid: int, code: int) -> None:
         data.update(state="failed", exit_code=code, error=f"DataLoader worker {how}",
                     error_site="as its rank's DataLoader saw it")
     try:
-        write_atomic(path, json.dumps(data).encode())
+        # status/ opened O_NOFOLLOW under the run folder and the record renamed into it: never
+        # through a link (docs/safety.md), like the Reporter's own writes.
+        folder = make_dirs(os.environ["UPS_RUN_DIR"], "status")
+        try:
+            write_atomic_at(folder, os.path.basename(path), json.dumps(data).encode())
+        finally:
+            os.close(folder)
     except OSError:
         pass
 

@@ -193,6 +193,7 @@ class ExitWatcher:
     def _found(self, rec: StatusRecord) -> None:
         if self._known(rec) or self._renamed(rec):
             return
+        self._unseen_predecessor(rec)
         if rec.state != "running":
             # Ended normally before we ever saw it running: a clean exit, time from its record.
             self._note(rec, rec, at=rec.heartbeat_at, exact=False)
@@ -205,6 +206,24 @@ class ExitWatcher:
         if fd is not None:
             os.close(fd)
         self._polled[(rec.name, rec.pid)] = rec  # gone already, or no pidfd: polled
+
+    def _unseen_predecessor(self, rec: StatusRecord) -> None:
+        """A worker that lived and died between two scans (a loaded box: killed moments after
+        it started) was never watched, but its successor in the same record file says how it
+        ended (``metrics.previous``). A death is noted from that word; a normal end is churn
+        and noted nowhere (the healthy epochs of a long run log nothing)."""
+        prev = rec.metrics.get("previous")
+        if not isinstance(prev, dict) or not isinstance(prev.get("pid"), int) or prev["pid"] == rec.pid:
+            return
+        code = prev.get("exit_code")
+        if prev.get("state") != "failed" and not (isinstance(code, int) and code != 0):
+            return
+        ghost = dataclasses.replace(rec, pid=prev["pid"], pid_start=prev.get("pid_start"), metrics={})
+        if self._known(ghost):
+            return
+        told = predecessor(rec, ghost)
+        if told is not None:
+            self._note(ghost, told, at=rec.started_at or rec.heartbeat_at, exact=False)
 
     def _renamed(self, rec: StatusRecord) -> bool:
         """A process watched under its old name took a new one (a helper that became a rank
