@@ -104,7 +104,7 @@ def launch(args: list[str]) -> ActionResult:
         return ActionResult(False, "launch printed no run id")
 
 
-def remote_action(spec, what: str, run_id: str, record: StatusRecord, *, force: bool = False) -> ActionResult:  # noqa: ANN001
+def remote_action(spec, what: str, run_id: str, record: StatusRecord, *, force: bool = False) -> ActionResult:
     """Kill or dump the stacks of a process of another node: that node's ``ups``, over ssh.
     What goes into the remote command from a node's stream is checked first: a run id, a
     rank and a worker number, never an option or a word of shell."""

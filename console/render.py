@@ -113,7 +113,7 @@ def age(seconds: float) -> str:
     return fmt_age(seconds)
 
 
-def verdict_line(verdict) -> Text:  # noqa: ANN001
+def verdict_line(verdict) -> Text:
     """`ups why` at the head of the run screen: the headline, then where and what next."""
     if verdict is None:
         return Text("")

@@ -23,14 +23,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ups.runs.rundir import RunDir  # noqa: E402
-from ups.status.confined import in_folder, make_dirs  # noqa: E402
-from ups.status.files import write_atomic  # noqa: E402
+from ups.runs.rundir import RunDir
+from ups.status.confined import in_folder, make_dirs
+from ups.status.files import write_atomic
 
 RECORD = json.dumps({"pid": 1, "phase": "train", "step": 12345, "heartbeat_at": 0.0, "pad": "x" * 600}).encode()
 
 
-def per_write_us(fn, n: int) -> float:  # noqa: ANN001
+def per_write_us(fn, n: int) -> float:
     start = time.perf_counter()
     for _ in range(n):
         fn()

@@ -121,7 +121,7 @@ def make_loader(torch, failing: bool):
                 if scenario == "segv_loader":
                     ctypes.string_at(0)
                 if scenario == "kill_loader":
-                    open(os.path.join(WORK, f"ready.{os.getpid()}"), "w").close()  # noqa: SIM115
+                    open(os.path.join(WORK, f"ready.{os.getpid()}"), "w").close()
                     time.sleep(120)  # the OOM killer's SIGKILL comes from outside
             if scenario == "shm_loader" and in_worker:
                 # a view of a 16 MiB sample: its whole storage goes through /dev/shm
@@ -161,7 +161,7 @@ def fault(torch, model, rank: int, world: int) -> None:
     elif s == "shm_share":
         torch.zeros(8 * 1024 * 1024).share_memory_()
     elif s == "fd_open":
-        handles = [open(os.path.join(WORK, "shards", f"part-{i:05d}.bin"), "wb") for i in range(4096)]  # noqa: SIM115
+        handles = [open(os.path.join(WORK, "shards", f"part-{i:05d}.bin"), "wb") for i in range(4096)]
         print(len(handles))
     elif s == "mem_tensor":
         torch.empty(64 * 1024**3, dtype=torch.uint8).fill_(1)
@@ -170,7 +170,7 @@ def fault(torch, model, rank: int, world: int) -> None:
 
         np.ones((400_000, 200_000), dtype=np.float32)
     elif s in ("kill_main", "term_group", "term_loader", "kill_loader"):
-        open(os.path.join(WORK, f"ready.{os.getpid()}"), "w").close()  # noqa: SIM115
+        open(os.path.join(WORK, f"ready.{os.getpid()}"), "w").close()
         time.sleep(120)  # the signal comes from outside
     elif s == "segv_main":
         ctypes.string_at(0)

@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ups.models.encoder import build_encoder  # noqa: E402
+from ups.models.encoder import build_encoder
 
 
 class InMemory(torch.utils.data.Dataset):

@@ -81,7 +81,7 @@ def why_now(run: Path | object) -> dict:
     return json.loads(json.dumps(diagnose_view(open_run(rd)).to_dict(), default=str))
 
 
-def job_processes(run) -> list[str]:  # noqa: ANN001 - a RunDir
+def job_processes(run) -> list[str]:  # a RunDir
     """Live processes whose environment names this run (``"PID COMMAND"``): what the job
     started, recorded or not; zombies excluded."""
     needle = f"UPS_RUN_DIR={run.path.resolve()}".encode()

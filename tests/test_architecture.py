@@ -11,6 +11,9 @@
 from __future__ import annotations
 
 import ast
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -125,3 +128,28 @@ def test_the_private_name_check_finds_what_it_must(tmp_path):
     assert any("imports _disk_full_verdicts from ups.runs.view" in f for f in found), found
     assert any("uses ups.gpu.nvml._init" in f for f in found), found
     assert any("uses ._gpu_sampler" in f for f in found), found
+
+
+def _ruff() -> str:
+    exe = shutil.which("ruff") or shutil.which("ruff", path=str(Path(sys.executable).parent))
+    assert exe, "ruff is not installed (it is in the test extra: pip install -e '.[test]')"
+    return exe
+
+
+def test_ruff_is_clean_with_the_checked_in_configuration():
+    """ruff with pyproject.toml's [tool.ruff] (the same `ruff check` a developer runs): unused
+    imports (F401), import order (I), a blind `except Exception` without its reason (BLE001),
+    a heavy module imported at module level on the CLI's path (TID253), and a `noqa` that
+    silences nothing (RUF100) all fail here, not only in someone's editor."""
+    res = subprocess.run([_ruff(), "check", "--no-cache", "ups", "console", "tests", "scripts"], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_the_ruff_check_finds_what_it_must(tmp_path):
+    """The check above can fail: an unused noqa and an unused import are findings."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("import os\n\nx = 1  # noqa: E501\n")
+    res = subprocess.run([_ruff(), "check", "--no-cache", "--config", str(REPO / "pyproject.toml"), str(bad)],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1 and "F401" in res.stdout and "RUF100" in res.stdout, res.stdout

@@ -246,11 +246,11 @@ def test_the_console_shows_a_planted_run_as_text(finished_run, tmp_path):
     assert "[red]p[/red]\\x1b[2J" in text, text
 
 
-def _screen_text(app) -> str:  # noqa: ANN001
+def _screen_text(app) -> str:
     """What the app's screen shows, as plain text (its rendered lines)."""
     from rich.console import Console
 
-    console = Console(file=open(os.devnull, "w"), width=200, record=True, color_system=None)  # noqa: SIM115
+    console = Console(file=open(os.devnull, "w"), width=200, record=True, color_system=None)
     lines = []
     for widget in app.screen.walk_children():
         try:

@@ -34,7 +34,7 @@ def needs(module: str):
                               reason=f"{module} is not installed (pip install -e '.[test]')")
 
 
-def launched(res) -> RunDir:  # noqa: ANN001
+def launched(res) -> RunDir:
     assert res.stdout.strip(), res.stderr
     return RunDir(json.loads(res.stdout)["run_dir"])
 

@@ -25,7 +25,7 @@ from test_hostile_signals import OTHER_USER, one_line_refusal, other_user
 from ups.runs.rundir import RunDir, list_runs
 
 
-def plant_run(root: Path, marker: Path, *, owner=None, mode: int | None = None) -> RunDir:  # noqa: ANN001
+def plant_run(root: Path, marker: Path, *, owner=None, mode: int | None = None) -> RunDir:
     """A finished run whose run.json names a command that would create ``marker``."""
     run = RunDir.create(root, "python", extra={
         "command": ["sh", "-c", f"touch {marker}"], "command_template": ["sh", "-c", f"touch {marker}"],

@@ -508,7 +508,7 @@ def _core_readers(root: Path, run: RunDir) -> None:
     json.dumps([run_row(v, now) for v in views], default=str)
     view = open_run(run)
     json.dumps(status_payload(view, {}), default=str)
-    Console(file=open(os.devnull, "w"), width=120).print(render_status(view, {}, width=120))  # noqa: SIM115
+    Console(file=open(os.devnull, "w"), width=120).print(render_status(view, {}, width=120))
     diagnose_view(view).text()
     Poller(root, gpu_provider=None).snapshot(run.run_id, None)
     assert time.monotonic() - started < BOUND_S

@@ -185,7 +185,7 @@ LogLevel ERROR
     except OSError:
         pass  # not root: sshd runs unprivileged for this user, without it
     proc = subprocess.Popen([sshd_bin, "-D", "-e", "-f", str(config)], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=open(d / "sshd.log", "wb"))  # noqa: SIM115
+                            stdout=subprocess.DEVNULL, stderr=open(d / "sshd.log", "wb"))
     ssh = (f"ssh -i {d / 'user_key'} -p {port} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
            "-o LogLevel=ERROR")
 

@@ -24,7 +24,7 @@ def webhook():
     got: list[dict] = []
 
     class Hook(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 - http.server's name
+        def do_POST(self):  # http.server's name
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             got.append({"path": self.path, "body": json.loads(body), "type": self.headers.get("Content-Type")})
             self.send_response(200)

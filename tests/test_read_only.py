@@ -44,7 +44,7 @@ def dead_run(finished_run: Path, root: Path) -> RunDir:
     return run
 
 
-def without_clocks(value):  # noqa: ANN001, ANN201
+def without_clocks(value):
     if isinstance(value, dict):
         return {k: without_clocks(v) for k, v in value.items() if k not in CLOCKS | PLACES}
     if isinstance(value, list):

@@ -1175,7 +1175,7 @@ def test_a_rule_that_needs_no_host_fact_asks_none(tmp_path: Path) -> None:
     asked: list[str] = []
 
     class Counting(HostFacts):
-        def __getattribute__(self, name: str):  # noqa: ANN204
+        def __getattribute__(self, name: str):
             if not name.startswith("_"):
                 asked.append(name)
             return super().__getattribute__(name)

@@ -116,7 +116,7 @@ def _deliver_cmd(command: str, msg: Message, timeout: float) -> None:
 
     env = dict(os.environ, UPS_NOTIFY_EVENT=msg.event, UPS_NOTIFY_RUN_ID=msg.run_id, UPS_NOTIFY_RUN_DIR=msg.run_dir,
                UPS_NOTIFY_STATE=msg.state or "", UPS_NOTIFY_MODE=msg.mode or "", UPS_NOTIFY_SUMMARY=msg.line)
-    res = subprocess.run(command, shell=True, input=json.dumps(msg.to_dict()).encode(), env=env, timeout=timeout,  # noqa: S602 - the user's own command
+    res = subprocess.run(command, shell=True, input=json.dumps(msg.to_dict()).encode(), env=env, timeout=timeout,  # the user's own command
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     if res.returncode != 0:
         err = res.stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
@@ -132,7 +132,7 @@ def _deliver_http(url: str, msg: Message, timeout: float) -> None:
     else:
         body, headers = json.dumps(msg.to_dict()).encode(), {"Content-Type": "application/json"}
     req = urllib.request.Request(url, data=body, headers=headers, method="POST")
-    with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - the user's own URL
+    with urllib.request.urlopen(req, timeout=timeout) as resp:  # the user's own URL
         resp.read(1 << 16)
 
 
@@ -163,7 +163,7 @@ def _deliver_mail(address: str, msg: Message, timeout: float, smtp: dict[str, An
 class Notifier:
     """Queued, rate-limited delivery for one run, off the supervisor's path."""
 
-    def __init__(self, run: Any, targets: list[str], config: dict[str, Any] | None = None, *, actor: str = "launcher") -> None:  # noqa: ANN401
+    def __init__(self, run: Any, targets: list[str], config: dict[str, Any] | None = None, *, actor: str = "launcher") -> None:
         self.run = run
         self.targets = list(targets)
         cfg = (config or {}).get("notify") or {}
@@ -180,7 +180,7 @@ class Notifier:
         self._thread: threading.Thread | None = None
 
     @classmethod
-    def for_run(cls, run: Any, manifest: dict[str, Any]) -> Notifier | None:  # noqa: ANN401
+    def for_run(cls, run: Any, manifest: dict[str, Any]) -> Notifier | None:
         """The run's notifier: --notify targets, else the config file's; None when there are none."""
         try:
             from ups.userconfig import load_user_config
@@ -198,7 +198,7 @@ class Notifier:
         return cls(run, targets, config) if targets else None
 
     # -- what the supervisor calls (never blocks) --------------------------------------------
-    def on_verdict(self, verdict: Any, *, hang: bool = False, proof: dict[str, Any] | None = None) -> None:  # noqa: ANN401
+    def on_verdict(self, verdict: Any, *, hang: bool = False, proof: dict[str, Any] | None = None) -> None:
         """A problem is told once per episode. A ``hang`` (stalled, stuck, one-sided ...) only
         once it is proven (``proof``: ups.launch.proof), with the proof: a display word alone
         ("stalled") never wakes anyone."""
@@ -215,7 +215,7 @@ class Notifier:
         self._put(Message("problem", self.run.run_id, str(self.run.path), summary_line(self.run.run_id, line),
                           mode=verdict.mode, verdict=verdict.to_dict(), extra={"proof": proof} if proof else {}))
 
-    def on_restart(self, attempt: int, verdict: Any) -> None:  # noqa: ANN401
+    def on_restart(self, attempt: int, verdict: Any) -> None:
         self._put(Message("restart", self.run.run_id, str(self.run.path),
                           summary_line(self.run.run_id, f"restarted (attempt {attempt}) after: {verdict.headline}"),
                           mode=verdict.mode, verdict=verdict.to_dict(), extra={"attempt": attempt}))

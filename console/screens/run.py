@@ -43,7 +43,7 @@ def rank_cells(p) -> tuple:
     )
 
 
-def node_cells(n) -> tuple:  # noqa: ANN001 - a NodeView
+def node_cells(n) -> tuple:  # a NodeView
     """A node's heading row: its name, health, its launcher's state and pid."""
     return (
         Text(f"node {n.host}" + (" (here)" if n.local else ""), style="bold"), health_cell(n.health, width=0),

@@ -35,7 +35,7 @@ class RankSparklines(Horizontal):
         yield Sparkline([], classes="spark-mem")
         yield Static("-", classes="spark-last")
 
-    def show(self, series: Any) -> None:  # noqa: ANN401 - console.snapshots.RankSeries
+    def show(self, series: Any) -> None:  # console.snapshots.RankSeries
         for cls, values in (("spark-loss", series.loss), ("spark-rate", series.rate), ("spark-mem", series.mem)):
             spark = self.query_one(f".{cls}", Sparkline)
             if list(spark.data or []) != list(values):

@@ -108,7 +108,7 @@ def _user() -> str:
     return who()
 
 
-def _show(job) -> None:  # noqa: ANN001 - ups.attach.find.Job, imported lazily
+def _show(job) -> None:  # ups.attach.find.Job, imported lazily
     typer.echo(job.describe() + (f"; log {job.log}" if job.log else "; no log file (stdout and stderr are not files)"))
     for p in job.procs:
         env = " ".join(f"{k}={v}" for k, v in p.env.items() if k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK"))

@@ -60,7 +60,7 @@ def say_error(message: object) -> None:
     typer.echo(f"ups: {printable(str(message))}", err=True)
 
 
-def text_console(stderr: bool = False, **kwargs: Any):  # noqa: ANN201 - rich is imported lazily
+def text_console(stderr: bool = False, **kwargs: Any):  # rich is imported lazily
     """A Rich console for the CLI's tables and verdicts: strings are text, never markup or
     emoji codes (a run's name or a record's phase may hold ``[link=...]``), and no
     highlighting. Styles come only from ``Text`` objects that ups builds."""

@@ -142,7 +142,7 @@ def _print_log_reading(out: dict) -> None:
             console.print(Text.assemble((f"  {label}: ", "bold"), printable(value)))
 
 
-def _remote_view(runs_dir, run: str | None, remote: list[str], timeout: float):  # noqa: ANN001, ANN202
+def _remote_view(runs_dir, run: str | None, remote: list[str], timeout: float):
     """This node's records (if it has the run) and every --remote node's, read over SSH."""
     from ups.errors import RunNotFound, UpsError
     from ups.runs.read import open_run

@@ -21,7 +21,7 @@ from ups.exporter.text import CONTENT_TYPE, exposition
 
 
 class QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: Any) -> None:  # the base class's name
         """No line on stderr per scrape."""
 
 

@@ -124,7 +124,7 @@ def boot() -> None:
         start_reporter(role, command=text if role in ("agent", "helper") else None)
 
 
-def _patch_torch(torch) -> None:  # noqa: ANN001
+def _patch_torch(torch) -> None:
     from ups.instrument import savers, torch_hooks
 
     torch_hooks.patch_torch(torch)
@@ -134,7 +134,7 @@ def _patch_torch(torch) -> None:  # noqa: ANN001
         warn(f"could not follow checkpoints ({type(exc).__name__}: {exc})")
 
 
-def _patch_h5py(h5py) -> None:  # noqa: ANN001
+def _patch_h5py(h5py) -> None:
     from ups.instrument import io_hooks
 
     io_hooks.patch_h5py(h5py)
@@ -145,7 +145,7 @@ def _install_process_hooks() -> None:
     atexit.register(_at_exit)
     previous_hook = sys.excepthook
 
-    def excepthook(tp, value, tb):  # noqa: ANN001 - the excepthook signature
+    def excepthook(tp, value, tb):  # the excepthook signature
         try:
             record_failure(value)
         except Exception:  # noqa: BLE001
@@ -155,14 +155,14 @@ def _install_process_hooks() -> None:
     sys.excepthook = excepthook
     real_exit = sys.exit
 
-    def exit(code=None):  # noqa: A001, ANN001 - same signature as sys.exit
+    def exit(code=None):  # same signature as sys.exit
         state.exit_code = code if isinstance(code, int) or code is None else 1
         real_exit(code)
 
     sys.exit = exit
     real_os_exit = os._exit
 
-    def _exit(code):  # noqa: ANN001 - same signature as os._exit
+    def _exit(code):  # same signature as os._exit
         try:
             _record_os_exit(code)
         except Exception:  # noqa: BLE001
@@ -195,7 +195,7 @@ def _after_fork_in_child() -> None:
         sys.modules["ups.instrument.metrics"].reset_after_fork()
 
 
-def _record_os_exit(code) -> None:  # noqa: ANN001
+def _record_os_exit(code) -> None:
     """``os._exit`` skips atexit: write the record as it stands (step, phase: what the program
     reached, not what the last heartbeat saw) and where the call came from, then let it go.
     The record keeps saying running: that is the evidence of an exit that was not normal."""
@@ -242,13 +242,13 @@ def _at_exit() -> None:
 
 
 # ------------------------------------------------------------------ multiprocessing
-def _patch_multiprocessing(module) -> None:  # noqa: ANN001
+def _patch_multiprocessing(module) -> None:
     cls = module.BaseProcess
     if getattr(cls._bootstrap, "__ups_wrapped__", None):
         return
     original = cls._bootstrap
 
-    def _bootstrap(self, *args, **kwargs):  # noqa: ANN001
+    def _bootstrap(self, *args, **kwargs):
         # Runs in the child (fork, spawn, forkserver) before the target.
         if state.rep is None and os.environ.get("UPS_RUN_DIR"):
             target = getattr(self, "_target", None)
@@ -287,7 +287,7 @@ def _patch_multiprocessing(module) -> None:  # noqa: ANN001
 _POOL_TARGETS = {("multiprocessing.pool", "worker"), ("concurrent.futures.process", "_process_worker")}
 
 
-def _pool_worker_name(process, target) -> str | None:  # noqa: ANN001
+def _pool_worker_name(process, target) -> str | None:
     """``rank-0-pool-3`` for the third worker of a pool of rank 0's (shown "rank 0 / pool
     worker 3"); None for any other child (a nameless helper)."""
     if (getattr(target, "__module__", ""), getattr(target, "__name__", "")) not in _POOL_TARGETS:
@@ -297,11 +297,11 @@ def _pool_worker_name(process, target) -> str | None:  # noqa: ANN001
     return f"rank-{rank}-pool-{index if index.isdigit() else os.getpid()}"
 
 
-def _is_spawned_rank(target) -> bool:  # noqa: ANN001
+def _is_spawned_rank(target) -> bool:
     return getattr(target, "__name__", "") == "_wrap" and getattr(target, "__module__", "") == "torch.multiprocessing.spawn"
 
 
-def _start_spawned_rank(process) -> None:  # noqa: ANN001
+def _start_spawned_rank(process) -> None:
     """A process of ``torch.multiprocessing.spawn``: ``_wrap(fn, i, args, error_file)``. It is
     rank ``i`` until its process group says otherwise (several nodes: i is the local rank). Its
     exception is recorded before torch's wrapper catches it and exits with ``sys.exit(1)``."""
@@ -309,7 +309,7 @@ def _start_spawned_rank(process) -> None:  # noqa: ANN001
     world = env_int(ENV_SPAWN_NPROCS)
     start_reporter("rank", rank=int(index), local_rank=int(index), world_size=world)
 
-    def run(*args, **kwargs):  # noqa: ANN002, ANN003
+    def run(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
         except Exception as exc:

@@ -40,7 +40,7 @@ def recording() -> bool:
     return False
 
 
-def dump(rep) -> str | None:  # noqa: ANN001 - a Reporter
+def dump(rep) -> str | None:  # a Reporter
     """Write this process's Flight Recorder buffer as JSON; the path, or None. Never raises."""
     c10d = sys.modules.get("torch._C._distributed_c10d")
     dump_json = getattr(c10d, "_dump_fr_trace_json", None)
@@ -67,7 +67,7 @@ def dump(rep) -> str | None:  # noqa: ANN001 - a Reporter
 class QuietWatch:
     """A Reporter sampler: dumps the buffer once per quiet spell of :data:`QUIET_S` or longer."""
 
-    def __init__(self, rep) -> None:  # noqa: ANN001
+    def __init__(self, rep) -> None:
         self.rep = rep
         self.dumped_for: float | None = None  # the quiet spell (its start) already dumped
 
@@ -85,7 +85,7 @@ class QuietWatch:
 _watched: list = []  # the reporters already watched (one per process; a forked child's is its own)
 
 
-def watch(rep) -> None:  # noqa: ANN001
+def watch(rep) -> None:
     """Start dumping for this rank's reporter (after init_process_group) when the recorder is on."""
     if rep is None or not recording() or any(r is rep for r in _watched):
         return
@@ -93,7 +93,7 @@ def watch(rep) -> None:  # noqa: ANN001
     rep.add_sampler(QuietWatch(rep))
 
 
-def on_error(rep) -> None:  # noqa: ANN001
+def on_error(rep) -> None:
     """A collective raised: write the buffer now (the process may be about to end)."""
     if rep is not None and recording():
         dump(rep)

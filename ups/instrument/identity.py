@@ -41,7 +41,7 @@ class EnvRank:
         return str(self.rank)
 
 
-def _first_int(env, names: tuple[str, ...]) -> tuple[int | None, str | None]:  # noqa: ANN001 - a mapping
+def _first_int(env, names: tuple[str, ...]) -> tuple[int | None, str | None]:  # a mapping
     for name in names:
         value = env.get(name)
         if value is not None:
@@ -52,7 +52,7 @@ def _first_int(env, names: tuple[str, ...]) -> tuple[int | None, str | None]:  #
     return None, None
 
 
-def env_rank(env=None) -> EnvRank | None:  # noqa: ANN001 - a mapping, os.environ by default
+def env_rank(env=None) -> EnvRank | None:  # a mapping, os.environ by default
     """The rank the environment names, if any. ``LOCAL_RANK`` alone (Lightning's re-executed
     scripts) counts as the global rank on node 0 only; on another node the global rank waits
     for the process group."""

@@ -20,7 +20,7 @@ _last: dict[int, str] = {}
 FLUSH_WAIT_S = 0.25  # id(reporter) -> the file last written into its record
 
 
-def note_file(name, *, flush: bool = True) -> None:  # noqa: ANN001
+def note_file(name, *, flush: bool = True) -> None:
     rep = process.state.rep
     if rep is None or not isinstance(name, (str, bytes, os.PathLike)):
         return  # no record, or a file-like object (nothing to name)
@@ -35,7 +35,7 @@ def note_file(name, *, flush: bool = True) -> None:  # noqa: ANN001
         _last.pop(id(rep), None)
 
 
-def forget_file(rep) -> None:  # noqa: ANN001
+def forget_file(rep) -> None:
     """A new sample starts: the file the previous one opened is no longer the one in flight."""
     _last.pop(id(rep), None)
     rep.metrics(file=None)
@@ -51,12 +51,12 @@ def patch_open() -> None:
     if getattr(original, "__ups_hook__", False):
         return
 
-    def open(file, *args, **kwargs):  # noqa: A001, ANN001, ANN202
+    def open(file, *args, **kwargs):
         rep = process.state.rep
         if rep is not None and rep.current_phase == "fetch":
             try:
                 note_file(file, flush=False)
-            except Exception:  # noqa: BLE001, S110 - never in the way of the user's open
+            except Exception:  # noqa: BLE001 - never in the way of the user's open
                 pass
         return original(file, *args, **kwargs)
 
@@ -65,12 +65,12 @@ def patch_open() -> None:
     builtins.open = open
 
 
-def patch_h5py(h5py) -> None:  # noqa: ANN001
+def patch_h5py(h5py) -> None:
     def make(original):
-        def __init__(self, name, *args, **kwargs):  # noqa: ANN001, N807
+        def __init__(self, name, *args, **kwargs):
             try:
                 note_file(name)
-            except Exception:  # noqa: BLE001, S110 - never in the way of the user's open
+            except Exception:  # noqa: BLE001 - never in the way of the user's open
                 pass
             return original(self, name, *args, **kwargs)
 

@@ -29,7 +29,7 @@ def _rank_process() -> bool:
 
 def _make(shape: str):
     def make(original):
-        def log(self, *args, **kwargs):  # noqa: ANN001
+        def log(self, *args, **kwargs):
             result = original(self, *args, **kwargs)
             if _rank_process():
                 from ups.instrument import metrics  # imported once such a library logs
@@ -56,7 +56,7 @@ def _make(shape: str):
 def _hook(module_name: str):
     cls_name, method, shape = TARGETS[module_name]
 
-    def patch(module) -> None:  # noqa: ANN001
+    def patch(module) -> None:
 
         cls = getattr(module, cls_name, None)
         if cls is not None:

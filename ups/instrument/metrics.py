@@ -50,7 +50,7 @@ class _Slot:
 
     __slots__ = ("buf", "event", "gen")
 
-    def __init__(self, buf, event) -> None:  # noqa: ANN001
+    def __init__(self, buf, event) -> None:
         self.buf = buf
         self.event = event
         self.gen = 0
@@ -63,7 +63,7 @@ class _CudaCopies:
         self.rings: dict[object, list[_Slot]] = {}
         self.next: dict[object, int] = {}
 
-    def enqueue(self, tensor):  # noqa: ANN001, ANN201
+    def enqueue(self, tensor):
         import torch
 
         ring = self.rings.get(tensor.dtype)
@@ -81,7 +81,7 @@ class _CudaCopies:
         return slot, slot.gen
 
 
-def _lazy(tensor, cuda: _CudaCopies):  # noqa: ANN001, ANN202
+def _lazy(tensor, cuda: _CudaCopies):
     """What the training thread keeps of a scalar tensor: the detached tensor (CPU) or a
     pinned copy in flight (CUDA)."""
     t = tensor.detach()
@@ -93,7 +93,7 @@ def _lazy(tensor, cuda: _CudaCopies):  # noqa: ANN001, ANN202
 _NOT_READY = object()
 
 
-def _read(kept):  # noqa: ANN001, ANN202
+def _read(kept):
     """The value of what :func:`_lazy` kept, without ever waiting on a device; _NOT_READY if
     the device has not got there yet, None if it cannot be read."""
     try:
@@ -131,7 +131,7 @@ class DeviceFlag:
     Skipped while a CUDA graph is being captured. Written for CUDA and guarded: any failure
     turns it off for the process (the sampled losses still say what they see)."""
 
-    def __init__(self, device) -> None:  # noqa: ANN001
+    def __init__(self, device) -> None:
         import torch
 
         self.torch = torch
@@ -145,7 +145,7 @@ class DeviceFlag:
         self.next = 0
         self.copied_at = 0.0
 
-    def note(self, loss, step: int) -> None:  # noqa: ANN001
+    def note(self, loss, step: int) -> None:
         torch = self.torch
         if self.cuda and torch.cuda.is_current_stream_capturing():
             return
@@ -181,7 +181,7 @@ class DeviceFlag:
         return int(FLAG_BASE - best) if best > 0 else None
 
 
-def _finite_or_word(value: float):  # noqa: ANN202
+def _finite_or_word(value: float):
     if math.isnan(value):
         return "nan"
     if math.isinf(value):
@@ -210,7 +210,7 @@ class Capture:
         self._lock = threading.Lock()  # the heartbeat thread and a final flush at exit
 
     # -- the training thread: references only -----------------------------------------------
-    def note_loss(self, tensor, step: int) -> None:  # noqa: ANN001
+    def note_loss(self, tensor, step: int) -> None:
         scaled = self.scaled
         if scaled is not None and scaled[0] is tensor:
             tensor = scaled[1]  # AMP: the loss, not loss × scale
@@ -234,7 +234,7 @@ class Capture:
             return
         self.losses.append((seq, step, kept))
 
-    def _flag(self, loss, step: int) -> None:  # noqa: ANN001
+    def _flag(self, loss, step: int) -> None:
         """A CUDA loss, checked on the device with no sync (see :class:`DeviceFlag`)."""
         try:
             if self.flag is None:
@@ -243,15 +243,15 @@ class Capture:
         except Exception:  # noqa: BLE001 - the flag is an extra: off for this process, never in the way
             self.flag = False
 
-    def note_grad_norm(self, tensor, step: int) -> None:  # noqa: ANN001
+    def note_grad_norm(self, tensor, step: int) -> None:
         if hasattr(tensor, "detach") and tensor.numel() == 1:
             self.grad_norm = (step, _lazy(tensor, self.cuda))
 
-    def note_optimizer(self, optimizer) -> None:  # noqa: ANN001
+    def note_optimizer(self, optimizer) -> None:
         if len(self.optimizers) < 4 and not any(r() is optimizer for r in self.optimizers):
             self.optimizers.append(weakref.ref(optimizer))
 
-    def note_batch(self, batch, weight: int = 1) -> None:  # noqa: ANN001
+    def note_batch(self, batch, weight: int = 1) -> None:
         """A batch's size, counted ``weight`` times: the DataLoader hook reads one batch in
         :data:`~ups.instrument.torch_hooks.BATCH_SIZE_EVERY` and stands it for the others."""
         n, tokens = batch_size(batch)
@@ -355,7 +355,7 @@ class Capture:
 _TOKEN_DTYPES: frozenset = frozenset()
 
 
-def batch_size(batch) -> tuple[int, int]:  # noqa: ANN001
+def batch_size(batch) -> tuple[int, int]:
     """(samples, tokens) of a DataLoader batch: the first dimension of its first tensor, and
     the element count of integer token ids (``input_ids``, or a first tensor of integers).
     On every batch: a few attribute reads, no tensor call."""

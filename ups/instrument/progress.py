@@ -27,7 +27,7 @@ _bars: dict[str, Any] = {"closed": None}  # the last state of the outermost bar 
 _installed = {"sampler": False}
 
 
-def _outermost_bar(tqdm_cls: Any) -> tuple[int, int | None, str, str] | None:  # noqa: ANN401
+def _outermost_bar(tqdm_cls: Any) -> tuple[int, int | None, str, str] | None:
     """(n, total, unit, desc) of the outermost open bar (lowest position), if any."""
     bars = []
     for cls in {tqdm_cls, *tqdm_cls.__subclasses__()}:
@@ -94,13 +94,13 @@ def _sample() -> None:
         rep.add_sampler(_reader)
 
 
-def patch_tqdm(module: Any) -> None:  # noqa: ANN401
+def patch_tqdm(module: Any) -> None:
     """tqdm.std: its bars are read by the heartbeat thread; close() keeps the last count."""
     cls = module.tqdm
     _reader.tqdm = cls
 
-    def make_close(original):  # noqa: ANN001, ANN202
-        def close(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+    def make_close(original):
+        def close(self, *args, **kwargs):
             try:
                 if not getattr(self, "disable", False) and not (getattr(self, "pos", 0) or 0):
                     total = getattr(self, "total", None)
@@ -119,11 +119,11 @@ def _count(key: str, n: int) -> None:
         _pool[key] += n
 
 
-def patch_pool(module: Any) -> None:  # noqa: ANN401
+def patch_pool(module: Any) -> None:
     """multiprocessing.pool: tasks submitted and completed, in the parent."""
-    def make_init(submitted):  # noqa: ANN001, ANN202
-        def make(original):  # noqa: ANN001, ANN202
-            def __init__(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202, N807
+    def make_init(submitted):
+        def make(original):
+            def __init__(self, *args, **kwargs):
                 original(self, *args, **kwargs)
                 try:
                     _count("submitted", submitted(self, args, kwargs))
@@ -132,9 +132,9 @@ def patch_pool(module: Any) -> None:  # noqa: ANN401
             return __init__
         return make
 
-    def make_set(per_call):  # noqa: ANN001, ANN202
-        def make(original):  # noqa: ANN001, ANN202
-            def _set(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+    def make_set(per_call):
+        def make(original):
+            def _set(self, *args, **kwargs):
                 try:
                     _count("done", per_call(self))
                 except Exception:  # noqa: BLE001
@@ -143,8 +143,8 @@ def patch_pool(module: Any) -> None:  # noqa: ANN401
             return _set
         return make
 
-    def make_set_length(original):  # noqa: ANN001, ANN202
-        def _set_length(self, length):  # noqa: ANN001, ANN202
+    def make_set_length(original):
+        def _set_length(self, length):
             try:
                 _count("submitted", int(length))
             except Exception:  # noqa: BLE001
@@ -163,10 +163,10 @@ def patch_pool(module: Any) -> None:  # noqa: ANN401
     _sample()
 
 
-def patch_executor(module: Any) -> None:  # noqa: ANN401
+def patch_executor(module: Any) -> None:
     """concurrent.futures.thread or .process: a task per submit, done when its future is."""
-    def make_submit(original):  # noqa: ANN001, ANN202
-        def submit(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+    def make_submit(original):
+        def submit(self, *args, **kwargs):
             future = original(self, *args, **kwargs)
             try:
                 _count("submitted", 1)

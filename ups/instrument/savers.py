@@ -44,7 +44,7 @@ SAVERS = (
 )
 
 
-def target_name(f: Any) -> str | None:  # noqa: ANN401
+def target_name(f: Any) -> str | None:
     """What ``torch.save``/``torch.load`` writes to or reads from, in words; None for an
     in-memory buffer (not a checkpoint by itself)."""
     if isinstance(f, str | os.PathLike):
@@ -81,7 +81,7 @@ def _describe_call(label: str, args: tuple, kwargs: dict) -> str:
     return f"{label} → {os.fspath(where)}" if isinstance(where, str | os.PathLike) else label
 
 
-def patch_torch(torch: Any) -> None:  # noqa: ANN401
+def patch_torch(torch: Any) -> None:
     """torch.save and torch.load (torch.serialization's, which torch re-exports)."""
     ser = torch.serialization
     original_save, original_load = ser.save, ser.load
@@ -106,7 +106,7 @@ def patch_torch(torch: Any) -> None:  # noqa: ANN401
         imports.when_imported(module, lambda m, o=owner, f=func, p=phase, lb=label: _patch_saver(m, o, f, p, lb))
 
 
-def _patch_saver(module: Any, owner: str | None, func: str, phase: str, label: str) -> None:  # noqa: ANN401
+def _patch_saver(module: Any, owner: str | None, func: str, phase: str, label: str) -> None:
     target = getattr(module, owner, None) if owner else module
     if target is None:
         return

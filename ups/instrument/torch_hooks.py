@@ -114,7 +114,7 @@ def optimizer_steps() -> int:
 
 
 # ------------------------------------------------------------------------- phases
-def enter_phase(rep, name: str, *, flush: bool = False) -> str | None:  # noqa: ANN001
+def enter_phase(rep, name: str, *, flush: bool = False) -> str | None:
     """Enter a phase for the duration of a wrapped call; the outermost wrapped call wins."""
     t = _t
     t.depth += 1
@@ -180,7 +180,7 @@ _FSDP_WORDS = {"unshard": "unshard", "post_backward": "reduce-scatter of grads",
 _FRAMEWORK_CODE: dict[int, tuple[object, str | None]] = {}  # id(code) -> (code, framework or None)
 
 
-def _framework_of(code) -> str | None:  # noqa: ANN001
+def _framework_of(code) -> str | None:
     known = _FRAMEWORK_CODE.get(id(code))
     if known is None or known[0] is not code:
         name = code.co_filename.replace(os.sep, "/")
@@ -188,7 +188,7 @@ def _framework_of(code) -> str | None:  # noqa: ANN001
     return known[1]
 
 
-def _context(framework: str, frame) -> str | None:  # noqa: ANN001
+def _context(framework: str, frame) -> str | None:
     """What the framework's frame is doing, in words: "FSDP unshard of layers.3", "TP
     RowwiseParallel._prepare_output_fn", "pipelining fwd_send"; None for a comprehension's
     frame (its function's frame, next out, says it)."""
@@ -267,7 +267,7 @@ def set_enabled(enabled: bool) -> None:
             del _global_optimizer_post_hooks[key]
 
 
-def phase_call(phase: str, *, flush: bool = False, describe=None):  # noqa: ANN001
+def phase_call(phase: str, *, flush: bool = False, describe=None):
     """A wrapper maker: the call is in ``phase`` (written at once with ``flush``). With
     ``describe(args, kwargs)`` (the savers): only calls it describes count, the outermost one
     names what it does as the record's item (written at once if the record is older than
@@ -299,7 +299,7 @@ def phase_call(phase: str, *, flush: bool = False, describe=None):  # noqa: ANN0
 
 
 # --------------------------------------------------------------------- entry point
-def patch_torch(torch) -> None:  # noqa: ANN001
+def patch_torch(torch) -> None:
     """Called right after ``import torch`` finished (post-import hook)."""
     steps = (_patch_distributed, _patch_spawn, _patch_data, _patch_optim, _patch_module_modes, _patch_metrics)
     for step in steps:
@@ -314,13 +314,13 @@ def patch_torch(torch) -> None:  # noqa: ANN001
     imports.when_imported("torch.distributed.elastic.multiprocessing.errors.error_handler", _patch_error_handler)
 
 
-def _patch_error_handler(module) -> None:  # noqa: ANN001
+def _patch_error_handler(module) -> None:
     """torch's ``@record`` calls ``faulthandler.enable()`` (to stderr) when the decorated
     function starts, which takes fatal-signal tracebacks away from the stack file that
     ``ups stacks`` reads. Put ours back after it (the rank's stderr is in its log anyway)."""
 
     def make(original):
-        def initialize(self):  # noqa: ANN001
+        def initialize(self):
             original(self)
             rep = process.state.rep
             if rep is not None:
@@ -332,7 +332,7 @@ def _patch_error_handler(module) -> None:  # noqa: ANN001
 
 
 # -------------------------------------------------------------------- distributed
-def _patch_distributed(torch) -> None:  # noqa: ANN001
+def _patch_distributed(torch) -> None:
     dist = torch.distributed
     if not dist.is_available():
         return
@@ -369,7 +369,7 @@ def _patch_distributed(torch) -> None:  # noqa: ANN001
         patching.patch(work_type, "wait", _waiting("wait"))
 
 
-def _patch_spawn(torch) -> None:  # noqa: ANN001
+def _patch_spawn(torch) -> None:
     """``torch.multiprocessing.spawn`` (``mp.spawn``, ``start_processes``): the calling process
     starts the ranks and is not one of them (its record becomes a helper's before the first
     rank starts); the ranks learn how many they are (see ``process._start_spawned_rank``)."""
@@ -378,7 +378,7 @@ def _patch_spawn(torch) -> None:  # noqa: ANN001
     module = importlib.import_module("torch.multiprocessing.spawn")  # the attribute is the function
 
     def make(original):
-        def start_processes(fn, args=(), nprocs=1, *rest, **kwargs):  # noqa: ANN001
+        def start_processes(fn, args=(), nprocs=1, *rest, **kwargs):
             process.become_spawner(f"mp.spawn parent of {nprocs} processes")
             previous = os.environ.get(process.ENV_SPAWN_NPROCS)
             os.environ[process.ENV_SPAWN_NPROCS] = str(nprocs)
@@ -406,7 +406,7 @@ class _Group:
 
     __slots__ = ("desc", "name", "p2p", "pg", "ranks", "seq")
 
-    def __init__(self, pg, dist) -> None:  # noqa: ANN001
+    def __init__(self, pg, dist) -> None:
         self.pg = pg
         self.seq = 0
         self.p2p: dict[tuple[str, int | None], int] = {}
@@ -424,7 +424,7 @@ class _Group:
             self.ranks = None
 
 
-def _group(pg):  # noqa: ANN001, ANN202
+def _group(pg):
     """The :class:`_Group` of a process group (None: the default group), cached."""
     t = _t
     if pg is None:
@@ -448,7 +448,7 @@ _P2P = {"send": ("dst", "group_dst"), "isend": ("dst", "group_dst"), "recv": ("s
         "irecv": ("src", "group_src")}
 
 
-def _issue(op: str, g, peer, context_depth: int = 3) -> tuple:  # noqa: ANN001
+def _issue(op: str, g, peer, context_depth: int = 3) -> tuple:
     """A collective issued now: (op, seq in its group, site, info for the record)."""
     site, context = _site_and_context(context_depth)
     if g is None:
@@ -468,7 +468,7 @@ def _issue(op: str, g, peer, context_depth: int = 3) -> tuple:  # noqa: ANN001
     return op, seq, site, info
 
 
-def _peer(op: str, args, kwargs, g, index: dict) -> int | None:  # noqa: ANN001
+def _peer(op: str, args, kwargs, g, index: dict) -> int | None:
     """The global rank of a send's destination or a recv's source."""
     names = _P2P.get(op)
     if names is None:
@@ -485,7 +485,7 @@ def _peer(op: str, args, kwargs, g, index: dict) -> int | None:  # noqa: ANN001
     return peer if isinstance(peer, int) else None
 
 
-def _arg_index(original) -> dict[str, int]:  # noqa: ANN001
+def _arg_index(original) -> dict[str, int]:
     import inspect
 
     try:
@@ -494,7 +494,7 @@ def _arg_index(original) -> dict[str, int]:  # noqa: ANN001
         return {}
 
 
-def _keep_pending(key, c: tuple, result) -> None:  # noqa: ANN001
+def _keep_pending(key, c: tuple, result) -> None:
     """An async collective's work (or a functional collective's tensor), waited later."""
     pending = _t.pending
     if len(pending) >= PENDING_KEPT:
@@ -502,11 +502,11 @@ def _keep_pending(key, c: tuple, result) -> None:  # noqa: ANN001
     pending[key] = (result, c)
 
 
-def _storage_key(tensor) -> tuple:  # noqa: ANN001
+def _storage_key(tensor) -> tuple:
     return ("storage", tensor.untyped_storage().data_ptr())
 
 
-def _collective(op: str, work_type=None, *, functional: bool = False):  # noqa: ANN001
+def _collective(op: str, work_type=None, *, functional: bool = False):
     phase = f"collective:{op}"
 
     def make(original):
@@ -556,7 +556,7 @@ def _collective(op: str, work_type=None, *, functional: bool = False):  # noqa: 
     return make
 
 
-def _functional_group(group, tag: str):  # noqa: ANN001, ANN202
+def _functional_group(group, tag: str):
     """The :class:`_Group` of a functional collective's group argument (a ProcessGroup, a
     (DeviceMesh, dim), a list of ranks, a group name)."""
     funcol = sys.modules["torch.distributed._functional_collectives"]
@@ -572,7 +572,7 @@ def _waiting(what: str, *, tensors: bool = False):
     the record says which one (op, its sequence number and group, where it was issued)."""
 
     def make(original):
-        def wait(self, *args, **kwargs):  # noqa: ANN001
+        def wait(self, *args, **kwargs):
             t = _t
             if not t.pending:
                 return original(self, *args, **kwargs)
@@ -610,7 +610,7 @@ def _waiting(what: str, *, tensors: bool = False):
     return make
 
 
-def _patch_functional(module) -> None:  # noqa: ANN001
+def _patch_functional(module) -> None:
     """torch.distributed._functional_collectives: DTensor and tensor parallel issue here."""
     for name in _FUNCTIONAL:
         if callable(getattr(module, name, None)):
@@ -618,7 +618,7 @@ def _patch_functional(module) -> None:  # noqa: ANN001
     patching.patch(module, "wait_tensor", _waiting("wait_tensor", tensors=True))
 
 
-def _patch_fsdp(module) -> None:  # noqa: ANN001
+def _patch_fsdp(module) -> None:
     cls = getattr(module, "FullyShardedDataParallel", None)
     if cls is not None:
         patching.patch(cls, "__init__", phase_call("ddp.wrap", flush=True))
@@ -627,7 +627,7 @@ def _patch_fsdp(module) -> None:  # noqa: ANN001
 
 
 # --------------------------------------------------------------------------- data
-def _patch_data(torch) -> None:  # noqa: ANN001
+def _patch_data(torch) -> None:
     dl = torch.utils.data.dataloader
     patching.patch(dl._BaseDataLoaderIter, "__next__", _make_next)
     patching.patch(dl._MultiProcessingDataLoaderIter, "__init__", _make_mp_iter_init)
@@ -655,16 +655,16 @@ class _SampleNoting:
     keeps the index whose ``__getitem__`` raised: the worker goes on to prefetch the next
     batch, which would otherwise overwrite it before the rank re-raises the error."""
 
-    def __init__(self, dataset) -> None:  # noqa: ANN001
+    def __init__(self, dataset) -> None:
         self._ups_dataset = dataset
 
-    def __getattr__(self, name: str):  # noqa: ANN204 - everything else is the dataset's own
+    def __getattr__(self, name: str):  # everything else is the dataset's own
         return getattr(self._ups_dataset, name)
 
     def __len__(self) -> int:
         return len(self._ups_dataset)
 
-    def __getitem__(self, idx):  # noqa: ANN001, ANN204
+    def __getitem__(self, idx):
         rep = process.state.rep
         if rep is None:
             return self._ups_dataset[idx]
@@ -681,7 +681,7 @@ class _SampleNoting:
 
 
 def _make_map_fetcher_init(original):
-    def __init__(self, dataset, *args, **kwargs):  # noqa: ANN001, N807
+    def __init__(self, dataset, *args, **kwargs):
         original(self, dataset, *args, **kwargs)
         if process.state.rep is not None and not isinstance(self.dataset, _SampleNoting):
             self.dataset = _SampleNoting(self.dataset)
@@ -695,7 +695,7 @@ class _BatchItem:
 
     __slots__ = ("i", "loader", "n")
 
-    def __init__(self, n, loader: int) -> None:  # noqa: ANN001 - int or "?"
+    def __init__(self, n, loader: int) -> None:  # int or "?"
         self.i = 0
         self.n = n
         self.loader = loader
@@ -704,7 +704,7 @@ class _BatchItem:
         return f"batch {self.i}/{self.n}" + (f" (loader {self.loader})" if self.loader else "")
 
 
-def _batch_item(it) -> _BatchItem:  # noqa: ANN001
+def _batch_item(it) -> _BatchItem:
     try:
         n = len(it)
     except TypeError:
@@ -717,7 +717,7 @@ BATCH_SIZE_EVERY = 8  # batches: the size of one in eight is read, weighted by e
 
 
 def _make_next(original):
-    def __next__(self):  # noqa: ANN001, N807
+    def __next__(self):
         # On every batch of the program: the minimum here (a phase, a count, a monotonic time);
         # the item's text and the batch's size are left to the heartbeat thread or sampled.
         rep = process.state.rep
@@ -759,7 +759,7 @@ def _make_next(original):
     return __next__
 
 
-def _loader_id(loader) -> int:  # noqa: ANN001
+def _loader_id(loader) -> int:
     lid = loader.__dict__.get("_ups_loader")
     if lid is None:
         lid = _t.loaders
@@ -773,7 +773,7 @@ def _make_loader_init(original):
 
     signature = inspect.signature(original)
 
-    def __init__(self, *args, **kwargs):  # noqa: ANN001, N807
+    def __init__(self, *args, **kwargs):
         forced = os.environ.get(ENV_FORCE_NUM_WORKERS)
         if forced is not None and process.state.rep is not None:
             try:
@@ -813,7 +813,7 @@ class WorkerInit:
     (``metrics.previous``), so the launcher, reading that end late on a loaded box, still
     reads a normal end as one (ups.launch.exits)."""
 
-    def __init__(self, loader: int, rank: int, fn, owner: str | None = None) -> None:  # noqa: ANN001
+    def __init__(self, loader: int, rank: int, fn, owner: str | None = None) -> None:
         self.loader = loader
         self.rank = rank
         self.fn = fn
@@ -845,7 +845,7 @@ class WorkerInit:
         if self.fn is not None:
             self.fn(worker_id)
 
-    def ended(self, workers) -> None:  # noqa: ANN001 - the iterator's multiprocessing.Process list
+    def ended(self, workers) -> None:  # the iterator's multiprocessing.Process list
         """In the rank, once the DataLoader has joined its workers: a worker whose record still
         says running never wrote its end (it left through ``os._exit``, or a signal killed it);
         the rank writes it, with the exit code or the signal it saw."""
@@ -907,7 +907,7 @@ def _write_worker_end(name: str, pid: int, code: int) -> None:
 
 
 def _make_shutdown_workers(original):
-    def _shutdown_workers(self):  # noqa: ANN001, ANN202
+    def _shutdown_workers(self):
         first = not getattr(self, "_shutdown", True)
         try:
             return original(self)
@@ -923,7 +923,7 @@ def _make_shutdown_workers(original):
 
 
 def _make_mp_iter_init(original):
-    def __init__(self, loader, *args, **kwargs):  # noqa: ANN001, N807
+    def __init__(self, loader, *args, **kwargs):
         rep = process.state.rep
         if rep is None:
             return original(self, loader, *args, **kwargs)
@@ -941,7 +941,7 @@ def _make_mp_iter_init(original):
     return __init__
 
 
-def _describe_index(index) -> str:  # noqa: ANN001
+def _describe_index(index) -> str:
     if isinstance(index, list | tuple):
         if not index:
             return "index []"
@@ -957,7 +957,7 @@ def _describe_index(index) -> str:  # noqa: ANN001
 
 
 def _make_fetch(original):
-    def fetch(self, possibly_batched_index):  # noqa: ANN001
+    def fetch(self, possibly_batched_index):
         rep = process.state.rep
         if rep is None:
             return original(self, possibly_batched_index)
@@ -976,7 +976,7 @@ def _make_fetch(original):
 
 
 def _make_set_epoch(original):
-    def set_epoch(self, epoch):  # noqa: ANN001
+    def set_epoch(self, epoch):
         original(self, epoch)
         rep = rank_reporter()
         if rep is not None:
@@ -986,7 +986,7 @@ def _make_set_epoch(original):
 
 
 # -------------------------------------------------------------------------- optim
-def _patch_optim(torch) -> None:  # noqa: ANN001
+def _patch_optim(torch) -> None:
     from torch.optim.optimizer import (
         _global_optimizer_post_hooks,
         register_optimizer_step_post_hook,
@@ -996,7 +996,7 @@ def _patch_optim(torch) -> None:  # noqa: ANN001
         register_optimizer_step_post_hook(_on_optimizer_step)
 
 
-def _on_optimizer_step(optimizer, args, kwargs) -> None:  # noqa: ANN001
+def _on_optimizer_step(optimizer, args, kwargs) -> None:
     rep = process.state.rep  # on every optimizer step: _rank_reporter inlined
     t = _t
     if rep is None or rep.role != "rank" or _get_ident() != t.main:
@@ -1021,9 +1021,9 @@ _on_optimizer_step.__ups_hook__ = True  # type: ignore[attr-defined]
 
 
 # ---------------------------------------------------------------------- save/load
-def _patch_module_modes(torch) -> None:  # noqa: ANN001
+def _patch_module_modes(torch) -> None:
     def make(original):
-        def train(self, mode=True):  # noqa: ANN001
+        def train(self, mode=True):
             result = original(self, mode)
             if _t.opt_steps:
                 rep = rank_reporter()
@@ -1037,19 +1037,19 @@ def _patch_module_modes(torch) -> None:  # noqa: ANN001
 
 
 # ------------------------------------------------------------------------ metrics
-def _steps_done(rep) -> int:  # noqa: ANN001
+def _steps_done(rep) -> int:
     """Optimizer steps done before now: the 0-based index of the step in progress (the job's
     own count when it reports one, e.g. after resuming)."""
     return rep.step if rep.explicit_progress else _t.opt_steps
 
 
-def _patch_metrics(torch) -> None:  # noqa: ANN001
+def _patch_metrics(torch) -> None:
     """Loss (what backward() is called on), grad norm (clip_grad_norm_'s return) and the
     loss under AMP (GradScaler.scale's input): references only, see ups.instrument.metrics."""
     Tensor = torch.Tensor
 
     def make_backward(original):
-        def backward(tensors, *args, **kwargs):  # noqa: ANN001
+        def backward(tensors, *args, **kwargs):
             # On every backward: _rank_reporter and _steps_done inlined.
             rep = process.state.rep
             t = _t
@@ -1068,7 +1068,7 @@ def _patch_metrics(torch) -> None:  # noqa: ANN001
     patching.patch(torch.autograd, "backward", make_backward)
 
     def make_clip(original):
-        def clip_grad_norm_(*args, **kwargs):  # noqa: ANN001
+        def clip_grad_norm_(*args, **kwargs):
             norm = original(*args, **kwargs)
             rep = rank_reporter()
             if rep is not None:
@@ -1091,7 +1091,7 @@ def _patch_metrics(torch) -> None:  # noqa: ANN001
     scaler = getattr(getattr(torch, "amp", None), "GradScaler", None)
     if scaler is not None:
         def make_scale(original):
-            def scale(self, outputs):  # noqa: ANN001
+            def scale(self, outputs):
                 result = original(self, outputs)
                 if isinstance(outputs, Tensor) and _get_ident() == _t.main:
                     metrics.capture.scaled = (result, outputs)

@@ -196,7 +196,7 @@ class PrecomputeJob:
             it = iter(loader)
             if workers:
                 id_offset = st.generation * max(1, self.cfg.num_workers)
-                st.loader_pids = {id_offset + k: w.pid for k, w in enumerate(it._workers)}  # noqa: SLF001
+                st.loader_pids = {id_offset + k: w.pid for k, w in enumerate(it._workers)}
                 self.event("loader.start", split=key, workers=workers, pids=list(st.loader_pids.values()), remaining=len(remaining))
             try:
                 while True:
@@ -234,7 +234,7 @@ class PrecomputeJob:
                 return None
             except UpsError:
                 raise  # bad data re-raised from a worker: a clear error, not a hang
-            except Exception as exc:  # noqa: BLE001 - see below
+            except Exception as exc:  # see below
                 # A dead worker surfaces as RuntimeError (torch names its pid), or, when it
                 # died while handing over a tensor by file descriptor, as EOFError or
                 # ConnectionError from multiprocessing's resource sharer.

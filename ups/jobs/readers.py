@@ -97,4 +97,4 @@ def disable_torch_sigchld_handler() -> None:
     own liveness check on each get), so keep that handler out."""
     from torch.utils.data._utils import signal_handling
 
-    signal_handling._SIGCHLD_handler_set = True  # noqa: SLF001
+    signal_handling._SIGCHLD_handler_set = True

@@ -95,7 +95,7 @@ class CacheWriters:
         self.window = 2 * n
         self.pool = cf.ProcessPoolExecutor(n, mp_context=mp.get_context("fork"), initializer=_writer_init)
         self.pool.submit(os.getpid).result()  # a fork pool starts all its processes at the first submit
-        self.pids = sorted(self.pool._processes)  # noqa: SLF001
+        self.pids = sorted(self.pool._processes)
         self.pending: deque[tuple[cf.Future, list[int], float, str]] = deque()
         self.submitted = 0
 

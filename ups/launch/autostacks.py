@@ -70,7 +70,7 @@ class StackCollector:
             self.collect(p)
         return len(view.processes)
 
-    def collect(self, p) -> None:  # noqa: ANN001
+    def collect(self, p) -> None:
         rec = p.record
         evidence = {"target": rec.name, "pid": rec.pid, "health": p.verdict.health.value, "reason": p.verdict.reason,
                     "phase": rec.phase}

@@ -12,7 +12,7 @@ from typing import Any
 from ups.runs.rundir import RunDir
 
 
-def start_metrics_endpoint(run: RunDir, manifest: dict[str, Any], *, actor: str) -> Any:  # noqa: ANN401
+def start_metrics_endpoint(run: RunDir, manifest: dict[str, Any], *, actor: str) -> Any:
     """Serve ``run``'s metrics where run.json's ``metrics`` says (None when it says nothing);
     the server, or None. Each outcome is an event: ``metrics`` with the URL or the problem."""
     where = manifest.get("metrics")

@@ -77,7 +77,7 @@ def check_options(on_hang: str | None, max_restarts: int | None, on_worker_hang:
     return out
 
 
-def is_worker_hang(verdict: Any) -> bool:  # noqa: ANN401 - a Verdict
+def is_worker_hang(verdict: Any) -> bool:  # a Verdict
     return verdict.mode == "worker_stuck_in_read" or (verdict.who or {}).get("role") == "worker"
 
 
@@ -150,7 +150,7 @@ class HangWatch:
             action = "give_up"
         return verdict, Decision(verdict, action, proof=proof)
 
-    def _watch(self, view: RunView, verdict: Any, troubled: list) -> dict[str, Watched]:  # noqa: ANN401
+    def _watch(self, view: RunView, verdict: Any, troubled: list) -> dict[str, Watched]:
         """Watch whom the verdict names and whoever is in trouble (on this host); dump their
         stacks when the proof needs it; publish what is seen."""
         here = hostname()
@@ -168,7 +168,7 @@ class HangWatch:
         self.observed = {name: w.to_dict() for name, w in watched.items()}
         return watched
 
-    def _dump(self, record: Any, name: str) -> None:  # noqa: ANN401
+    def _dump(self, record: Any, name: str) -> None:
         from ups.runs.signals import dump_stacks
         from ups.why.stacks import latest
 
@@ -190,7 +190,7 @@ class HangWatch:
         self._next = time.monotonic() + CHECK_EVERY_S
 
 
-def quiet_peers(view: RunView, troubled: list) -> list:  # noqa: ANN401 - ProcessViews
+def quiet_peers(view: RunView, troubled: list) -> list:  # ProcessViews
     """Running ranks, not in trouble themselves (within a long phase's limit, or before their
     step time is learned), outside any collective and with no progress for a few seconds, while
     a rank is in trouble: the ones it may wait for, watched so that readers can say what they

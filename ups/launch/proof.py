@@ -363,7 +363,7 @@ class Observer:
     (pid, heartbeat thread id)); a process not named any more is forgotten (its episode
     ended), one named again starts afresh."""
 
-    def __init__(self, *, window: float = WINDOW_S, clock=time.monotonic) -> None:  # noqa: ANN001
+    def __init__(self, *, window: float = WINDOW_S, clock=time.monotonic) -> None:
         self.window = window
         self.clock = clock
         self.watched: dict[str, Watched] = {}

@@ -42,7 +42,7 @@ def write_settled(run: RunDir, *, actor: str | None = None) -> RunView | None:
     return view
 
 
-def adopt(run, *, actor: str, wait_s: float = 10.0) -> int:  # noqa: ANN001
+def adopt(run, *, actor: str, wait_s: float = 10.0) -> int:
     """Give an unsupervised run a new supervisor; its pid. A run that still has its launcher,
     or has ended, is refused; one whose processes are all gone is settled instead. A run that
     is not provably this user's is refused before anything (Refused: whose it is, and why)."""

@@ -593,7 +593,7 @@ def say_gone(message: str) -> None:
         pass
 
 
-def notify_end(run: RunDir, notifier: Any) -> None:  # noqa: ANN401
+def notify_end(run: RunDir, notifier: Any) -> None:
     """The run's end, told after its state is written: a slow notifier delays only this
     process's exit, by at most its time limit, never the run's record or exit code."""
     if notifier is None:

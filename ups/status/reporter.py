@@ -319,7 +319,7 @@ class Reporter:
         try:
             stacks_fd = make_dirs(self.run_dir, "stacks")  # never through a link (ups.status.confined)
             try:
-                self._stack_fh = open(f"{self.name}.txt", "a", buffering=1,  # noqa: SIM115
+                self._stack_fh = open(f"{self.name}.txt", "a", buffering=1,
                                       opener=lambda name, _flags: open_append(name, dir_fd=stacks_fd))
             finally:
                 os.close(stacks_fd)

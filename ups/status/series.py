@@ -51,7 +51,7 @@ FIELDS = ("t", "step", "attempt", "loss", "lr", "grad_norm", "rate", "sps", "tps
 NUMERIC = frozenset(("loss", "lr", "grad_norm", "rate", "sps", "tps"))
 
 
-def _round(value):  # noqa: ANN001, ANN202 - any JSON scalar
+def _round(value):  # any JSON scalar
     """Six significant digits; NaN and infinities as the strings JSON can carry."""
     if isinstance(value, float):
         if math.isnan(value):
@@ -62,7 +62,7 @@ def _round(value):  # noqa: ANN001, ANN202 - any JSON scalar
     return value
 
 
-def as_float(value) -> float | None:  # noqa: ANN001
+def as_float(value) -> float | None:
     """A series cell as a float (``"nan"`` → nan); None for a missing or foreign cell."""
     if isinstance(value, bool):
         return None
@@ -133,7 +133,7 @@ class SeriesWriter:
         row = [_round(point.get(f)) if f != "t" else round(point.get("t") or 0.0, 2) for f in FIELDS]
         return self._add_row(row, point.get("step"), point.get("loss"))
 
-    def _add_row(self, row: list, step, loss) -> bool:  # noqa: ANN001
+    def _add_row(self, row: list, step, loss) -> bool:
         key = (step, loss if loss == loss else "nan")
         if key == self._last_key:
             return False
@@ -195,7 +195,7 @@ class SeriesWriter:
 
 
 # --------------------------------------------------------------------------- reading
-def _valid_rows(rows, width: int) -> list[list]:  # noqa: ANN001
+def _valid_rows(rows, width: int) -> list[list]:
     if not isinstance(rows, list):
         raise ValueError("points are not a list")
     return [r for r in rows if isinstance(r, list) and len(r) == width]

@@ -98,7 +98,7 @@ class Evidence:
         (:mod:`ups.why.flight`: JSON, or a pickle only from a run proven to be yours)."""
         return flight.read_run_dumps(self.run.path)
 
-    def gpu_of(self, record: StatusRecord):  # noqa: ANN201
+    def gpu_of(self, record: StatusRecord):
         """The device a process of this host runs on: the one its record names, else its local
         rank's (torchrun's convention, one GPU a rank)."""
         snap = self.host.gpus
@@ -167,7 +167,7 @@ def _what_moved(window: dict) -> str:
     return f"computing{through} (CPU {100 * (window.get('cpu') or 0):.0f}%, a thread busy {100 * (window.get('demand') or 0):.0f}% of the time)"
 
 
-def _tail(path, limit: int) -> str:  # noqa: ANN001
+def _tail(path, limit: int) -> str:
     # Regular files only, never blocking (a FIFO named job.log is no evidence, and no hang).
     from ups.status.safeio import try_tail
 

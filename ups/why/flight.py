@@ -166,7 +166,7 @@ def _read_one(path: str) -> tuple[object, str]:
     raise ValueError("neither JSON nor a pickle")
 
 
-def _own(run_path: str | os.PathLike[str]):  # noqa: ANN202 - OwnRun, or why not
+def _own(run_path: str | os.PathLike[str]):  # OwnRun, or why not
     from ups.errors import Refused
     from ups.runs.ownership import OwnRun
 
@@ -185,7 +185,7 @@ def _check_folder(folder: str, owner: int) -> None:
 class _PlainUnpickler(pickle.Unpickler):
     """Dicts, lists, tuples, strings and numbers only: no class or function is ever looked up."""
 
-    def find_class(self, module: str, name: str):  # noqa: ANN201
+    def find_class(self, module: str, name: str):
         raise pickle.UnpicklingError(f"refused: the pickle names {module}.{name} (a dump holds plain values only)")
 
 
