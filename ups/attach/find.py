@@ -144,6 +144,20 @@ def dist_env(env: dict[str, str] | None) -> dict[str, str]:
     return {k: v for k, v in (env or {}).items() if k in DIST_KEYS or k.startswith("TORCHELASTIC_")}
 
 
+def global_rank(denv: dict[str, str]) -> int | None:
+    """RANK; else, where only LOCAL_RANK is set (Lightning's launcher sets LOCAL_RANK, NODE_RANK
+    and WORLD_SIZE for the ranks it starts), the local rank, offset by NODE_RANK times
+    LOCAL_WORLD_SIZE where both are known."""
+    rank = _int(denv.get("RANK"))
+    if rank is not None:
+        return rank
+    local = _int(denv.get("LOCAL_RANK"))
+    node, per_node = _int(denv.get("GROUP_RANK") or denv.get("NODE_RANK")), _int(denv.get("LOCAL_WORLD_SIZE"))
+    if local is not None and node and per_node:
+        return node * per_node + local
+    return local
+
+
 @dataclass
 class Proc:
     """One process of a job, and what it is."""
@@ -264,13 +278,13 @@ def _roles(tree: list[tuple[int, int]]) -> list[Proc]:
         argv, env, name_ = info[pid]
         denv = dist_env(env)
         penv = dist_env(info[parent][1]) if parent in info else {}
-        rank_s = denv.get("RANK") or denv.get("LOCAL_RANK")
+        rank_s = global_rank(denv)
         p = Proc(pid, parent, starts.get(pid), "helper", "", argv, env=denv, log=log_of(pid))
         p.local_rank, p.world_size = _int(denv.get("LOCAL_RANK")), _int(denv.get("WORLD_SIZE"))
         p.group_rank = _int(denv.get("GROUP_RANK") or denv.get("NODE_RANK"))
         owner = procs.get(parent)
         if pid == top and (is_launcher(argv) or spawned or any(dist_env(info[c][1]) for c, pp in tree if pp == top)
-                           and not rank_s):
+                           and rank_s is None):
             p.role = "agent"
             if not is_launcher(argv) and not spawned:
                 # Lightning's script re-executes itself for ranks 1..: it is rank 0 itself.
@@ -279,9 +293,9 @@ def _roles(tree: list[tuple[int, int]]) -> list[Proc]:
             p.role, p.rank = "worker", owner.rank
             p.worker = workers_of.get(parent, 0)
             workers_of[parent] = p.worker + 1
-        elif rank_s is not None and (owner is None or owner.role == "agent" or penv.get("RANK") != denv.get("RANK")
+        elif rank_s is not None and (owner is None or owner.role == "agent" or global_rank(penv) != rank_s
                                      and not (owner.role == "rank" and owner.rank_from == "environment")):
-            p.role, p.rank, p.rank_from = "rank", _int(rank_s), "environment"
+            p.role, p.rank, p.rank_from = "rank", rank_s, "environment"
         elif pid in spawn_order:
             p.role, p.rank, p.rank_from = "rank", spawn_order.index(pid), "start order"
             p.world_size = p.world_size or len(spawn_order)

@@ -61,7 +61,8 @@ def create_run(job: Job, runs_root: str | os.PathLike[str], *, run_id: str | Non
         "world_size": job.world_size,
         "thresholds": THRESHOLDS,
         "attached": {"by": who(), "at": time.time(), "given_pid": job.given, "log": job.log,
-                     "processes": [{"pid": p.pid, "start": p.start, "role": p.role, "name": p.name, "rank": p.rank}
+                     "processes": [{"pid": p.pid, "start": p.start, "role": p.role, "name": p.name, "rank": p.rank,
+                                    "local_rank": p.local_rank}
                                    for p in job.procs]},
     }
     return RunDir.create(runs_root, KIND, argv=list(top.argv), extra=extra, name=name, run_id=run_id)
