@@ -337,13 +337,14 @@ def test_a_healthy_job_attached_is_healthy_with_no_event_but_the_attach_then_its
 def test_scan_lists_each_plain_job_once_and_leaves_out_the_one_ups_launched(runs_root, jobs, tmp_path):
     idle = tmp_path / "idle_rank.py"
     idle.write_text("import os, time\nprint('rank', os.environ['RANK'], flush=True)\ntime.sleep(120)\n")
-    a, log_a = jobs.start(nproc=1, program=idle, name="a")
+    a, log_a = jobs.start(nproc=2, program=idle, name="a")
     b, log_b = jobs.start(nproc=1, program=idle, name="b")
     res = run_ups("launch", "torchrun", "--detach", "--json", "--nproc-per-node", "1", str(idle))
     assert res.returncode == 0, res.stderr
     launched = json.loads(res.stdout)
     for log in (log_a, log_b):
         wait_for(lambda log=log: "rank 0" in log.read_text(), 90, interval=0.3, message="the plain jobs' ranks")
+    wait_for(lambda: "rank 1" in log_a.read_text(), 90, interval=0.3, message="job a's rank 1")
     launched_run = runs_root / launched["run_id"]
     wait_for(lambda: (launched_run / "status" / "rank-0.json").exists(), 90, interval=0.3, message="the launched rank")
     jobs.remember()
@@ -355,18 +356,24 @@ def test_scan_lists_each_plain_job_once_and_leaves_out_the_one_ups_launched(runs
     listed = {p["pid"] for j in found["jobs"] for p in j["processes"]}
     assert not listed & ups_pids, "a job ups launched is listed"
     job_a = next(j for j in found["jobs"] if j["top"] == a.pid)
-    assert [p["role"] for p in job_a["processes"]] == ["agent", "rank"] and job_a["log"] == str(log_a)
+    assert [p["role"] for p in job_a["processes"]] == ["agent", "rank", "rank"] and job_a["log"] == str(log_a)
     assert not job_a["orphan"]
 
-    # Its agent killed: the rank (a session of its own) lives on under init, and is named an orphan.
-    rank_a = job_a["processes"][1]["pid"]
+    # Its agent killed: the ranks (each a session of its own) live on under init, and are named
+    # one orphaned job (their torchrun run id), not one per rank.
+    ranks_a = {p["rank"]: p["pid"] for p in job_a["processes"] if p["role"] == "rank"}
     os.kill(a.pid, signal.SIGKILL)
     a.wait(timeout=10)
-    found = wait_for(lambda: (f := ups_json("attach", "--scan")) and any(j["top"] == rank_a for j in f["orphans"]) and f,
+    found = wait_for(lambda: (f := ups_json("attach", "--scan")) and any(j["top"] == ranks_a[0] for j in f["orphans"]) and f,
                      30, interval=0.5, message="the orphan")
-    orphan = next(j for j in found["orphans"] if j["top"] == rank_a)
-    assert orphan["processes"][0]["role"] == "rank" and orphan["processes"][0]["env"]["TORCHELASTIC_RUN_ID"]
+    orphans = [j for j in found["orphans"] if {p["pid"] for p in j["processes"]} & set(ranks_a.values())]
+    assert len(orphans) == 1, orphans
+    orphan = orphans[0]
+    assert {p["rank"]: p["pid"] for p in orphan["processes"] if p["role"] == "rank"} == ranks_a
+    assert orphan["processes"][0]["env"]["TORCHELASTIC_RUN_ID"] and orphan["describe"].endswith("2 rank(s)")
     assert "ports" in orphan["processes"][0] and found["gpu"]
+    text = run_ups("attach", "--scan").stdout
+    assert text.count("ORPHAN") == len(found["orphans"]), text
 
 
 @pytest.mark.slow
@@ -471,3 +478,52 @@ def test_a_lightning_job_started_by_lightnings_own_launcher_is_found_from_its_fi
     assert v["where"]["site"] == f"lit.py:{hang_line}" and v["where"]["function"] == "training_step"
     assert "rank 0 waits for it" in v["headline"], v["headline"]
     assert first.poll() is None and process_start_time(ranks[1]["pid"]) is not None
+
+
+@pytest.mark.slow
+def test_the_console_lists_a_plain_job_not_launched_by_ups_and_attaches_it_on_confirmation(runs_root, jobs, tmp_path):
+    """The runs list shows a plain torchrun job (ups attach --scan's), marked "not launched by
+    ups"; a on its row asks first (its processes, what attaching does), y attaches and opens it."""
+    import asyncio
+
+    from console.app import UpsConsole
+    from console.screens.other import ConfirmAttach
+    from console.screens.run import RunScreen
+
+    idle = tmp_path / "idle_rank.py"
+    idle.write_text("import os, time\nprint('rank', os.environ['RANK'], flush=True)\ntime.sleep(120)\n")
+    agent, log = jobs.start(nproc=1, program=idle, name="plain")
+    wait_for(lambda: "rank 0" in log.read_text(), 90, interval=0.3, message="the plain job's rank")
+    jobs.remember()
+
+    async def drive():
+        from test_console import cell, until
+
+        app = UpsConsole(runs_root, refresh=0.3, scan_every=0.5)
+        key = f"unwatched:{agent.pid}"
+        async with app.run_test(size=(140, 36)) as pilot:
+            table = app.screen.query_one("#runs")
+            await until(pilot, lambda: key in table.row_keys, 30, message="the plain job listed")
+            assert cell(table, key, "state") == "not launched by ups" and cell(table, key, "run").startswith(f"pid {agent.pid} ")
+            assert cell(table, key, "progress") == "1 rank(s)"
+            table.focus()
+            table.move_cursor(row=table.get_row_index(key))
+            await pilot.press("a")
+            modal = await until(pilot, lambda: isinstance(app.screen, ConfirmAttach) and app.screen, message="the confirmation")
+            text = " ".join(str(w.render()) for w in modal.query("Label"))
+            assert f"pid {agent.pid}" in text and "rank 0" in text and "nothing signals it" in text
+            assert not any(runs_root.iterdir()), "nothing attached before the answer"
+            await pilot.press("y")
+            screen = await until(pilot, lambda: isinstance(app.screen, RunScreen) and app.screen, 60, message="the run opened")
+            run_id = screen.run_id
+            await until(pilot, lambda: key not in table.row_keys, 30, message="the job leaves the unwatched list")
+        return run_id
+
+    run_id = asyncio.run(drive())
+    m = json.loads((runs_root / run_id / "run.json").read_text())
+    assert m["kind"] == "attached" and m["job"]["pid"] == agent.pid
+    events = [json.loads(line) for line in (runs_root / run_id / "events.jsonl").read_text().splitlines()]
+    assert [(e["event"], e["actor"]) for e in events] == [("attach", "console")]
+    assert agent.poll() is None, "attaching never stops the job"
+    res = run_ups("kill", run_id, timeout=120)  # the observer and the job, through the same proofs
+    assert res.returncode == 0, res.stderr

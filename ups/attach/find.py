@@ -20,8 +20,9 @@ The job's log is where its stdout or stderr go when that is a regular file
 ``scan()`` lists every such job on this host, once each (by its top process), leaving out the
 jobs started by ``ups launch`` (their environment names a run folder) and those an attached
 run already watches, and names **orphans**: ranks of torchrun whose agent died (torchrun starts
-each rank in a session of its own, so a rank outlives its agent, re-parented to init), with the
-ports they listen on and, where NVML exists, the GPU memory they hold.
+each rank in a session of its own, so a rank outlives its agent, re-parented to init), one
+entry per job (the ranks that share its TORCHELASTIC_RUN_ID, MASTER_ADDR and MASTER_PORT),
+with the ports they listen on and, where NVML exists, the GPU memory they hold.
 """
 
 from __future__ import annotations
@@ -424,6 +425,37 @@ def watched_pids(runs_root: str | os.PathLike[str] | None) -> set[int]:
     return out
 
 
+def orphan_key(job: Job) -> tuple[str, str, str] | None:
+    """What the ranks of one torchrun job share (its run id, the store's address and port);
+    None for a job that is no orphan, or whose ranks name no run id."""
+    env = next((p.env for p in job.ranks if p.env.get("TORCHELASTIC_RUN_ID")), None)
+    if not job.orphan or env is None:
+        return None
+    return env["TORCHELASTIC_RUN_ID"], env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", "")
+
+
+def group_orphans(jobs: list[Job]) -> list[Job]:
+    """Orphaned ranks of one torchrun job (each found as a job of its own: a session of its
+    own, re-parented to init) as one job, its top the lowest rank."""
+    out: list[Job] = []
+    groups: dict[tuple[str, str, str], Job] = {}
+    for j in jobs:
+        key = orphan_key(j)
+        if key is None:
+            out.append(j)
+        elif key in groups:
+            g = groups[key]
+            g.procs = g.procs + j.procs
+            g.log = g.log or j.log
+        else:
+            groups[key] = j
+            out.append(j)
+    for g in groups.values():
+        g.top = g.ranks[0].pid
+        g.given = g.top
+    return out
+
+
 def scan(runs_root: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """Every PyTorch job of this host that ups does not watch, once each, and the orphans."""
     kids = children_map()
@@ -456,6 +488,7 @@ def scan(runs_root: str | os.PathLike[str] | None = None) -> dict[str, Any]:
             continue
         if job.top not in {j.top for j in jobs}:
             jobs.append(job)
+    jobs = group_orphans(jobs)
     held = gpu_memory([p.pid for j in jobs for p in j.procs])
     out = []
     for j in jobs:
