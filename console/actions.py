@@ -34,6 +34,22 @@ def process_owner(pid: int) -> tuple[str, str]:
         return "?", "?"
 
 
+def attach(runs_dir: Path, pid: int, start: float | None) -> ActionResult:
+    """Attach the job whose top process is ``pid`` (the same process the scan saw: its start
+    time); the message is the new run's id."""
+    from ups.attach.find import find_job
+    from ups.attach.start import attach_job
+    from ups.status.procs import process_start_time, same_start
+
+    if not same_start(process_start_time(pid), start):
+        return ActionResult(False, f"pid {pid} ended (or is another process now): nothing attached")
+    try:
+        run, _observer = attach_job(find_job(pid), runs_dir, actor=ACTOR)
+    except UpsError as exc:
+        return ActionResult(False, str(exc))
+    return ActionResult(True, run.run_id)
+
+
 def kill_process(run: RunDir, record: StatusRecord, *, force: bool, grace: float = 5.0) -> ActionResult:
     try:
         results = terminate(run, [record], actor=ACTOR, reason=f"operator: kill {record.label} from the console", grace=grace, force=force)

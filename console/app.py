@@ -21,11 +21,12 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.worker import get_current_worker
 
-from console.screens.other import ConfirmKill, ConfirmRelaunch, RunsScreen
+from console.screens.other import ConfirmAttach, ConfirmKill, ConfirmRelaunch, RunsScreen
 from console.screens.run import RunScreen
 from console.snapshots import Poller, Snapshot
 
-ACTIONS = {"kill_process", "kill_run", "stacks", "fallback", "relaunch", "launch", "adopt"}
+ACTIONS = {"kill_process", "kill_run", "stacks", "fallback", "relaunch", "launch", "adopt", "attach"}
+SCAN_EVERY_S = 10.0  # run_console's scan for jobs not launched by ups
 
 
 @dataclass
@@ -62,6 +63,7 @@ class UpsConsole(App):
         poll: bool = True,
         local_host: str | None = None,
         remotes: list[Any] | None = None,
+        scan_every: float | None = None,
     ) -> None:
         super().__init__()
         self.runs_dir = Path(runs_dir)
@@ -74,7 +76,7 @@ class UpsConsole(App):
 
             gpu_provider = get_provider()
         self.poller = Poller(self.runs_dir, gpu_provider=gpu_provider, clock=clock, process_table=process_table,
-                             local_host=local_host, remotes=remotes)
+                             local_host=local_host, remotes=remotes, scan_every=scan_every)
         self.selected_run: str | None = None
         self.selected_process: str | None = None
         self.stats = RefreshStats()
@@ -188,6 +190,36 @@ class UpsConsole(App):
         self.push_screen(ConfirmRelaunch(f"Relaunch {run_id} as a new run with num_workers=0?",
                                          [f"command: {plan.shown()}", "the run is stopped first if it is still alive"]), done)
 
+    def confirm_attach(self, job: dict[str, Any]) -> None:
+        """Show a job ups does not watch (``ups attach --scan``'s entry) and what attaching
+        does; attach on 'y'."""
+        if self.readonly:
+            return
+        lines = [job["describe"] + (f"; log {job['log']}" if job.get("log") else "; no log file")]
+        lines += [f"pid {p['pid']:>7}  {p['label']:<22} {' '.join(p['argv'])[:70]}" for p in job["processes"][:12]]
+        if job["orphan"] and sum(p["role"] == "rank" for p in job["processes"]) > 1:
+            lines.append(f"its ranks share no parent now: this attaches pid {job['top']} only (`ups attach PID` the others)")
+        lines += ["nothing goes into the job and nothing signals it: one observer process watches it from outside",
+                  "(/proc, py-spy, its log) as a run; it is never acted on automatically"]
+        top = next(p for p in job["processes"] if p["pid"] == job["top"])
+
+        def done(choice: str | None) -> None:
+            if choice:
+                self._attach(job["top"], top["start"])
+
+        self.push_screen(ConfirmAttach(f"Attach to pid {job['top']}, not launched by ups?", lines), done)
+
+    @work(thread=True, group="actions", exit_on_error=False)
+    def _attach(self, pid: int, start: float | None) -> None:
+        from console import actions
+
+        result = actions.attach(self.runs_dir, pid, start)
+        self.poller.rescan()
+        self.call_from_thread(self.notify, result.message if not result.ok else f"attached as run {result.message}",
+                              severity="information" if result.ok else "error", timeout=6, markup=False)
+        if result.ok:
+            self.call_from_thread(self.open_run, result.message)
+
     def perform(self, what: str, run_id: str, record: Any, force: bool = False) -> None:
         if self.readonly:
             self.notify("read-only console", severity="warning")
@@ -225,4 +257,4 @@ class UpsConsole(App):
 
 def run_console(runs_dir: str | Path, run_id: str | None = None, readonly: bool = False, refresh: float = 1.0,
                 remotes: list[Any] | None = None) -> None:
-    UpsConsole(runs_dir, run_id=run_id, readonly=readonly, refresh=refresh, remotes=remotes).run()
+    UpsConsole(runs_dir, run_id=run_id, readonly=readonly, refresh=refresh, remotes=remotes, scan_every=SCAN_EVERY_S).run()

@@ -73,6 +73,7 @@ class Snapshot:
     gpu: AttributedGpu | None
     read_ms: float = 0.0
     notes: tuple[str, ...] = field(default_factory=tuple)
+    unwatched: tuple[dict[str, Any], ...] = ()  # jobs ups does not watch (ups.attach.find.scan's), when scanned
 
 
 def _tail(path: Path, lines: int = 40, max_bytes: int = 32_000) -> tuple[str, ...]:
@@ -149,7 +150,11 @@ class Poller:
         full_every: int = 10,
         local_host: str | None = None,
         remotes: list[Any] | None = None,
+        scan_every: float | None = None,
     ) -> None:
+        self.scan_every = scan_every  # seconds between scans of this host for jobs ups does not watch; None: never
+        self._scanned_at: float | None = None
+        self._unwatched: tuple[dict[str, Any], ...] = ()
         self.local_host = local_host
         self.remotes = list(remotes or [])  # ups.runs.remote.RemoteSpec: other nodes, over SSH
         self._sources: dict[str, list[Any]] = {}  # run id -> RemoteStatusSource per remote
@@ -219,7 +224,28 @@ class Poller:
                                 else [(detail.view.run_id, p.record) for p in detail.view.processes] if detail else [])
             except Exception as exc:  # noqa: BLE001
                 notes.append(f"GPU panel: {type(exc).__name__}: {exc}")
-        return Snapshot(self.clock(), tuple(rows), detail, gpu, (time.perf_counter() - t0) * 1000, tuple(notes))
+        unwatched = self._scan(notes)
+        return Snapshot(self.clock(), tuple(rows), detail, gpu, (time.perf_counter() - t0) * 1000, tuple(notes), unwatched)
+
+    def _scan(self, notes: list[str]) -> tuple[dict[str, Any], ...]:
+        """The PyTorch jobs of this host ups does not watch (``ups attach --scan``), read again
+        every ``scan_every`` seconds (a scan reads every process's /proc entry)."""
+        if self.scan_every is None:
+            return ()
+        now = time.monotonic()
+        if self._scanned_at is None or now - self._scanned_at >= self.scan_every:
+            from ups.attach.find import scan
+
+            self._scanned_at = now
+            try:
+                self._unwatched = tuple(scan(self.runs_dir)["jobs"])
+            except Exception as exc:  # noqa: BLE001 - a scan that fails is a note, not a dead console
+                notes.append(f"scan for jobs not launched by ups: {type(exc).__name__}: {exc}")
+        return self._unwatched
+
+    def rescan(self) -> None:
+        """Scan again at the next tick (a job just attached leaves the unwatched list)."""
+        self._scanned_at = None
 
     def _row(self, s: Any, selected_run: str | None, selected_process: str | None,
              full: bool) -> tuple[RunRow, RunDetail | None]:

@@ -187,6 +187,55 @@ def test_the_console_marks_an_attached_run(runs_root):
     assert "not launched by ups" not in run_header(load_run_view(launched), time.time()).plain
 
 
+def test_logs_of_one_rank_of_an_attached_run_are_its_lines_of_the_jobs_log(runs_root):
+    """An attached job has one log (its copy logs/job.log): --rank N shows the lines torchrun's
+    prefix names as rank N's (--tee's local "[default1]:", torch's "[rank1]:"), or says in one
+    line what there is."""
+    from ups.runs.rundir import RunDir
+
+    procs = [{"pid": 10, "rank": 0, "local_rank": 0, "role": "rank", "name": "rank-0"},
+             {"pid": 11, "rank": 1, "local_rank": 1, "role": "rank", "name": "rank-1"}]
+    run = RunDir.create(runs_root, "attached", name="attached-train",
+                        extra={"attached": {"log": "/data/train.log", "processes": procs}})
+    run.logs_dir.mkdir(exist_ok=True)
+    run.log_path("job").write_bytes(b"[default0]:step 10/100\n[default1]:step 10/100 on one\n"
+                                    b"W1127 11:00:00 torch/distributed/elastic/agent.py:1] restarting\n"
+                                    b"[rank1]: Traceback (most recent call last):\n[rank1]: ValueError: bad batch\n")
+    res = run_ups("logs", run.run_id, "--rank", "1")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == ["[default1]:step 10/100 on one", "[rank1]: Traceback (most recent call last):",
+                                       "[rank1]: ValueError: bad batch"]
+    assert run_ups("logs", run.run_id, "--rank", "0").stdout == "[default0]:step 10/100\n"
+    res = run_ups("logs", run.run_id, "--rank", "3")
+    assert res.returncode != 0 and res.stdout == "" and len(res.stderr.strip().splitlines()) == 1
+    assert "its lines name rank(s) 0, 1 only" in res.stderr and f"`ups logs {run.run_id}`" in res.stderr
+    assert "/data/train.log" in res.stderr
+
+    run.log_path("job").unlink()  # a job whose output goes to a terminal: nothing to filter
+    res = run_ups("logs", run.run_id, "--rank", "1")
+    assert res.returncode != 0 and "writes no log file" in res.stderr and "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("state", ["lost", "killed"])
+def test_why_on_an_attached_run_that_ended_never_suggests_relaunch(runs_root, state):
+    """ups did not start the job and stores no command to start it again: the advice is to start
+    it as it was started (its command line, as found) and attach again."""
+    from ups.runs.rundir import RunDir
+
+    argv = ["/usr/bin/torchrun", "--nproc-per-node", "2", "train.py"]
+    run = RunDir.create(runs_root, "attached", argv=argv, name="attached-train",
+                        extra={"job": {"pid": 4194000, "pid_start": 1.0, "command": argv}, "automatic": "observe"})
+    if state == "killed":
+        run.append_event("kill", actor="cli:me", reason="operator request")
+    run.set_state(state, summary="every process of the job was seen gone; no log")
+    v = ups_json("why", run.run_id)["verdict"]
+    assert v["mode"] == state, v
+    assert "relaunch" not in v["next"].replace("no `ups relaunch`", ""), v["next"]
+    assert "ups attach PID" in v["next"] and "`/usr/bin/torchrun --nproc-per-node 2 train.py`" in v["next"], v["next"]
+    text = run_ups("why", run.run_id).stdout
+    assert "ups relaunch " + run.run_id not in text
+
+
 # ------------------------------------------------------------------------- real torchrun jobs
 @pytest.mark.slow
 @needs_pyspy
@@ -278,19 +327,24 @@ def test_a_healthy_job_attached_is_healthy_with_no_event_but_the_attach_then_its
     assert m.get("exit_code") is None and m.get("signal") is None
     v = ups_json("why", run_id)["verdict"]
     assert v["who"]["rank"] == 1 and "ValueError" in v["headline"]
+    assert "relaunch" not in v["next"], v["next"]
+    rank1 = run_ups("logs", run_id, "--rank", "1")  # what `next` says: torch's own "[rank1]:" prefix on the traceback
+    assert rank1.returncode == 0 and "ValueError: bad batch at step" in rank1.stdout, rank1.stderr
+    assert all(line.startswith("[rank1]:") for line in rank1.stdout.splitlines()), rank1.stdout
 
 
 @pytest.mark.slow
 def test_scan_lists_each_plain_job_once_and_leaves_out_the_one_ups_launched(runs_root, jobs, tmp_path):
     idle = tmp_path / "idle_rank.py"
     idle.write_text("import os, time\nprint('rank', os.environ['RANK'], flush=True)\ntime.sleep(120)\n")
-    a, log_a = jobs.start(nproc=1, program=idle, name="a")
+    a, log_a = jobs.start(nproc=2, program=idle, name="a")
     b, log_b = jobs.start(nproc=1, program=idle, name="b")
     res = run_ups("launch", "torchrun", "--detach", "--json", "--nproc-per-node", "1", str(idle))
     assert res.returncode == 0, res.stderr
     launched = json.loads(res.stdout)
     for log in (log_a, log_b):
         wait_for(lambda log=log: "rank 0" in log.read_text(), 90, interval=0.3, message="the plain jobs' ranks")
+    wait_for(lambda: "rank 1" in log_a.read_text(), 90, interval=0.3, message="job a's rank 1")
     launched_run = runs_root / launched["run_id"]
     wait_for(lambda: (launched_run / "status" / "rank-0.json").exists(), 90, interval=0.3, message="the launched rank")
     jobs.remember()
@@ -302,18 +356,24 @@ def test_scan_lists_each_plain_job_once_and_leaves_out_the_one_ups_launched(runs
     listed = {p["pid"] for j in found["jobs"] for p in j["processes"]}
     assert not listed & ups_pids, "a job ups launched is listed"
     job_a = next(j for j in found["jobs"] if j["top"] == a.pid)
-    assert [p["role"] for p in job_a["processes"]] == ["agent", "rank"] and job_a["log"] == str(log_a)
+    assert [p["role"] for p in job_a["processes"]] == ["agent", "rank", "rank"] and job_a["log"] == str(log_a)
     assert not job_a["orphan"]
 
-    # Its agent killed: the rank (a session of its own) lives on under init, and is named an orphan.
-    rank_a = job_a["processes"][1]["pid"]
+    # Its agent killed: the ranks (each a session of its own) live on under init, and are named
+    # one orphaned job (their torchrun run id), not one per rank.
+    ranks_a = {p["rank"]: p["pid"] for p in job_a["processes"] if p["role"] == "rank"}
     os.kill(a.pid, signal.SIGKILL)
     a.wait(timeout=10)
-    found = wait_for(lambda: (f := ups_json("attach", "--scan")) and any(j["top"] == rank_a for j in f["orphans"]) and f,
+    found = wait_for(lambda: (f := ups_json("attach", "--scan")) and any(j["top"] == ranks_a[0] for j in f["orphans"]) and f,
                      30, interval=0.5, message="the orphan")
-    orphan = next(j for j in found["orphans"] if j["top"] == rank_a)
-    assert orphan["processes"][0]["role"] == "rank" and orphan["processes"][0]["env"]["TORCHELASTIC_RUN_ID"]
+    orphans = [j for j in found["orphans"] if {p["pid"] for p in j["processes"]} & set(ranks_a.values())]
+    assert len(orphans) == 1, orphans
+    orphan = orphans[0]
+    assert {p["rank"]: p["pid"] for p in orphan["processes"] if p["role"] == "rank"} == ranks_a
+    assert orphan["processes"][0]["env"]["TORCHELASTIC_RUN_ID"] and orphan["describe"].endswith("2 rank(s)")
     assert "ports" in orphan["processes"][0] and found["gpu"]
+    text = run_ups("attach", "--scan").stdout
+    assert text.count("ORPHAN") == len(found["orphans"]), text
 
 
 @pytest.mark.slow
@@ -385,3 +445,85 @@ def test_an_mp_spawn_job_is_found_from_its_parent_and_the_rank_its_peer_waits_fo
     assert "rank 0 waits for it in all_reduce" in v["headline"], v["headline"]
     assert f"rank 0 waits in all_reduce (seen from outside by py-spy) at attach_spawn.py:{reduce_line}" in v["evidence"]
     assert parent.poll() is None
+
+
+@pytest.mark.slow
+@needs_pyspy
+def test_a_lightning_job_started_by_lightnings_own_launcher_is_found_from_its_first_process(runs_root, jobs, tmp_path):
+    """Lightning's documented example (tests/programs/frameworks/lit.py: `Trainer(accelerator="cpu",
+    devices=2, strategy="ddp")`) run with a plain `python lit.py`: the script is rank 0 and
+    re-executes itself for rank 1 with LOCAL_RANK=1 (no RANK); rank 1 sleeps in training_step."""
+    program = Path(__file__).parent / "programs" / "frameworks" / "lit.py"
+    hang_line = next(n for n, line in enumerate(program.read_text().splitlines(), 1) if "time.sleep(3600)" in line)
+    log = tmp_path / "lit.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UPS_")}
+    with open(log, "wb") as out:
+        first = subprocess.Popen([sys.executable, str(program), "--fail", "hang", "--workers", "0", "--steps", "100000"],
+                                 stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=tmp_path)
+    jobs.procs.append(first)
+    job = wait_for(lambda: (d := ups_json("attach", str(first.pid), "--dry-run")) and
+                   sum(p["role"] == "rank" for p in d["processes"]) == 2 and d, 180, interval=1.0, message="rank 1 started")
+    jobs.remember()
+    ranks = {p["rank"]: p for p in job["processes"] if p["role"] == "rank"}
+    assert job["top"] == first.pid and job["world_size"] == 2 and job["log"] == str(log)
+    assert ranks[0]["pid"] == first.pid and ranks[0]["rank_from"] == "parentage"
+    assert ranks[1]["env"]["LOCAL_RANK"] == "1" and ranks[1]["rank_from"] == "environment"
+    run_id = attach(first.pid)
+
+    def named():
+        v = ups_json("why", run_id)["verdict"]
+        return v if v["mode"] == "rank_stuck_peers_wait" else None
+    v = wait_for(named, 120, interval=1.0, message="rank 1 named")
+    assert v["who"]["rank"] == 1 and v["who"]["pid"] == ranks[1]["pid"]
+    assert v["where"]["site"] == f"lit.py:{hang_line}" and v["where"]["function"] == "training_step"
+    assert "rank 0 waits for it" in v["headline"], v["headline"]
+    assert first.poll() is None and process_start_time(ranks[1]["pid"]) is not None
+
+
+@pytest.mark.slow
+def test_the_console_lists_a_plain_job_not_launched_by_ups_and_attaches_it_on_confirmation(runs_root, jobs, tmp_path):
+    """The runs list shows a plain torchrun job (ups attach --scan's), marked "not launched by
+    ups"; a on its row asks first (its processes, what attaching does), y attaches and opens it."""
+    import asyncio
+
+    from console.app import UpsConsole
+    from console.screens.other import ConfirmAttach
+    from console.screens.run import RunScreen
+
+    idle = tmp_path / "idle_rank.py"
+    idle.write_text("import os, time\nprint('rank', os.environ['RANK'], flush=True)\ntime.sleep(120)\n")
+    agent, log = jobs.start(nproc=1, program=idle, name="plain")
+    wait_for(lambda: "rank 0" in log.read_text(), 90, interval=0.3, message="the plain job's rank")
+    jobs.remember()
+
+    async def drive():
+        from test_console import cell, until
+
+        app = UpsConsole(runs_root, refresh=0.3, scan_every=0.5)
+        key = f"unwatched:{agent.pid}"
+        async with app.run_test(size=(140, 36)) as pilot:
+            table = app.screen.query_one("#runs")
+            await until(pilot, lambda: key in table.row_keys, 30, message="the plain job listed")
+            assert cell(table, key, "state") == "not launched by ups" and cell(table, key, "run").startswith(f"pid {agent.pid} ")
+            assert cell(table, key, "progress") == "1 rank(s)"
+            table.focus()
+            table.move_cursor(row=table.get_row_index(key))
+            await pilot.press("a")
+            modal = await until(pilot, lambda: isinstance(app.screen, ConfirmAttach) and app.screen, message="the confirmation")
+            text = " ".join(str(w.render()) for w in modal.query("Label"))
+            assert f"pid {agent.pid}" in text and "rank 0" in text and "nothing signals it" in text
+            assert not any(runs_root.iterdir()), "nothing attached before the answer"
+            await pilot.press("y")
+            screen = await until(pilot, lambda: isinstance(app.screen, RunScreen) and app.screen, 60, message="the run opened")
+            run_id = screen.run_id
+            await until(pilot, lambda: key not in table.row_keys, 30, message="the job leaves the unwatched list")
+        return run_id
+
+    run_id = asyncio.run(drive())
+    m = json.loads((runs_root / run_id / "run.json").read_text())
+    assert m["kind"] == "attached" and m["job"]["pid"] == agent.pid
+    events = [json.loads(line) for line in (runs_root / run_id / "events.jsonl").read_text().splitlines()]
+    assert [(e["event"], e["actor"]) for e in events] == [("attach", "console")]
+    assert agent.poll() is None, "attaching never stops the job"
+    res = run_ups("kill", run_id, timeout=120)  # the observer and the job, through the same proofs
+    assert res.returncode == 0, res.stderr

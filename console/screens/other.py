@@ -24,6 +24,7 @@ class RunsScreen(Screen):
         Binding("enter", "open", "Open run", show=True, priority=True),
         Binding("l", "launch", "Launch"),
         Binding("d", "doctor", "Doctor"),
+        Binding("a", "attach", "Attach"),
         Binding("q", "app.quit", "Quit"),
     ]
 
@@ -59,20 +60,44 @@ class RunsScreen(Screen):
                 fmt_rate(r.rate, r.unit), reason_cell("problem" if r.problem else r.health, r.problem or r.reason),
             ))
             for r in snap.runs
-        ])
+        ] + [(UNWATCHED + str(j["top"]), unwatched_cells(j, snap.taken_at)) for j in snap.unwatched])
         notes = list(snap.notes) or ([] if snap.runs else [f"no runs under {self.app.runs_dir} yet: press l to launch one"])
         self.query_one("#runs-notes", Static).update(Text("\n".join(notes)))  # notes quote files: no markup
 
     def action_open(self) -> None:
         key = self.query_one("#runs", LiveTable).selected_key
-        if key:
+        if key and key.startswith(UNWATCHED):
+            self.notify("not launched by ups: press a to attach it (then it opens as a run)", markup=False)
+        elif key:
             self.app.open_run(key)
+
+    def action_attach(self) -> None:
+        key = self.query_one("#runs", LiveTable).selected_key
+        job = next((j for j in (self.app.snapshot.unwatched if self.app.snapshot else ())
+                    if key == UNWATCHED + str(j["top"])), None)
+        if job is None:
+            self.notify("a attaches a job not launched by ups: select a row marked so", markup=False)
+            return
+        self.app.confirm_attach(job)
 
     def action_launch(self) -> None:
         self.app.push_screen(LaunchScreen())
 
     def action_doctor(self) -> None:
         self.app.push_screen(DoctorScreen())
+
+
+UNWATCHED = "unwatched:"  # the row key of a job ups does not watch: its top pid follows
+
+
+def unwatched_cells(job: dict, now: float) -> tuple:
+    """A job ups does not watch, as a runs-list row (ups.attach.find.scan's entry)."""
+    top = next((p for p in job["processes"] if p["pid"] == job["top"]), job["processes"][0])
+    script = next((a.rsplit("/", 1)[-1] for a in top["argv"][1:] if a.endswith(".py")), " ".join(top["argv"][:1]))
+    ranks = sum(p["role"] == "rank" for p in job["processes"])
+    why = ("its agent died (an orphan); " if job["orphan"] else "") + "a attaches it"
+    return (f"pid {job['top']} {script}", Text("not launched by ups", style="yellow"), Text("-"), Text(f"{ranks} rank(s)"),
+            age(now - top["start"]) if top.get("start") else "-", "-", Text(why, style="dim"))
 
 
 class ConfirmKill(ModalScreen[str | None]):
@@ -110,6 +135,13 @@ class ConfirmRelaunch(ConfirmKill):
 
     BINDINGS = [Binding("y", "choose('relaunch')", "Relaunch"), Binding("escape", "choose(None)", "Cancel")]
     CHOICES = (("Relaunch (y)", "relaunch", "warning"),)
+
+
+class ConfirmAttach(ConfirmKill):
+    """Shows the job's processes and what attaching does before the observer starts."""
+
+    BINDINGS = [Binding("y", "choose('attach')", "Attach"), Binding("escape", "choose(None)", "Cancel")]
+    CHOICES = (("Attach (y)", "attach", "primary"),)
 
 
 class LaunchScreen(Screen):

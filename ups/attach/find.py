@@ -20,8 +20,9 @@ The job's log is where its stdout or stderr go when that is a regular file
 ``scan()`` lists every such job on this host, once each (by its top process), leaving out the
 jobs started by ``ups launch`` (their environment names a run folder) and those an attached
 run already watches, and names **orphans**: ranks of torchrun whose agent died (torchrun starts
-each rank in a session of its own, so a rank outlives its agent, re-parented to init), with the
-ports they listen on and, where NVML exists, the GPU memory they hold.
+each rank in a session of its own, so a rank outlives its agent, re-parented to init), one
+entry per job (the ranks that share its TORCHELASTIC_RUN_ID, MASTER_ADDR and MASTER_PORT),
+with the ports they listen on and, where NVML exists, the GPU memory they hold.
 """
 
 from __future__ import annotations
@@ -144,6 +145,20 @@ def dist_env(env: dict[str, str] | None) -> dict[str, str]:
     return {k: v for k, v in (env or {}).items() if k in DIST_KEYS or k.startswith("TORCHELASTIC_")}
 
 
+def global_rank(denv: dict[str, str]) -> int | None:
+    """RANK; else, where only LOCAL_RANK is set (Lightning's launcher sets LOCAL_RANK, NODE_RANK
+    and WORLD_SIZE for the ranks it starts), the local rank, offset by NODE_RANK times
+    LOCAL_WORLD_SIZE where both are known."""
+    rank = _int(denv.get("RANK"))
+    if rank is not None:
+        return rank
+    local = _int(denv.get("LOCAL_RANK"))
+    node, per_node = _int(denv.get("GROUP_RANK") or denv.get("NODE_RANK")), _int(denv.get("LOCAL_WORLD_SIZE"))
+    if local is not None and node and per_node:
+        return node * per_node + local
+    return local
+
+
 @dataclass
 class Proc:
     """One process of a job, and what it is."""
@@ -264,13 +279,13 @@ def _roles(tree: list[tuple[int, int]]) -> list[Proc]:
         argv, env, name_ = info[pid]
         denv = dist_env(env)
         penv = dist_env(info[parent][1]) if parent in info else {}
-        rank_s = denv.get("RANK") or denv.get("LOCAL_RANK")
+        rank_s = global_rank(denv)
         p = Proc(pid, parent, starts.get(pid), "helper", "", argv, env=denv, log=log_of(pid))
         p.local_rank, p.world_size = _int(denv.get("LOCAL_RANK")), _int(denv.get("WORLD_SIZE"))
         p.group_rank = _int(denv.get("GROUP_RANK") or denv.get("NODE_RANK"))
         owner = procs.get(parent)
         if pid == top and (is_launcher(argv) or spawned or any(dist_env(info[c][1]) for c, pp in tree if pp == top)
-                           and not rank_s):
+                           and rank_s is None):
             p.role = "agent"
             if not is_launcher(argv) and not spawned:
                 # Lightning's script re-executes itself for ranks 1..: it is rank 0 itself.
@@ -279,9 +294,9 @@ def _roles(tree: list[tuple[int, int]]) -> list[Proc]:
             p.role, p.rank = "worker", owner.rank
             p.worker = workers_of.get(parent, 0)
             workers_of[parent] = p.worker + 1
-        elif rank_s is not None and (owner is None or owner.role == "agent" or penv.get("RANK") != denv.get("RANK")
+        elif rank_s is not None and (owner is None or owner.role == "agent" or global_rank(penv) != rank_s
                                      and not (owner.role == "rank" and owner.rank_from == "environment")):
-            p.role, p.rank, p.rank_from = "rank", _int(rank_s), "environment"
+            p.role, p.rank, p.rank_from = "rank", rank_s, "environment"
         elif pid in spawn_order:
             p.role, p.rank, p.rank_from = "rank", spawn_order.index(pid), "start order"
             p.world_size = p.world_size or len(spawn_order)
@@ -410,6 +425,37 @@ def watched_pids(runs_root: str | os.PathLike[str] | None) -> set[int]:
     return out
 
 
+def orphan_key(job: Job) -> tuple[str, str, str] | None:
+    """What the ranks of one torchrun job share (its run id, the store's address and port);
+    None for a job that is no orphan, or whose ranks name no run id."""
+    env = next((p.env for p in job.ranks if p.env.get("TORCHELASTIC_RUN_ID")), None)
+    if not job.orphan or env is None:
+        return None
+    return env["TORCHELASTIC_RUN_ID"], env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", "")
+
+
+def group_orphans(jobs: list[Job]) -> list[Job]:
+    """Orphaned ranks of one torchrun job (each found as a job of its own: a session of its
+    own, re-parented to init) as one job, its top the lowest rank."""
+    out: list[Job] = []
+    groups: dict[tuple[str, str, str], Job] = {}
+    for j in jobs:
+        key = orphan_key(j)
+        if key is None:
+            out.append(j)
+        elif key in groups:
+            g = groups[key]
+            g.procs = g.procs + j.procs
+            g.log = g.log or j.log
+        else:
+            groups[key] = j
+            out.append(j)
+    for g in groups.values():
+        g.top = g.ranks[0].pid
+        g.given = g.top
+    return out
+
+
 def scan(runs_root: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """Every PyTorch job of this host that ups does not watch, once each, and the orphans."""
     kids = children_map()
@@ -442,6 +488,7 @@ def scan(runs_root: str | os.PathLike[str] | None = None) -> dict[str, Any]:
             continue
         if job.top not in {j.top for j in jobs}:
             jobs.append(job)
+    jobs = group_orphans(jobs)
     held = gpu_memory([p.pid for j in jobs for p in j.procs])
     out = []
     for j in jobs:

@@ -61,7 +61,8 @@ def create_run(job: Job, runs_root: str | os.PathLike[str], *, run_id: str | Non
         "world_size": job.world_size,
         "thresholds": THRESHOLDS,
         "attached": {"by": who(), "at": time.time(), "given_pid": job.given, "log": job.log,
-                     "processes": [{"pid": p.pid, "start": p.start, "role": p.role, "name": p.name, "rank": p.rank}
+                     "processes": [{"pid": p.pid, "start": p.start, "role": p.role, "name": p.name, "rank": p.rank,
+                                    "local_rank": p.local_rank}
                                    for p in job.procs]},
     }
     return RunDir.create(runs_root, KIND, argv=list(top.argv), extra=extra, name=name, run_id=run_id)
@@ -91,3 +92,17 @@ def wait_started(run: RunDir, proc: subprocess.Popen[bytes], timeout: float = ST
                            f"see {run.log_path('launcher')}")
         time.sleep(0.05)
     raise UpsError(f"the observer of run {run.run_id} wrote nothing within {timeout:g} s: see {run.log_path('launcher')}")
+
+
+def attach_job(job: Job, runs_root: str | os.PathLike[str], *, actor: str,
+               run_id: str | None = None) -> tuple[RunDir, subprocess.Popen[bytes]]:
+    """Make ``job`` an attached run and start its observer (``ups attach`` and the console's
+    attach key): refused in one line (UpsError) when ups already watches it; the ``attach``
+    event names who attached it and what was found."""
+    check_attachable(job, runs_root)
+    run = create_run(job, runs_root, run_id=run_id)
+    proc = start_observer(run)
+    wait_started(run, proc)
+    run.append_event("attach", actor=actor, pid=job.given, top=job.top,
+                     processes=[{"pid": p.pid, "name": p.name} for p in job.procs], log=job.log)
+    return run, proc

@@ -9,6 +9,7 @@ import typer
 from ups.cli.common import JsonOption, RunsDirOption, default_runs_dir, fail, print_json
 
 commands = typer.Typer()  # registered by ups.cli.app, the root
+ORPHAN_NOTE = "its ranks share no parent now (one torchrun run id): `ups attach PID` watches the rank PID is, one run each"
 
 
 @commands.command("attach")
@@ -68,6 +69,8 @@ def attach_cmd(
                 if p.get("gpu_bytes"):
                     held += f", {p['gpu_bytes'] / 2**30:.1f} GiB GPU memory"
                 typer.echo(f"  pid {p['pid']:>7}  {p['label']:<22} {' '.join(p['argv'])[:70]}{held}")
+            if j["orphan"] and sum(p["role"] == "rank" for p in j["processes"]) > 1:
+                typer.echo(f"  {ORPHAN_NOTE}")
         if found["gpu"] != "NVML":
             typer.echo(found["gpu"])
         typer.echo("attach one with: ups attach PID")
@@ -84,28 +87,17 @@ def attach_cmd(
             return
         _show(job)
         return
-    from ups.attach.start import check_attachable, create_run, start_observer, wait_started
+    from ups.attach.start import attach_job, who
 
     try:
-        check_attachable(job, runs_dir)
-        run = create_run(job, runs_dir, run_id=run_id)
-        proc = start_observer(run)
-        wait_started(run, proc)
+        run, proc = attach_job(job, runs_dir, actor=f"cli:{who()}", run_id=run_id)
     except UpsError as exc:
         raise fail(str(exc)) from None
-    run.append_event("attach", actor=f"cli:{_user()}", pid=pid, top=job.top,
-                     processes=[{"pid": p.pid, "name": p.name} for p in job.procs], log=job.log)
     if json:
         print_json({**job.to_dict(), "run_id": run.run_id, "run_dir": str(run.path)})
         return
     _show(job)
     typer.echo(f"attached as run {run.run_id} (observer pid {proc.pid}); try: ups why {run.run_id}")
-
-
-def _user() -> str:
-    from ups.attach.start import who
-
-    return who()
 
 
 def _show(job) -> None:  # ups.attach.find.Job, imported lazily

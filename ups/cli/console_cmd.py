@@ -15,7 +15,7 @@ commands = typer.Typer()  # registered by ups.cli.app, the root
 def console_cmd(
     run: Annotated[str | None, typer.Argument(help="Open this run directly (id or prefix).")] = None,
     refresh: Annotated[float, typer.Option("--refresh", help="Seconds between reads of the status folder.")] = 1.0,
-    readonly: Annotated[bool, typer.Option("--readonly", help="Watch only: no kill, stacks, fallback or launch.")] = False,
+    readonly: Annotated[bool, typer.Option("--readonly", help="Watch only: no kill, stacks, fallback, launch or attach.")] = False,
     runs_dir: RunsDirOption = default_runs_dir(),
     remote: Annotated[list[str] | None, typer.Option(
         "--remote", metavar="HOST[:RUNS_DIR]", help="Another node of a multi-node run whose records live there, read over SSH: HOST or "
@@ -27,6 +27,10 @@ def console_cmd(
 
     Keys are in the footer (and the command palette, ctrl+p). Closing the console never
     stops a job; reopening shows the same runs.
+
+    The runs list also shows the PyTorch jobs of this host that ups does not watch (`ups
+    attach --scan`, every 10 s), marked "not launched by ups"; a attaches the selected one,
+    after a confirmation that lists its processes (see `ups attach`).
 
     A run across nodes shows every node's processes under its node: from a shared runs
     folder as it is, or with --remote for nodes that keep their records to themselves:

@@ -220,8 +220,13 @@ def logs_cmd(
         sys.stdout.flush()
 
     rd = resolve_run(runs_dir, run)
-    paths = find_logs(rd, rank)
-    budget = max(1, lines) * 4096  # the last N lines, read from no more than ~4 KB a line
+    keep = None  # an attached run's rank: its lines of the job's one log
+    if rank is not None and rd.read_manifest().get("kind") == "attached" and not rd.log_path(f"rank-{rank}").exists():
+        from ups.attach.logs import rank_filter
+
+        keep = rank_filter(rd, rank)
+    paths = [rd.log_path("job")] if keep else find_logs(rd, rank)
+    budget = max(1, lines) * 4096 * (16 if keep else 1)  # the last N lines, read from no more than ~4 KB a line
     for path in [*paths[1:], paths[0]]:  # a rank's stderr after its stdout, then the log itself
         main_log = path == paths[0]
         if main_log and not path.exists():
@@ -237,7 +242,7 @@ def logs_cmd(
             continue
         fh = os.fdopen(fd, "rb")
         fh.seek(max(0, os.fstat(fd).st_size - budget))
-        tail = fh.read().splitlines(keepends=True)[-lines:]
+        tail = [line for line in fh.read().splitlines(keepends=True) if keep is None or keep(line)][-lines:]
         show(b"".join(tail) + (b"" if not tail or tail[-1].endswith((b"\n", b"\r")) else b"\n"))
         if not main_log:
             fh.close()
@@ -252,7 +257,7 @@ def logs_cmd(
                     pending += chunk
                     cut = max(pending.rfind(b"\n"), pending.rfind(b"\r")) + 1
                     if cut:
-                        show(pending[:cut])
+                        show(b"".join(line for line in pending[:cut].splitlines(keepends=True) if keep is None or keep(line)))
                         pending = pending[cut:]
                     continue
                 try:

@@ -19,9 +19,10 @@ __all__ = ["MODES", "Verdict", "diagnose", "diagnose_view"]
 
 
 def diagnose_view(view: RunView) -> Verdict:
+    from ups.why.attached import for_attached
     from ups.why.rules import first_verdict
 
-    return first_verdict(Evidence(view))
+    return for_attached(first_verdict(Evidence(view)), view.manifest)
 
 
 def diagnose(run: RunDir) -> Verdict:
