@@ -179,8 +179,8 @@ class StatusRecord:
 
 _FIELD_NAMES = frozenset(f.name for f in fields(StatusRecord))
 _FIELDS = tuple(f.name for f in fields(StatusRecord))
-_NO_VALUE = object()
-_DEFAULTS = tuple(_NO_VALUE if f.default is MISSING else f.default for f in fields(StatusRecord))
+_DEFAULTS = tuple(None if f.default is MISSING else f.default for f in fields(StatusRecord))
+_REQUIRED = frozenset(f.name for f in fields(StatusRecord) if f.default is MISSING and f.default_factory is MISSING)
 _FACTORIES = {f.name: f.default_factory for f in fields(StatusRecord) if f.default_factory is not MISSING}
 _set_field = object.__setattr__  # what the dataclass's own frozen __init__ sets each field with
 
@@ -190,15 +190,13 @@ def _checked_record(checked: dict[str, Any]) -> StatusRecord:
     without the generated __init__'s 42 Python-level assignments: the fields are set in one
     C-level pass, as that __init__ would set them (a default where a key is missing, a fresh
     one from the field's factory). A required field that is missing is a TypeError, as there."""
+    if not _REQUIRED <= checked.keys():
+        raise TypeError(f"StatusRecord missing required fields: {', '.join(sorted(_REQUIRED - checked.keys()))}")
     for name, factory in _FACTORIES.items():
         if name not in checked:
             checked[name] = factory()
     record = object.__new__(StatusRecord)
-    values = tuple(map(checked.get, _FIELDS, _DEFAULTS))
-    if _NO_VALUE in values:
-        missing = [n for n, v in zip(_FIELDS, values, strict=True) if v is _NO_VALUE]
-        raise TypeError(f"StatusRecord missing required fields: {', '.join(missing)}")
-    deque(map(_set_field, repeat(record), _FIELDS, values), maxlen=0)
+    deque(map(_set_field, repeat(record), _FIELDS, map(checked.get, _FIELDS, _DEFAULTS)), maxlen=0)
     return record
 
 

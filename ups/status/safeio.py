@@ -91,7 +91,11 @@ def read_fd(fd: int, cap: int = MAX_JSON_BYTES) -> bytes:
     """Everything from an open regular file, at most ``cap`` bytes (BadFile past that)."""
     try:
         # Records are ~1 KB: read in 64 KiB chunks (os.read(fd, 1 MiB) allocates 1 MiB each time).
-        data = os.read(fd, min(READ_CHUNK, cap + 1))
+        # A regular file's short read is its end: a record takes one read(), not two.
+        first = min(READ_CHUNK, cap + 1)
+        data = os.read(fd, first)
+        if len(data) < first:
+            return data
         while len(data) <= cap and (more := os.read(fd, READ_CHUNK)):
             data += more
     except OSError as exc:
