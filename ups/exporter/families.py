@@ -125,6 +125,8 @@ def _family(name: str) -> Metric:
 
 
 _INFO_KEYS = ("mode", "rank", "worker", "headline")
+_SAMPLE_NAMES = {name: name + "_total" if kind == "counter" else name
+                 for name, (_, kind, _) in SPEC.items() if kind in ("gauge", "counter")}
 
 
 def number(value: Any) -> float | None:
@@ -170,6 +172,7 @@ class Families:
     def __init__(self) -> None:
         self.by_name: dict[str, Metric] = {}
         self.seen: set[tuple[str, ...]] = set()
+        self.hosts: dict[Any, str] = {}  # label(host), once per host and scrape
 
     def add(self, name: str, labels: Iterable[str], value: Any) -> None:
         if value is None:
@@ -177,7 +180,11 @@ class Families:
         fam = self.by_name.get(name)
         if fam is None:
             fam = self.by_name[name] = _family(name)
-        fam.add_metric(list(labels), value)
+        sample = _SAMPLE_NAMES.get(name)
+        if sample is None:  # an info metric: its own add_metric
+            fam.add_metric(list(labels), value)
+        else:  # what GaugeMetricFamily / CounterMetricFamily.add_metric append (no timestamp, no _created)
+            fam.samples.append(Sample(sample, dict(zip(SPEC[name][2], labels, strict=True)), value))
 
     def add_state(self, name: str, labels: tuple[str, ...], states: tuple[str, ...], current: str | None) -> None:
         """A state set's series: 1 for ``current``, 0 for the other ``states`` (sorted, as
@@ -218,7 +225,10 @@ class Families:
         r = p.record
         if r.role not in ROLES_EXPORTED:
             return
-        node, rank = label(r.host), _int_label(r.rank)
+        node = self.hosts.get(r.host)
+        if node is None:
+            node = self.hosts[r.host] = label(r.host)
+        rank = _int_label(r.rank)
         worker = _int_label(r.worker) if r.loader in (None, 0) else f"{r.loader}.{_int_label(r.worker)}"
         key = (*head, node, r.role, rank, worker)
         if key in self.seen:  # a second helper of one rank, a pid's old record: one series per key
