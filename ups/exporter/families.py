@@ -125,7 +125,8 @@ def _family(name: str) -> Metric:
 
 
 _INFO_KEYS = ("mode", "rank", "worker", "headline")
-_SAMPLE_NAMES = {name: name + "_total" if kind == "counter" else name
+# the samples' names: a counter's is its name with one "_total" (CounterMetricFamily's rule)
+_SAMPLE_NAMES = {name: name.removesuffix("_total") + "_total" if kind == "counter" else name
                  for name, (_, kind, _) in SPEC.items() if kind in ("gauge", "counter")}
 
 
