@@ -5,9 +5,9 @@ about 7 µs a sample, 200 ms for the 28,800 series of a 256-rank job with 8 Data
 a rank, twice what its whole read costs. The series of one process share their label values, so
 here each ``name="value"`` pair is escaped once per scrape and each sample is one join; a state
 set kept as groups (ups.exporter.families.StateSets: most of a big job's series) is written a
-group at a time, its labels joined once for all its states. The text is the same series as ``generate_latest``'s (tests/test_monitoring.py parses both and
-compares them); the labels come in the families' order instead of sorted by name, which the
-format allows.
+group at a time, its labels joined once for all its states. The text is the same series as
+``generate_latest``'s (tests/test_monitoring.py parses both and compares them); the labels
+come in the families' order instead of sorted by name, which the format allows.
 """
 
 from __future__ import annotations

@@ -177,7 +177,6 @@ class StatusRecord:
                              host=self.host if "@" in self.name else None)
 
 
-_FIELD_NAMES = frozenset(f.name for f in fields(StatusRecord))
 _FIELDS = tuple(f.name for f in fields(StatusRecord))
 _DEFAULTS = tuple(None if f.default is MISSING else f.default for f in fields(StatusRecord))
 _REQUIRED = frozenset(f.name for f in fields(StatusRecord) if f.default is MISSING and f.default_factory is MISSING)
