@@ -7,8 +7,9 @@ would. Prints one JSON line.
   loaded box the wall times above are mostly waiting for one)
 - cpu_pct_at_15s: the exporter's CPU (all threads, from /proc) over --seconds while scraped every
   15 s, % of one core (target <= 1)
-- read_ms / verdict_ms / families_ms / text_ms: where a scrape's time goes, measured in this
-  process on the same folder (median of --scrapes): open_run (every record read and judged),
+- read_ms / verdict_ms / families_ms / text_ms: where a scrape's CPU goes (process time, not
+  wall time: on a shared box wall time is mostly waiting for a core), measured in this process
+  on the same folder (median of --scrapes): open_run (every record read and judged),
   `ups why`'s verdict, the metric families, the endpoint's text (ups/exporter/text.py);
   client_text_ms: prometheus_client's generate_latest on the same families, for comparison
 - series: samples in one scrape; series_per_rank: of them, per rank with its 8 workers
@@ -89,20 +90,20 @@ def split(run, scrapes: int) -> dict[str, float]:
     parts: dict[str, list[float]] = {"read_ms": [], "verdict_ms": [], "families_ms": [], "text_ms": [],
                                      "client_text_ms": []}
     for _ in range(scrapes):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         view = open_run(run)
-        t1 = time.perf_counter()
+        t1 = time.process_time()
         verdict = diagnose_view(view)
-        t2 = time.perf_counter()
+        t2 = time.process_time()
         fams = Families()
         fams.add_run(view, verdict)
-        t3 = time.perf_counter()
+        t3 = time.process_time()
         exposition(fams.families())
-        t4 = time.perf_counter()
+        t4 = time.process_time()
         registry = CollectorRegistry(auto_describe=False)
         registry.register(Prebuilt(fams.families()))
         generate_latest(registry)
-        t5 = time.perf_counter()
+        t5 = time.process_time()
         for key, took in zip(parts, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), strict=True):
             parts[key].append(1000 * took)
     return {k: round(statistics.median(v), 1) for k, v in parts.items()}
@@ -131,8 +132,9 @@ def main() -> None:
         exporter = None
         try:
             assert gen.stdout is not None and gen.stdout.readline().strip() == "written"
+            # cwd: `python -m` puts the current folder first, before PYTHONPATH: this tree's ups, not another's
             exporter = subprocess.Popen([sys.executable, "-m", "ups", "exporter", "--port", "0", "--runs-dir", str(root)],
-                                        env=env, stdout=subprocess.PIPE, text=True)
+                                        env=env, stdout=subprocess.PIPE, text=True, cwd=REPO)
             assert exporter.stdout is not None
             url = exporter.stdout.readline().split()[1]
             scrape(url)  # the first read pays for imports

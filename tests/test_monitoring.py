@@ -171,6 +171,7 @@ def test_text_from_a_run_is_escaped_and_never_a_label_name(finished_run, tmp_pat
     collector = RunsCollector(root, ended_kept_s=1e9, all_nodes=True)
     ours, theirs = [series(t) for t in (exposition(collector.collect()).decode(), scrape(collector)[0])]
     assert ours.keys() == theirs.keys() and len(ours) > 100
+    assert {name for name, _ in ours} <= exposed_names()  # the documented names: a counter ends in one _total
     assert all(ours[k] == theirs[k] or ours[k] != ours[k] and theirs[k] != theirs[k] for k in ours)
     names = {k for f in families.values() for s in f.samples for k in s.labels}
     assert names <= {"run", "kind", "node", "role", "rank", "worker", "op", "mode", "headline", "ups_process_health",

@@ -76,3 +76,40 @@ def test_records_sorted_launcher_ranks_workers(tmp_path):
         (tmp_path / f"{rec.name}.json").write_text(rec.to_json())
     names = [r.name for r in read_status_dir(tmp_path).records]
     assert names == ["launcher", "rank-0", "rank-0-worker-1", "rank-1", "rank-1-worker-0"]
+
+
+_TRICKY = [None, True, False, 0, 1, -1, 7, 1 << 31, 1 << 63, 2.5, -2.5, 0.0, 1e12, 1e300, float("nan"), float("inf"),
+           "", "ok", "running", "rank", "a\x1bb", "a\nb", "é", "\u202e", "x" * 600, "x" * 20_000, [], {}, [1], {"a": 1}]
+
+
+def test_fast_field_checks_agree_with_the_checks():
+    """The reader accepts a value that is already safe without calling its field's check
+    (ups.status.safeio.check_object): every field of a record, against values of every kind,
+    gives what the check itself gives, or the same refusal."""
+    from ups.status.record import RECORD_SPEC
+    from ups.status.safeio import BadFile, check_object
+
+    fast = [key for key, check in RECORD_SPEC.items() if getattr(check, "fast", None) is not None]
+    assert len(fast) > 30  # the fast forms are there (most fields take them)
+    for key in fast:
+        for value in _TRICKY:
+            try:
+                want = ("ok", RECORD_SPEC[key](value))
+            except BadFile:
+                want = ("refused", None)
+            try:
+                got = ("ok", check_object({key: value}, RECORD_SPEC)[key])
+            except BadFile:
+                got = ("refused", None)
+            assert repr(got) == repr(want), (key, value)
+            if got[0] == "ok":
+                assert type(got[1]) is type(want[1]), (key, value)
+
+
+def test_a_record_with_a_missing_required_field_is_refused(tmp_path):
+    data = json.loads(_record().to_json())
+    del data["host"]
+    (tmp_path / "rank-0.json").write_text(json.dumps(data))
+    snap = read_status_dir(tmp_path)
+    assert snap.records == ()
+    assert "missing required key 'host'" in snap.problems[0].problem

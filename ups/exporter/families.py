@@ -87,18 +87,47 @@ SPEC: dict[str, tuple[str, str, tuple[str, ...]]] = {
 }
 
 
+class StateSets(StateSetMetricFamily):
+    """A state set family kept as its groups, one per labelled thing: (labels, states, the
+    current state). Its ``samples`` (one per state, 1 for the current one, states sorted, as
+    StateSetMetricFamily writes them) are made when asked for; the endpoint's text
+    (ups.exporter.text) writes the groups as they are, without a Sample per state: the state
+    sets are most of a big job's series (10 health states for each of 2,304 processes)."""
+
+    def __init__(self, name: str, documentation: str, labels: tuple[str, ...]) -> None:
+        self.groups: list[tuple[dict[str, str], tuple[str, ...], str | None]] = []
+        super().__init__(name, documentation, labels=labels)
+
+    def add_group(self, labels: dict[str, str], states: tuple[str, ...], current: str | None) -> None:
+        """``labels`` (the family's label names to values) in ``current`` of ``states`` (sorted)."""
+        self.groups.append((labels, states, current))
+
+    @property  # type: ignore[override]
+    def samples(self) -> list[Sample]:
+        name = self.name
+        return [*self.extra, *(Sample(name, {**base, name: state}, 1 if state == current else 0)
+                               for base, states, current in self.groups for state in states)]
+
+    @samples.setter
+    def samples(self, value: list[Sample]) -> None:  # Metric.__init__ sets []; add_metric's appends land here
+        self.extra = value
+
+
 def _family(name: str) -> Metric:
     doc, kind, labels = SPEC[name]
     if kind == "counter":
         return CounterMetricFamily(name, doc, labels=labels)
     if kind == "stateset":
-        return StateSetMetricFamily(name, doc, labels=labels)
+        return StateSets(name, doc, labels=labels)
     if kind == "info":
         return InfoMetricFamily(name, doc, labels=labels[: -len(_INFO_KEYS)])
     return GaugeMetricFamily(name, doc, labels=labels)
 
 
 _INFO_KEYS = ("mode", "rank", "worker", "headline")
+# the samples' names: a counter's is its name with one "_total" (CounterMetricFamily's rule)
+_SAMPLE_NAMES = {name: name.removesuffix("_total") + "_total" if kind == "counter" else name
+                 for name, (_, kind, _) in SPEC.items() if kind in ("gauge", "counter")}
 
 
 def number(value: Any) -> float | None:
@@ -144,6 +173,7 @@ class Families:
     def __init__(self) -> None:
         self.by_name: dict[str, Metric] = {}
         self.seen: set[tuple[str, ...]] = set()
+        self.hosts: dict[Any, str] = {}  # label(host), once per host and scrape
 
     def add(self, name: str, labels: Iterable[str], value: Any) -> None:
         if value is None:
@@ -151,17 +181,19 @@ class Families:
         fam = self.by_name.get(name)
         if fam is None:
             fam = self.by_name[name] = _family(name)
-        fam.add_metric(list(labels), value)
+        sample = _SAMPLE_NAMES.get(name)
+        if sample is None:  # an info metric: its own add_metric
+            fam.add_metric(list(labels), value)
+        else:  # what GaugeMetricFamily / CounterMetricFamily.add_metric append (no timestamp, no _created)
+            fam.samples.append(Sample(sample, dict(zip(SPEC[name][2], labels, strict=True)), value))
 
     def add_state(self, name: str, labels: tuple[str, ...], states: tuple[str, ...], current: str | None) -> None:
         """A state set's series: 1 for ``current``, 0 for the other ``states`` (sorted, as
-        StateSetMetricFamily writes them; built here from one dict of labels: the state sets
-        are most of a big job's series)."""
+        StateSetMetricFamily writes them), kept as one group (:class:`StateSets`)."""
         fam = self.by_name.get(name)
         if fam is None:
             fam = self.by_name[name] = _family(name)
-        base = dict(zip(SPEC[name][2], labels, strict=True))
-        fam.samples.extend(Sample(name, {**base, name: state}, 1 if state == current else 0) for state in _sorted(states))
+        fam.add_group(dict(zip(SPEC[name][2], labels, strict=True)), _sorted(states), current)
 
     def families(self) -> list[Metric]:
         return list(self.by_name.values())
@@ -194,7 +226,10 @@ class Families:
         r = p.record
         if r.role not in ROLES_EXPORTED:
             return
-        node, rank = label(r.host), _int_label(r.rank)
+        node = self.hosts.get(r.host)
+        if node is None:
+            node = self.hosts[r.host] = label(r.host)
+        rank = _int_label(r.rank)
         worker = _int_label(r.worker) if r.loader in (None, 0) else f"{r.loader}.{_int_label(r.worker)}"
         key = (*head, node, r.role, rank, worker)
         if key in self.seen:  # a second helper of one rank, a pid's old record: one series per key

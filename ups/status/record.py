@@ -15,7 +15,9 @@ Compatibility rules:
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields, replace
+from collections import deque
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from itertools import repeat
 from typing import Any
 
 from ups.status.safeio import (
@@ -139,14 +141,16 @@ class StatusRecord:
         if "role" in data and data["role"] not in ROLES:
             raise RecordError(f"unknown role {safe_value(data['role'])!r:.60}")
         try:
-            checked = check_object({k: v for k, v in data.items() if k in _FIELD_NAMES}, RECORD_SPEC,
-                                   required=("run_id", "role", "name", "pid", "pid_start", "host"))
+            checked = check_object(data, RECORD_SPEC, required=("run_id", "role", "name", "pid", "pid_start", "host"),
+                                   skip_unknown=True)  # RECORD_SPEC names every field: other keys are ignored
         except BadFile as exc:
             raise RecordError(str(exc)) from None
         gpu = checked.get("gpu")
         if gpu is not None:
-            checked["gpu"] = GpuMemory(**{k: gpu.get(k) for k in ("device", "allocated", "reserved", "peak")})
-        return cls(**checked)
+            checked["gpu"] = GpuMemory(gpu.get("device"), gpu.get("allocated"), gpu.get("reserved"), gpu.get("peak"))
+        if cls is not StatusRecord:
+            return cls(**checked)
+        return _checked_record(checked)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> StatusRecord:
@@ -173,7 +177,26 @@ class StatusRecord:
                              host=self.host if "@" in self.name else None)
 
 
-_FIELD_NAMES = frozenset(f.name for f in fields(StatusRecord))
+_FIELDS = tuple(f.name for f in fields(StatusRecord))
+_DEFAULTS = tuple(None if f.default is MISSING else f.default for f in fields(StatusRecord))
+_REQUIRED = frozenset(f.name for f in fields(StatusRecord) if f.default is MISSING and f.default_factory is MISSING)
+_FACTORIES = {f.name: f.default_factory for f in fields(StatusRecord) if f.default_factory is not MISSING}
+_set_field = object.__setattr__  # what the dataclass's own frozen __init__ sets each field with
+
+
+def _checked_record(checked: dict[str, Any]) -> StatusRecord:
+    """``StatusRecord(**checked)`` for a dict that RECORD_SPEC has checked (keys: fields only),
+    without the generated __init__'s 42 Python-level assignments: the fields are set in one
+    C-level pass, as that __init__ would set them (a default where a key is missing, a fresh
+    one from the field's factory). A required field that is missing is a TypeError, as there."""
+    if not _REQUIRED <= checked.keys():
+        raise TypeError(f"StatusRecord missing required fields: {', '.join(sorted(_REQUIRED - checked.keys()))}")
+    for name, factory in _FACTORIES.items():
+        if name not in checked:
+            checked[name] = factory()
+    record = object.__new__(StatusRecord)
+    deque(map(_set_field, repeat(record), _FIELDS, map(checked.get, _FIELDS, _DEFAULTS)), maxlen=0)
+    return record
 
 
 def _stack_file(v: Any) -> str:
