@@ -43,10 +43,10 @@ from typing import Any
 
 from ups.errors import RefusedSignal
 from ups.launch.policy import Action, HangFacts, HardwareSign, Options, PastAttempt, decide
-from ups.launch.proof import Observer, Watched
+from ups.launch.proof import PROOF_IDLE_S, SHORT_WINDOW_S, Observer, Watched
 from ups.runs.rundir import RunDir
 from ups.runs.view import RunView, load_run_view, node_view
-from ups.status.health import PAUSE_SAID_AFTER_S, Health
+from ups.status.health import PAUSE_SAID_AFTER_S, Health, stall_limit_of
 from ups.status.host import hostname
 
 ON_HANG = ("observe", "dump", "kill", "restart")
@@ -171,8 +171,8 @@ class HangWatch:
         w = watched.get(who) if who else None
         # --observe-only sends no signal, so no stack is dumped: what would be done is decided
         # on the windows alone (and the event says that the stacks were not compared).
-        if w is None or not w.proven(stacks=not self.observe_only):
-            return verdict, None  # shown, never acted on: not proven yet, or busy
+        if w is None or not w.proven(stacks=not self.observe_only) or not past_action_limit(view, who):
+            return verdict, None  # shown, never acted on: not proven yet, or busy, or only the rhythm's early word
         key = (verdict.mode, who, (verdict.who or {}).get("pid"))
         if key == self.episode:
             return verdict, None
@@ -206,11 +206,14 @@ class HangWatch:
                        str(self.run.path / by_name[n].record.stack_file) if by_name[n].record.stack_file else None)
                    for n in names[:MAX_WATCHED]}
         workers = {p.record.pid for p in view.processes if p.record.role == "worker"}
-        watched = self.observer.tick(targets, exclude_pids=workers)
+        # A process that stepped regularly is judged second by second: its silence is news sooner.
+        windows = {n: SHORT_WINDOW_S for n in targets if view.thresholds.stalled_after is None
+                   and by_name[n].record.interval_p99 is not None and by_name[n].record.step > 0}
+        watched = self.observer.tick(targets, exclude_pids=workers, windows=windows)
         for name in watched:
             if self.observer.wants_stack(name) and not self.observe_only:
                 self._dump(by_name[name].record, name)
-        self.observed = {name: w.to_dict() for name, w in watched.items()}
+        self.observed = {name: w.to_dict(peers_wait=peers_wait(view, by_name[name])) for name, w in watched.items()}
         return watched
 
     def _dump(self, record: Any, name: str) -> None:  # noqa: ANN401
@@ -239,6 +242,31 @@ class HangWatch:
         self.observer = Observer()
         self.observed = {}
         self._next = time.monotonic() + CHECK_EVERY_S
+
+
+def peers_wait(view: RunView, p: Any) -> bool:  # noqa: ANN401 - a ProcessView
+    """The run's own evidence that ``p`` is the one waited for: another rank waits in a
+    collective, or has gone silent too (DDP's all-reduce in backward shows no collective); for a
+    DataLoader worker, its rank is silent."""
+    r = p.record
+    if r.role == "worker":
+        return any(q.record.role == "rank" and q.record.rank == r.rank and q.verdict.health in TROUBLE
+                   for q in view.processes)
+    return r.role == "rank" and any(
+        q.record.role == "rank" and q.record.name != r.name and q.record.state == "running"
+        and (q.record.collective is not None or q.verdict.health in TROUBLE) for q in view.processes)
+
+
+def past_action_limit(view: RunView, name: str | None) -> bool:
+    """An automatic action waits for today's full proof: a stalled process is acted on only
+    once it has been silent for its learned limit (not the shorter one its rhythm gives the
+    display) plus the proof's idle time."""
+    p = view.process(name) if name else None
+    if p is None or p.verdict.health is not Health.STALLED:
+        return True
+    limit, _ = stall_limit_of(p.record, view.thresholds, rhythm=False)
+    quiet = view.read_at - max(p.record.progress_at, p.record.phase_at)
+    return limit is None or quiet >= limit + PROOF_IDLE_S
 
 
 def hang_facts(verdict: Any, view: RunView) -> HangFacts:  # noqa: ANN401 - a Verdict
@@ -319,8 +347,11 @@ def proof_of(w: Watched) -> dict[str, Any]:
     """What proved a hang, for the event and the message: the process, each window's CPU, I/O
     and network, the kernel wait, and the two stacks compared."""
     stacks = [[f"{file}:{line} in {func}" for file, line, func in frames[:6]] for _, frames in w.stacks]
-    windows = [win.to_dict() for win in w.windows[-2:]]
-    text = (f"{w.name} (pid {w.pid}) idle for {len(windows)} windows: " + "; ".join(x["text"] for x in windows)
+    idle = w.idle_windows()
+    windows = [win.to_dict() for win in w.windows[-max(2, idle):]]
+    shown = [x["text"] for x in windows] if len(windows) <= 2 else [windows[0]["text"], "…", windows[-1]["text"]]
+    text = (f"{w.name} (pid {w.pid}) idle for {len(windows)} windows" + (f" ({w.idle_seconds():.0f} s)" if idle > 2 else "")
+            + ": " + "; ".join(shown)
             + (f"; the same stack in two dumps {w.stacks[-1][0] - w.stacks[0][0]:.0f} s apart" if len(w.stacks) >= 2
                else "; uninterruptible sleep in the same kernel wait throughout" if w.same_stack()
                else "; stacks not compared (observe-only sends no signal)"))
