@@ -102,7 +102,7 @@ def poll(run: Path, timeout: float) -> tuple[dict, list[dict]]:
 
 
 def healthy(kind: str, secs: float, stalled: list[str], *, at: int = 4, rhythm: bool = False) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
         if rhythm:
             tree = Path(tmp) / "tree"
             for i in range(40):
@@ -129,7 +129,7 @@ def healthy(kind: str, secs: float, stalled: list[str], *, at: int = 4, rhythm: 
 
 
 def real_hang(fault: str, extra: list[str], stall_limit: float) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
         run = launch(Path(tmp), extra, {"EXAMPLE_FAULT": fault, "EXAMPLE_STEPS": "10",
                                         "EXAMPLE_WORKDIR": str(Path(tmp) / "work")})
         deadline = time.monotonic() + 240
@@ -156,7 +156,7 @@ def named_after(rate: float) -> dict:
     from ups.why import diagnose_view
 
     hang_step = max(40, int(8 * rate))
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
         run = launch(Path(tmp), [], {"RHYTHM_RATE": f"{rate:g}", "RHYTHM_HANG": str(hang_step),
                                      "RHYTHM_STEPS": str(hang_step + 1000)}, RHYTHM)
         rd, out, first = RunDir(run), {"rate": rate, "named": False}, []

@@ -11,11 +11,11 @@ RHYTHM_PAUSE=KIND:SECS                 at step RHYTHM_PAUSE_STEP (default 60), a
     compile      torch.compile of the model before the first step (its first step compiles)
     eval_all     every rank evaluates (forward passes under no_grad) for SECS
     rewarm       an epoch boundary: the DataLoader's workers start again, each worker's
-                 init taking SECS (the rank waits for its first batch)
+                 init working for SECS (the rank waits for its first batch)
     gc           a garbage collection of a large graph of cycles, SECS long
     listing      a listing of a large folder tree, again and again for SECS
-    dcp_async    torch.distributed.checkpoint.async_save of the model, then SECS of steps
-                 while it writes, then the wait for it
+    dcp_async    torch.distributed.checkpoint.async_save of the model (on a gloo group of its
+                 own), then SECS of steps while it writes, then the wait for it
 """
 
 import gc
@@ -43,8 +43,9 @@ def pause_spec():
 
 
 def slow_init(secs):
-    def init(_worker_id):
-        time.sleep(secs)
+    def init(_worker_id):  # a worker that starts slowly: imports, opening its files, building an index
+        a = torch.randn(128, 128)
+        busy_for(secs, lambda: a @ a)
     return init
 
 
@@ -61,6 +62,7 @@ def main():
     steps = int(os.environ.get("RHYTHM_STEPS", "200"))
     hang = int(os.environ.get("RHYTHM_HANG", "-1"))
     kind, secs, at = pause_spec()
+    ckpt_group = dist.new_group(backend="gloo") if kind == "dcp_async" else None
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
     if kind == "compile":
@@ -104,7 +106,8 @@ def main():
             if step == at and kind == "dcp_async":
                 import torch.distributed.checkpoint as dcp
 
-                pending = (dcp.async_save({"model": model.state_dict()},
+                # its own gloo group: the save's collectives run in a thread beside the training's
+                pending = (dcp.async_save({"model": model.state_dict()}, process_group=ckpt_group,
                                           checkpoint_id=os.path.join(os.environ.get("RHYTHM_WORKDIR", "."), f"ckpt-{step}")),
                            time.monotonic() + secs)
             loss = torch.nn.functional.mse_loss(model(x), y)

@@ -156,7 +156,7 @@ class HangWatch:
             self.first_step_at = first_step(view, self.started_at)
         troubled = [p for p in view.processes if p.record.role != "launcher" and p.verdict.health in TROUBLE]
         if troubled:
-            troubled += quiet_peers(view, troubled)
+            troubled += quiet_peers(view, troubled) + starting_workers(view, troubled)
         if not troubled and not self.observer.watched:
             self.episode, self.observed = None, {}
             return None, None
@@ -244,6 +244,15 @@ class HangWatch:
         self._next = time.monotonic() + CHECK_EVERY_S
 
 
+def starting_workers(view: RunView, troubled: list) -> list:  # noqa: ANN401 - ProcessViews
+    """The DataLoader workers of a troubled rank that waits for data while they start (their
+    ``worker_init_fn`` runs, no sample fetched): watched, so that readers can say whether they
+    work (an epoch's re-warm) or sit idle."""
+    ranks = {p.record.rank for p in troubled if p.record.role == "rank" and p.record.phase == "data"}
+    return [p for p in view.processes if p.record.role == "worker" and p.record.rank in ranks and p not in troubled
+            and p.record.state == "running" and p.record.phase == "idle" and p.record.step == 0]
+
+
 def peers_wait(view: RunView, p: Any) -> bool:  # noqa: ANN401 - a ProcessView
     """The run's own evidence that ``p`` is the one waited for: another rank waits in a
     collective, or has gone silent too (DDP's all-reduce in backward shows no collective); for a
@@ -252,7 +261,9 @@ def peers_wait(view: RunView, p: Any) -> bool:  # noqa: ANN401 - a ProcessView
     if r.role == "worker":
         return any(q.record.role == "rank" and q.record.rank == r.rank and q.verdict.health in TROUBLE
                    for q in view.processes)
-    return r.role == "rank" and any(
+    # A rank waiting for data may wait for a worker that is starting and not recorded yet (an
+    # epoch's re-warm): no early word there; a whole window of idleness first.
+    return r.role == "rank" and r.phase != "data" and any(
         q.record.role == "rank" and q.record.name != r.name and q.record.state == "running"
         and (q.record.collective is not None or q.verdict.health in TROUBLE) for q in view.processes)
 
