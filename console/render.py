@@ -109,6 +109,50 @@ def events_text(events) -> Text:
     return t
 
 
+def attempts_text(manifest: dict) -> Text:
+    """The attempts of a run restarted on hangs, as a timeline: each one's start, what its start
+    cost (to its first step), the step it reached, how it ended and why, and the seconds from
+    its hang to the next start (run.json's ``attempts``, written by the launcher)."""
+    import time
+
+    def num(v: object) -> float | None:
+        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+    def clock(v: object) -> str:
+        return time.strftime("%H:%M:%S", time.localtime(num(v))) if num(v) is not None else "?"
+
+    attempts = [a for a in manifest.get("attempts") or [] if isinstance(a, dict)]
+    current = manifest.get("attempt") or 1
+    if not attempts and current == 1:
+        return Text("one attempt: no restart" + (" (--on-hang restart)" if manifest.get("on_hang") == "restart" else ""),
+                    style="dim")
+    t = Text()
+    for a in attempts:
+        verdict = a.get("verdict") if isinstance(a.get("verdict"), dict) else {}
+        t.append(f"attempt {a.get('attempt', '?')}", style="bold")
+        t.append(f"  {clock(a.get('started_at'))}")
+        if num(a.get("first_step_s")) is not None:
+            t.append(f"  first step after {a['first_step_s']:.1f} s")
+        if num(a.get("step")) is not None:
+            t.append(f"  reached step {a['step']}")
+        t.append(f"  {a.get('ended', '?')}", style="yellow" if str(a.get("ended", "")).startswith("restarted") else "red")
+        if num(a.get("hang_to_restart_s")) is not None:
+            t.append(f"  hang → restart {a['hang_to_restart_s']:.0f} s")
+        t.append("\n")
+        if verdict.get("headline"):
+            where = (verdict.get("where") or {}).get("site") if isinstance(verdict.get("where"), dict) else None
+            t.append(f"    {verdict['headline']}" + (f" at {where}" if where else "") + "\n", style="dim")
+        if isinstance(a.get("reason"), str):
+            t.append(f"    {a['reason']}\n", style="bold red" if a["reason"].startswith(("not restarted", "gave up")) else "")
+    if not any(a.get("attempt") == current for a in attempts) and manifest.get("state") == "running":
+        t.append(f"attempt {current}", style="bold")
+        t.append("  running")
+        if num(manifest.get("first_step_s")) is not None:
+            t.append(f"  first step after {manifest['first_step_s']:.1f} s")
+        t.append("\n")
+    return t
+
+
 def age(seconds: float) -> str:
     return fmt_age(seconds)
 

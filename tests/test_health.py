@@ -36,9 +36,15 @@ def test_stale_progress_with_live_heartbeat_is_stalled_with_reason():
 
 
 def test_stall_limits_learn_from_the_process_and_keep_their_own_for_first_step_and_eval():
-    fast = rec(phase="train", interval_p99=0.05, heartbeat_at=T0 + 11.5)
-    v = classify_health(fast, T0 + 12, ALIVE)  # 50 ms steps: stalled after the 10 s floor, not 60 s
-    assert v.health is Health.STALLED and v.reason.endswith("(limit 10 s: the floor; p99 interval 0.1 s)")
+    fast = rec(phase="train", interval_p99=0.05, heartbeat_at=T0 + 2.5)
+    v = classify_health(fast, T0 + 3, ALIVE)  # 50 ms steps: shown stalled after its rhythm's 2 s floor, not 60 s
+    assert v.health is Health.STALLED and v.reason.endswith("(limit 2.0 s: its rhythm's floor; p99 interval 0.1 s)")
+    assert classify_health(fast.with_changes(heartbeat_at=T0 + 1.5), T0 + 1.8, ALIVE).health is Health.OK
+    steady = rec(phase="train", interval_p99=0.5, heartbeat_at=T0 + 5.5)  # 2 steps/s: 10 x its p99 interval
+    v = classify_health(steady, T0 + 6, ALIVE)
+    assert v.health is Health.STALLED and "(limit 5.0 s: its rhythm, 10 x p99 interval 0.5 s)" in v.reason
+    # What an automatic action waits for is the learned limit, as before: the floor, 10 s.
+    assert Thresholds().stall_limit("train", 0.05, rhythm=False) == (10.0, "the floor; p99 interval 0.1 s")
     slow = rec(phase="train", interval_p99=30.0, heartbeat_at=T0 + 119.5)
     assert classify_health(slow, T0 + 120, ALIVE).health is Health.OK  # 30 s steps: 5 x 30 s = 150 s
     v = classify_health(slow.with_changes(heartbeat_at=T0 + 159.5), T0 + 160, ALIVE)

@@ -100,10 +100,11 @@ def test_a_real_hang_is_proven_then_restarted_with_its_proof(runs_root, tmp_path
     hung = json.loads((run.path / "attempts" / "1" / "status" / "rank-1.json").read_text())
     visible = max(hung["progress_at"], hung["phase_at"]) + 3
     assert restart["ts"] - visible < 30, (restart["ts"] - visible, proof["text"])
-    # The second attempt hangs the same way and is given up on: the run ends failed, saying so.
+    # The second attempt hangs at the same place: not restarted again, the run ends failed, saying so.
     wait_for(lambda: run.read_manifest().get("state") in FINAL_RUN_STATES, 120, interval=0.5, message="the run's end")
     m = run.read_manifest()
-    assert m["state"] == "failed" and "gave up after 1 restart(s) on hang" in m["summary"], m["summary"]
+    assert m["state"] == "failed" and m["summary"].startswith("not restarted: the same hang came back at "), m["summary"]
+    assert "on attempt 2; restarting will not help" in m["summary"], m["summary"]
     assert not job_processes(run)
 
 

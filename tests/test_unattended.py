@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from pathlib import Path
@@ -23,34 +24,79 @@ def _launch(*args: str, cwd: Path) -> RunDir:
     return RunDir(json.loads(res.stdout)["run_dir"])
 
 
-def test_a_hang_restarted_twice_then_given_up_keeps_three_attempts(runs_root, tmp_path):
-    run = _launch("--on-hang", "restart", "--max-restarts", "2", HANG, "--hang-step", "5", cwd=tmp_path)
+def test_the_same_hang_twice_is_not_restarted_a_third_time(runs_root, tmp_path):
+    """A loop that hangs at the same line and step on every attempt, under --max-restarts 3:
+    restarted once, and when the same hang comes back, ended (restarting will not help), the
+    verdict and the notification saying so."""
+    told = tmp_path / "told.jsonl"
+    run = _launch("--on-hang", "restart", "--max-restarts", "3", "--notify", f"cmd:cat >> {told}; echo >> {told}",
+                  HANG, "--hang-step", "5", cwd=tmp_path)
     wait_for(lambda: run.read_manifest()["state"] in ("succeeded", "failed", "killed"), 150, interval=0.25,
              message="the run to give up")
     m = run.read_manifest()
-    assert m["state"] == "failed" and m["summary"].startswith("gave up after 2 restart(s) on hang: attempt 1: rank 0 is stalled"), m
-    assert [a["attempt"] for a in m["attempts"]] == [1, 2, 3] and m["attempt"] == 3 and m["restarts"] == 2
+    line = next(i for i, text in enumerate(Path(HANG).read_text().splitlines(), 1) if "time.sleep(0.5)" in text)
+    refusal = (f"not restarted: the same hang came back at hang_train.py:{line} on attempt 2; restarting will not "
+               "help; fix it, then `ups relaunch`")
+    assert m["state"] == "failed" and m["summary"].startswith(refusal + ": attempt 1: rank 0 is stalled"), m["summary"]
+    assert [a["attempt"] for a in m["attempts"]] == [1, 2] and m["attempt"] == 2 and m["restarts"] == 1
     for a in m["attempts"]:
         assert a["verdict"]["mode"] == "stalled" and a["verdict"]["who"]["name"] == "rank-0", a
-    for n in (1, 2):  # each restarted attempt's records kept apart from the next one's
-        assert json.loads((run.path / "attempts" / str(n) / "status" / "rank-0.json").read_text())["step"] == 5
+        assert a["step"] == 5 and a["hang"]["site"] == f"hang_train.py:{line}", a
+        assert 0 <= a["first_step_s"] < 60, a  # what each start cost, to its first step
+    assert 0 < m["attempts"][0]["hang_to_restart_s"] < 120, m["attempts"][0]  # hang to the next start
+    assert json.loads((run.path / "attempts" / "1" / "status" / "rank-0.json").read_text())["step"] == 5
     events = run.read_events()
     hangs = [e for e in events if e["event"] == "hang"]
-    assert [e["action"] for e in hangs] == ["restart", "restart", "kill: gave up after 2 restart(s)"]
-    assert why_now(run)["headline"].startswith(
-        "ended by ups on a proven hang (kill: gave up after 2 restart(s)): rank 0 is stalled"), why_now(run)
-    assert [e["attempt"] for e in events if e["event"] == "restart"] == [2, 3]
-    assert len([e for e in events if e["event"] == "start"]) == 3
-    # stacks saved before each kill: the stack file holds a dump of the loop's own frame, three times
+    assert [e["action"] for e in hangs] == ["restart", f"kill: {refusal}"], hangs
+    assert "restart 1 of 3" in hangs[0]["reason"]
+    assert why_now(run)["headline"].startswith(refusal + " (rank 0 is stalled"), why_now(run)
+    assert len([e for e in events if e["event"] == "start"]) == 2
+    # stacks saved before each kill: the stack file holds a dump of the loop's own frame, twice
     stacks = (run.path / "stacks" / "rank-0.txt").read_text()
-    assert stacks.count("hang_train.py") >= 3 and len([e for e in events if e["event"] == "stacks.auto"]) >= 3
+    assert stacks.count("hang_train.py") >= 2 and len([e for e in events if e["event"] == "stacks.auto"]) >= 2
     series, _ = read_series(run.path / "metrics" / "rank-0.json")  # one series across the attempts
-    assert {row[2] for row in series["recent"]} == {1, 2, 3}
-    status = run_ups("status", str(run.path)).stdout
-    assert "attempt 3/3" in status and "gave up after 2 restart(s)" in status
+    assert {row[2] for row in series["recent"]} == {1, 2}
+    assert "attempt 2/4" in run_ups("status", str(run.path)).stdout
     why = json.loads(run_ups("why", str(run.path), "--json").stdout)
-    assert "gave up after 2 restart(s)" in why["verdict"]["headline"]
-    assert [a["verdict"]["mode"] for a in why["attempts"]] == ["stalled"] * 3  # each attempt's verdict kept
+    assert why["verdict"]["headline"].startswith(refusal)
+    assert [a["verdict"]["mode"] for a in why["attempts"]] == ["stalled"] * 2  # each attempt's verdict kept
+    end = wait_for(lambda: [json.loads(x) for x in told.read_text().splitlines() if x.strip() and '"end"' in x]
+                   if told.exists() else None, 30, message="the end's notification")
+    assert refusal in json.dumps(end[-1]), end[-1]
+    # The console's run screen shows the attempts as a timeline.
+    timeline = asyncio.run(_attempts_panel(runs_root, run.run_id))
+    assert "attempt 1" in timeline and "attempt 2" in timeline and "reached step 5" in timeline, timeline
+    assert "hang → restart" in timeline and "first step after" in timeline and "restart 1 of 3" in timeline, timeline
+    assert "not restarted: the same hang came back" in timeline.split("attempt 2")[1], timeline
+
+
+async def _attempts_panel(runs_root: Path, run_id: str) -> str:
+    from console.app import UpsConsole
+
+    app = UpsConsole(runs_root, refresh=0.3)
+    async with app.run_test(size=(140, 40)) as pilot:
+        app.open_run(run_id)
+        for _ in range(300):
+            try:
+                text = str(app.screen.query_one("#attempts").render())
+            except Exception:  # noqa: BLE001 - the screen is not up yet
+                text = ""
+            if "attempt 2" in text:
+                return text
+            await pilot.pause(0.1)
+    raise AssertionError("the run screen's attempts panel never showed attempt 2")
+
+
+def test_a_hang_that_happens_once_is_restarted_and_the_run_succeeds(runs_root, tmp_path):
+    run = _launch("--on-hang", "restart", "--max-restarts", "3", HANG, "--steps", "12", "--hang-step", "5",
+                  "--hang-once", str(tmp_path / "hung-once"), "--ckpt", str(tmp_path / "ckpt.pt"), cwd=tmp_path)
+    wait_for(lambda: run.read_manifest()["state"] in ("succeeded", "failed", "killed"), 150, interval=0.25,
+             message="the run's end")
+    m = run.read_manifest()
+    assert m["state"] == "succeeded" and m["attempt"] == 2 and m["restarts"] == 1, m.get("summary")
+    assert "after 1 restart(s) on hang" in m["summary"], m["summary"]
+    assert [a["ended"].split(" ")[0] for a in m["attempts"]] == ["restarted", "ended"], m["attempts"]
+    assert [e["action"] for e in run.read_events() if e["event"] == "hang"] == ["restart"]
 
 
 def test_observe_only_and_kill(runs_root, tmp_path):

@@ -952,6 +952,31 @@ def _(s: Scene) -> None:
 
 
 # ---- hung
+@case(hung, "rank 0 waits in next(it) while its worker re-warms (worker_init_fn computing): busy, not stalled", "busy",
+      who="rank 0 / worker 0", words=("rank 0 waits for its DataLoader rank 0 / worker 0, busy starting (computing",))
+def _(s: Scene) -> None:
+    s.add("rank", 0, phase="data", **STALLED)
+    w = s.add("worker", 0, worker=0, health=Health.OK, reason="phase idle", phase="idle", step=0)
+    observing(s, **{w.name: window("busy", "CPU 99% (a thread busy 100% of the time) over 5 s", demand=1.0, cpu=0.99)})
+
+
+@case(hung, "rank 0 waits in next(it) while its worker starts, not seen yet: checking, not stalled", "waiting",
+      words=("rank 0 waits for its DataLoader rank 0 / worker 0, which is starting; checking",))
+def _(s: Scene) -> None:
+    s.add("rank", 0, phase="data", **STALLED)
+    s.add("worker", 0, worker=0, health=Health.OK, reason="phase idle", phase="idle", step=0)
+    observing(s)
+
+
+@case(hung, "rank 0 waits in next(it) while its starting worker sleeps (seen idle): stalled", "stalled", who="rank 0",
+      words=("rank 0 is stalled in phase data",))
+def _(s: Scene) -> None:
+    r = s.add("rank", 0, phase="data", **STALLED)
+    w = s.add("worker", 0, worker=0, health=Health.OK, reason="phase idle", phase="idle", step=0)
+    observing(s, **{w.name: window("idle", "CPU 0%, kernel wait hrtimer_nanosleep over 5 s"),
+                    r.name: window("idle", "CPU 0%, kernel wait futex_wait over 5 s")})
+
+
 @case(hung, "rank 0 stalled in phase train, blocked in read() on the NFS mount (host fact)", "stalled", who="rank 0",
       words=("rank 0 is stalled in phase train",),
       evidence=("kernel: blocked in read() on /mnt/nfs/data.bin, kernel wait nfs_wait_bit_killable, uninterruptible",))

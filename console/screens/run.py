@@ -12,6 +12,7 @@ from textual.widgets import Footer, Static, TabbedContent, TabPane
 
 from console.render import (
     age,
+    attempts_text,
     bar,
     events_text,
     gpu_cell,
@@ -83,6 +84,8 @@ class RunScreen(Screen):
                 yield Static(id="log", classes="panel")
             with TabPane("Events", id="tab-events"):
                 yield Static(id="events", classes="panel")
+            with TabPane("Attempts", id="tab-attempts"):
+                yield Static(id="attempts", classes="panel")
             with TabPane("GPU", id="tab-gpu"):
                 yield Static(id="gpu", classes="panel")
             with TabPane("Metrics", id="tab-metrics"):
@@ -169,6 +172,7 @@ class RunScreen(Screen):
         self._set("#stack", f"[b]last stack dump of {escape(label)}[/b] (s: dump now)\n" + escape(d.stack or "(none yet)"))
         self._set("#log", f"[b]{escape(d.log_name)}[/b]\n" + escape("\n".join(d.log_tail[-20:])) if d.log_tail else "(empty log)")
         self._set("#events", events_text(d.events))
+        self._set("#attempts", attempts_text(view.manifest or {}))
         self.query_one("#gpu", Static).update(gpu_panel(snap.gpu))
         self.query_one("#metrics", MetricsPanel).show(d.series, self.size.width)
         if d.series and not self._metrics_opened:

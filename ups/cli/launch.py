@@ -184,6 +184,7 @@ def launch_train(
     on_hang: OnHangOption = None,
     max_restarts: MaxRestartsOption = None,
     metrics_port: MetricsPortOption = None,
+    restart_window: RestartWindowOption = None,
     detach: DetachOption = False,
     runs_dir: RunsDirOption = default_runs_dir(),
     json: JsonOption = False,
@@ -210,7 +211,7 @@ def launch_train(
     from ups.launch.onhang import check_options
     from ups.launch.spawn import launch_run
 
-    unattended = {**check_options(on_hang, max_restarts, None), **_notify_fields(notify), **_metrics_fields(metrics_port)}
+    unattended = {**check_options(on_hang, max_restarts, None, restart_window), **_notify_fields(notify), **_metrics_fields(metrics_port)}
     kwargs, _ = prepare_train(cache_dir=cache_dir, tasks=tasks, config=config, nproc=nproc, steps=steps, nnodes=nnodes,
                               node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, debug=debug, inject=inject, resume=resume,
                               runs_dir=runs_dir, run_id=run_id)
@@ -309,6 +310,11 @@ OnHangOption = Annotated[str | None, typer.Option(
 MaxRestartsOption = Annotated[int | None, typer.Option(
     "--max-restarts", help="With --on-hang restart: restarts before giving up [default: 3]. Give it before the "
                            "torchrun options (after them it is torchrun's own, for failures).")]
+RestartWindowOption = Annotated[str | None, typer.Option(
+    "--restart-window", metavar="DURATION",
+    help="With --on-hang restart: count --max-restarts within this window (600, 30m, 2h, 1d) rather than over the "
+         "whole run. Either way a hang that comes back at the same place is not restarted, and restarts after the "
+         "first wait 10 s, then 20 s, 40 s ... (back-off).")]
 OnWorkerHangOption = Annotated[str | None, typer.Option(
     "--on-worker-hang", metavar="same|fallback",
     help="A hang of a DataLoader worker: same (as --on-hang), or fallback (restart with every DataLoader at "
@@ -405,6 +411,7 @@ def launch_torchrun(
     notify: NotifyOption = None,
     on_hang: OnHangOption = None,
     max_restarts: MaxRestartsOption = None,
+    restart_window: RestartWindowOption = None,
     on_worker_hang: OnWorkerHangOption = None,
     metrics_port: MetricsPortOption = None,
     run_id: RunIdOption = None,
@@ -447,7 +454,7 @@ def launch_torchrun(
 
     launch_program(ctx, "torchrun", name=name, total_steps=total_steps, detach=detach, runs_dir=runs_dir, json_out=json,
                    stalled_after=stalled_after, unresponsive_after=unresponsive_after, first_progress_after=first_progress_after, observe_only=observe_only,
-                   run_id=run_id, unattended={**check_options(on_hang, max_restarts, on_worker_hang), **_notify_fields(notify), **_metrics_fields(metrics_port)})
+                   run_id=run_id, unattended={**check_options(on_hang, max_restarts, on_worker_hang, restart_window), **_notify_fields(notify), **_metrics_fields(metrics_port)})
 
 
 @launch_app.command("python", cls=PassThroughCommand, context_settings=PROGRAM_SETTINGS,
@@ -463,6 +470,7 @@ def launch_python(
     notify: NotifyOption = None,
     on_hang: OnHangOption = None,
     max_restarts: MaxRestartsOption = None,
+    restart_window: RestartWindowOption = None,
     on_worker_hang: OnWorkerHangOption = None,
     metrics_port: MetricsPortOption = None,
     detach: DetachOption = False,
@@ -486,7 +494,7 @@ def launch_python(
 
     launch_program(ctx, "python", name=name, total_steps=total_steps, detach=detach, runs_dir=runs_dir, json_out=json,
                    stalled_after=stalled_after, unresponsive_after=unresponsive_after, first_progress_after=first_progress_after, observe_only=observe_only,
-                   unattended={**check_options(on_hang, max_restarts, on_worker_hang), **_notify_fields(notify), **_metrics_fields(metrics_port)})
+                   unattended={**check_options(on_hang, max_restarts, on_worker_hang, restart_window), **_notify_fields(notify), **_metrics_fields(metrics_port)})
 
 
 def _program_command(launcher: str, usage: str, doc: str):
@@ -504,6 +512,7 @@ def _program_command(launcher: str, usage: str, doc: str):
         notify: NotifyOption = None,
         on_hang: OnHangOption = None,
         max_restarts: MaxRestartsOption = None,
+        restart_window: RestartWindowOption = None,
         on_worker_hang: OnWorkerHangOption = None,
         metrics_port: MetricsPortOption = None,
         run_id: RunIdOption = None,
@@ -516,7 +525,7 @@ def _program_command(launcher: str, usage: str, doc: str):
         launch_program(ctx, launcher, name=name, total_steps=total_steps, detach=detach, runs_dir=runs_dir,
                        json_out=json, stalled_after=stalled_after, unresponsive_after=unresponsive_after, first_progress_after=first_progress_after,
                        observe_only=observe_only, run_id=run_id,
-                       unattended={**check_options(on_hang, max_restarts, on_worker_hang), **_notify_fields(notify), **_metrics_fields(metrics_port)})
+                       unattended={**check_options(on_hang, max_restarts, on_worker_hang, restart_window), **_notify_fields(notify), **_metrics_fields(metrics_port)})
 
     command.__doc__ = doc
     command.__name__ = f"launch_{launcher}"

@@ -19,8 +19,9 @@ A window is **busy** when a thread's demand is at least 30 %, or the tree used 1
 or 4 KiB/s of file or socket I/O moved; **idle** when the tree used at most 2 % of a core,
 every thread's demand is at most 5 %, less than 256 B/s of I/O and no socket bytes moved (or
 it sat in uninterruptible sleep with nothing moving); **unsure** otherwise. A hang is
-**proven** when two windows in a row are idle and the process's stack is the same in two dumps
-at least :data:`STACK_GAP_S` apart (for a process in D state, which cannot take the dump
+**proven** when it was idle for :data:`PROOF_IDLE_S` in a row (two windows of :data:`WINDOW_S`,
+or ten short ones) and the process's stack is the same in two dumps at least
+:data:`STACK_GAP_S` apart (for a process in D state, which cannot take the dump
 signal, the same kernel wait throughout). A busy process is never acted on, however long it
 takes; an unsure one neither. Measured on this project's drills: an evaluating rank (demand
 99-100 %), a checkpoint to a throttled stream (144 KB/s written), an upload through a child
@@ -39,6 +40,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 WINDOW_S = 5.0
+SHORT_WINDOW_S = 1.0  # a process that stepped regularly: its silence is judged second by second
+PROOF_IDLE_S = 2 * WINDOW_S  # idle this long in a row (every window of it idle) for an action
+WINDOWS_KEPT = 32
 STACK_GAP_S = 10.0
 BUSY_DEMAND = 0.30
 BUSY_CPU = 0.10  # of one core, the whole tree
@@ -310,6 +314,7 @@ class Watched:
     stacks: list[tuple[float, tuple]] = field(default_factory=list)  # (when, the main thread's frames)
     stack_file: str | None = None  # where its stack dumps go: their bytes are ours, not its work
     stack_size: int = 0  # at the window's start
+    window: float = WINDOW_S  # this process's window (SHORT_WINDOW_S when it stepped regularly)
 
     @property
     def state(self) -> str:
@@ -325,11 +330,29 @@ class Watched:
             n += 1
         return n
 
+    def idle_seconds(self) -> float:
+        """Seconds of the latest windows in a row that were all idle."""
+        total = 0.0
+        for w in reversed(self.windows):
+            if w.verdict != "idle":
+                break
+            total += w.seconds
+        return total
+
+    def shown(self, *, peers_wait: bool = False) -> str:
+        """What readers may say of it now (its display state): idle once it was idle for a whole
+        WINDOW_S, or for one short window when its peers already wait for it in a collective
+        (evidence from the run itself); "watching" until then. An action needs :meth:`proven`."""
+        state = self.state
+        if state == "idle" and self.idle_seconds() < WINDOW_S - 0.05 and not peers_wait:
+            return "watching"
+        return state
+
     def same_stack(self) -> bool | None:
         """Two dumps at least STACK_GAP_S apart with the same main-thread frames (None: not
         two dumps yet). A process in uninterruptible sleep throughout cannot take the dump
         signal: the same kernel wait in every sample stands for it."""
-        if self.samples and self.d_samples == self.samples and len(self.wchans) <= 1 and self.idle_windows() >= 2:
+        if self.samples and self.d_samples == self.samples and len(self.wchans) <= 1 and self.idle_seconds() >= PROOF_IDLE_S - 0.05:
             return True
         if len(self.stacks) < 2:
             return None
@@ -339,12 +362,14 @@ class Watched:
         return a == b and bool(a)
 
     def proven(self, *, stacks: bool = True) -> bool:
-        """Two idle windows in a row and (``stacks``) the same stack in two dumps."""
-        return self.idle_windows() >= 2 and (self.same_stack() is True or not stacks)
+        """Idle for PROOF_IDLE_S in a row (two windows of WINDOW_S) and (``stacks``) the same
+        stack in two dumps."""
+        return self.idle_seconds() >= PROOF_IDLE_S - 0.05 and (self.same_stack() is True or not stacks)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, *, peers_wait: bool = False) -> dict[str, Any]:
         last = self.windows[-1] if self.windows else None
-        return {"pid": self.pid, "state": self.state, "windows": len(self.windows), "idle_windows": self.idle_windows(),
+        return {"pid": self.pid, "state": self.shown(peers_wait=peers_wait), "windows": len(self.windows),
+                "idle_windows": self.idle_windows(), "idle_s": round(self.idle_seconds(), 1), "peers_wait": peers_wait,
                 "same_stack": self.same_stack(), "proven": self.proven(), "since": self.started,
                 "last": last.to_dict() if last else None}
 
@@ -369,8 +394,9 @@ class Observer:
         self.watched: dict[str, Watched] = {}
 
     def tick(self, targets: dict[str, tuple[int, int | None, str | None]], *,
-             exclude_pids: set[int] = frozenset()) -> dict[str, Watched]:
-        """One sample of each target (name -> (pid, heartbeat thread id, stack file))."""
+             exclude_pids: set[int] = frozenset(), windows: dict[str, float] | None = None) -> dict[str, Watched]:
+        """One sample of each target (name -> (pid, heartbeat thread id, stack file)); ``windows``:
+        a target's own window length (a process that stepped regularly: SHORT_WINDOW_S)."""
         now = self.clock()
         for name in [n for n, w in self.watched.items() if n not in targets or targets[n][0] != w.pid]:
             del self.watched[name]
@@ -382,7 +408,8 @@ class Observer:
         for name, (pid, hb_tid, stack_file) in targets.items():
             w = self.watched.get(name)
             if w is None:
-                w = self.watched[name] = Watched(name, pid, {hb_tid} if hb_tid else set(), now, stack_file=stack_file)
+                w = self.watched[name] = Watched(name, pid, {hb_tid} if hb_tid else set(), now, stack_file=stack_file,
+                                                 window=(windows or {}).get(name, self.window))
             s = sample_tree(pid, exclude_tids=w.exclude_tids, exclude_pids=exclude_pids, kids=kids)
             if s is None:
                 del self.watched[name]
@@ -392,7 +419,7 @@ class Observer:
             w.d_samples += s.main_state == "D"
             if s.main_wchan:
                 w.wchans.add(s.main_wchan)
-            if w.first is None or now - w.first.at >= self.window:
+            if w.first is None or now - w.first.at >= w.window:
                 need_tcp = True
         tcp_now = tcp_bytes() if need_tcp and any(s.sockets for s in samples.values()) else {}
         for name, s in samples.items():
@@ -400,12 +427,12 @@ class Observer:
             if w.first is None:
                 w.first, w.tcp_before, w.stack_size = s, tcp_now, _size(w.stack_file)
                 continue
-            if now - w.first.at >= self.window:
+            if now - w.first.at >= w.window:
                 size = _size(w.stack_file)
                 w.windows.append(judge(w.first, s, tcp=(w.tcp_before or {}, tcp_now) if s.sockets else None,
                                        d_state=w.d_samples == w.samples and w.samples > 0, pid=w.pid,
                                        ours=max(0, size - w.stack_size) + (1024 if size > w.stack_size else 0)))
-                del w.windows[:-8]
+                del w.windows[:-WINDOWS_KEPT]
                 w.first, w.tcp_before, w.stack_size = s, tcp_now, size
                 w.d_samples = w.samples = 0
                 w.wchans = set()

@@ -27,7 +27,7 @@ from ups.launch import leftovers
 from ups.launch.autostacks import StackCollector
 from ups.launch.exits import ExitWatcher
 from ups.launch.metrics_port import start_metrics_endpoint
-from ups.launch.onhang import HANG_MODES, Decision, HangWatch, archive_attempt
+from ups.launch.onhang import HANG_MODES, Decision, HangWatch, archive_attempt, attempt_entry
 from ups.launch.pending import LauncherRun
 from ups.runs import space
 from ups.runs.kinds import finalize
@@ -75,6 +75,8 @@ class Supervisor:
         self.hang = HangWatch(run, self.manifest)
         self.hang_end: Decision | None = None  # the hang that ended the run (--on-hang kill, or restarts spent)
         self.extra_env: dict[str, str] = {}  # for the next attempt (UPS_FORCE_NUM_WORKERS on a worker fallback)
+        self.attempt_started_at = time.time()  # this attempt's start (start() sets it again)
+        self.first_step_noted: float | None = None  # seconds from this attempt's start to its first step
         from ups.notify import Notifier
 
         self.notifier = Notifier.for_run(run, self.exec)  # --notify, or the user's config; None: nobody to tell
@@ -152,6 +154,7 @@ class Supervisor:
         finally:
             os.close(write_end)  # only the job holds it now: the relay sees the end when the job's is
         self.pgid = self.child.pid
+        self.attempt_started_at = time.time()
         self.run.update_manifest(
             state="running",
             job={"pid": self.child.pid, "pid_start": process_start_time(self.child.pid), "pgid": self.child.pid,
@@ -252,6 +255,9 @@ class Supervisor:
             return
         if self.hang.observed != published:  # what the launcher sees of the processes it watches
             reporter.metrics(observed=self.hang.observed)
+        if self.hang.first_step_at is not None and self.first_step_noted is None:  # what this attempt's start cost
+            self.first_step_noted = round(max(0.0, self.hang.first_step_at - self.hang.started_at), 2)
+            self.run.update_manifest(first_step_s=self.first_step_noted)
         if verdict is not None and self.notifier is not None:
             # A hang is told once it is proven (with its proof), never on a display word.
             self.notifier.on_verdict(verdict, hang=verdict.mode in HANG_MODES,
@@ -261,7 +267,8 @@ class Supervisor:
         v = decision.verdict
         evidence = {"mode": v.mode, "headline": v.headline, "who": (v.who or {}).get("label"), "attempt": self.attempt,
                     "on_hang": self.hang.action, "on_worker_hang": "fallback" if self.hang.worker_fallback else None,
-                    "proof": decision.proof}
+                    "proof": decision.proof, "reason": decision.policy.reason if decision.policy else None,
+                    "gpu": decision.policy.gpu.gpu if decision.policy and decision.policy.gpu else None}
         if decision.action == "observe" or self.hang.observe_only:
             what = "none" if decision.action == "observe" else f"observe-only: would {decision.action.replace('_', ' ')}"
             self.run.append_event("hang", actor=ACTOR, action=what, **evidence)
@@ -276,18 +283,23 @@ class Supervisor:
         # kill, or restart with no restart left
         self.hang_end = decision
         self.run.append_event("hang", actor=ACTOR, action="kill" if decision.action == "kill" else
-                              f"kill: gave up after {self.hang.restarts} restart(s)", **evidence)
-        self._record_attempt(v, "killed")
+                              f"kill: {decision.policy.reason if decision.policy else 'gave up'}", **evidence)
+        self._record_attempt(v, "killed", facts=decision.facts, reason=decision.policy.reason if decision.policy else None)
         self.terminate_requested = "on-hang"
         reporter.item(f"ending the job: {v.headline}")
         self.signal_job(signal.SIGTERM)
 
-    def _record_attempt(self, verdict: Any, ended: str, folder: str | None = None) -> None:
-        """Each attempt's end and verdict in run.json, for ``ups why`` and the run's summary."""
+    def _record_attempt(self, verdict: Any, ended: str, folder: str | None = None, *, facts: Any = None,
+                        attempt: int | None = None, started_at: float | None = None, first_step_s: float | None = None,
+                        restarted_at: float | None = None, reason: str | None = None) -> None:
+        """Each attempt's end and verdict in run.json, for ``ups why``, the run's summary, the
+        restart policy (the hang's place) and the console's timeline (step reached, costs)."""
         m = self.run.read_own_manifest()
         attempts = list(m.get("attempts") or [])
-        attempts.append({"attempt": self.attempt, "ended_at": time.time(), "ended": ended,
-                         "verdict": verdict.to_dict() if hasattr(verdict, "to_dict") else verdict, "records": folder})
+        attempts.append(attempt_entry(attempt or self.attempt, ended, verdict, folder, facts=facts,
+                                      started_at=started_at or self.attempt_started_at,
+                                      first_step_s=self.first_step_noted if first_step_s is None else first_step_s,
+                                      restarted_at=restarted_at, reason=reason))
         self.run.update_manifest(attempts=attempts)
 
     def _stop_for_restart(self) -> int | None:
@@ -307,24 +319,41 @@ class Supervisor:
 
     def _restart(self, decision: Decision, reporter: Reporter | Any, evidence: dict[str, Any]) -> None:
         v = decision.verdict
+        policy = decision.policy
         self.run.append_event("hang", actor=ACTOR, action="restart", **evidence)
         rc = self._stop_for_restart()
         self.sweep()  # what the hung attempt left outside its process group (re-parented to us, its session)
         self.stacks.stop()
         self.exits.stop()
         folder = archive_attempt(self.run, self.attempt)
-        self._record_attempt(v, f"restarted ({describe_returncode(rc)})", folder)
+        ended = f"restarted ({describe_returncode(rc)})"
+        if policy is not None and policy.delay_s > 0:  # back-off: a flapping job does not loop all night
+            reporter.item(f"back-off: restarting in {policy.delay_s:.0f} s")
+            deadline = time.monotonic() + policy.delay_s
+            while time.monotonic() < deadline and self.terminate_requested is None:
+                time.sleep(0.2)
+            if self.terminate_requested is not None:  # asked to stop while waiting: nothing to restart
+                self._record_attempt(v, ended, folder, facts=decision.facts)
+                return
+        previous, facts = self.attempt, decision.facts
         self.attempt += 1
-        self.hang.new_attempt(fallback=decision.fallback)
+        env = dict(policy.env) if policy is not None else {}
+        self.hang.new_attempt(fallback=decision.fallback, env=env)
+        self.extra_env.update(env)  # CUDA_VISIBLE_DEVICES without a GPU that reported a hardware fault
         if decision.fallback:
             self.extra_env["UPS_FORCE_NUM_WORKERS"] = "0"  # as `ups relaunch --num-workers 0` does
-        self.run.update_manifest(attempt=self.attempt, restarts=self.hang.restarts)
+        self.run.update_manifest(attempt=self.attempt, restarts=self.hang.restarts, first_step_s=None)
         self.run.append_event("restart", actor=ACTOR, attempt=self.attempt, restarts=self.hang.restarts,
                               max_restarts=self.hang.max_restarts, reason=v.headline, mode=v.mode,
+                              policy=policy.reason if policy is not None else None, env=env or None,
                               num_workers=0 if decision.fallback else None, previous_records=folder)
         self.exits = ExitWatcher(self.run, actor=ACTOR)
         self.stacks = StackCollector(self.run, actor=ACTOR, observe_only=self.hang.observe_only)
+        started, first = self.attempt_started_at, self.first_step_noted  # the ended attempt's
+        self.first_step_noted = None
         self.start()
+        self._record_attempt(v, ended, folder, facts=facts, attempt=previous, started_at=started, first_step_s=first,
+                             restarted_at=self.attempt_started_at, reason=policy.reason if policy is not None else None)
         reporter.item(f"{self.describe()} (attempt {self.attempt})")
         if self.notifier is not None:
             self.notifier.on_restart(self.attempt, v)
@@ -429,6 +458,7 @@ class Supervisor:
                    for a in self.run.read_own_manifest().get("attempts") or []]
         if self.hang_end is not None:
             how = ("ended on hang (--on-hang kill)" if self.hang_end.action == "kill"
+                   else self.hang_end.policy.reason if self.hang_end.policy is not None
                    else f"gave up after {self.hang.restarts} restart(s) on hang")
             return dataclasses.replace(outcome, state="failed", summary=f"{how}: {'; '.join(reasons)}")
         return dataclasses.replace(outcome, summary=f"{outcome.summary}; after {self.hang.restarts} restart(s) on hang "

@@ -89,9 +89,14 @@ MANIFEST_SPEC: dict[str, Check] = {
     "on_hang": optional(text(choices=("observe", "dump", "kill", "restart"))),
     "on_worker_hang": optional(text(choices=("same", "fallback"))),
     "notify": optional(list_of(text(4096), 100)),
+    "restart_window": optional(number(0.0)), "first_step_s": _TIME,
     "attempts": optional(list_of(obj({"attempt": optional(integer(1, INT_MAX)), "ended_at": _TIME,
                                       "ended": optional(text()), "verdict": _VERDICT,
-                                      "records": optional(text(4096))}), 10_000)),
+                                      "records": optional(text(4096)),
+                                      # the restart policy's facts (ups.launch.policy) and what the attempt cost
+                                      "hang": optional(dict_of(safe_value)), "step": _COUNT, "reason": optional(text()),
+                                      "started_at": _TIME, "restarted_at": _TIME,
+                                      "first_step_s": _TIME, "hang_to_restart_s": _TIME}), 10_000)),
     # Multi-node runs: the node manifests merged on read (each one checked on its own).
     "nodes": optional(dict_of(dict_of(safe_value), 100_000)),
 }

@@ -83,6 +83,13 @@ class Thresholds:
     """The learned limit is never shorter than this."""
     stall_factor: float = 5.0
     """The learned limit is this many times the process's recent p99 progress interval."""
+    rhythm_factor: float = 10.0
+    """A process that steps regularly (its p99 interval is known) is shown stalled after this
+    many times its p99 interval, when that is sooner than the learned limit: a 10 steps/s loop
+    that stops is seen in seconds. Display only: an automatic action waits for the learned
+    limit (``rhythm=False``) and the launcher's full proof."""
+    rhythm_floor: float = 2.0
+    """The rhythm's limit is never shorter than this."""
     stall_default: float = 60.0
     """The limit while too few intervals are known to learn from."""
     first_progress_after: float = 600.0
@@ -119,8 +126,10 @@ class Thresholds:
     def to_dict(self) -> dict[str, Any]:
         return {f.name: (dict(getattr(self, f.name)) if f.name == "phase_stalled_after" else getattr(self, f.name)) for f in fields(self)}
 
-    def stall_limit(self, phase: str, p99: float | None = None, *, progressed: bool = True) -> tuple[float | None, str]:
-        """The stall limit for a process in ``phase`` and how it was decided (for the reason)."""
+    def stall_limit(self, phase: str, p99: float | None = None, *, progressed: bool = True,
+                    rhythm: bool = True) -> tuple[float | None, str]:
+        """The stall limit for a process in ``phase`` and how it was decided (for the reason);
+        ``rhythm`` False: the learned limit without the rhythm's (what an action waits for)."""
         if phase in self.phase_stalled_after:
             return self.phase_stalled_after[phase], f"the {phase} limit"
         if self.stalled_after is not None:
@@ -129,9 +138,13 @@ class Thresholds:
             return self.first_progress_after, "before the first progress"
         if p99 is not None:
             learned = self.stall_factor * p99
-            if learned > self.stall_floor:
-                return learned, f"{self.stall_factor:g} x p99 interval {_age(p99)}"
-            return self.stall_floor, f"the floor; p99 interval {_age(p99)}"
+            limit, how = ((learned, f"{self.stall_factor:g} x p99 interval {_age(p99)}") if learned > self.stall_floor
+                          else (self.stall_floor, f"the floor; p99 interval {_age(p99)}"))
+            beat = max(self.rhythm_floor, self.rhythm_factor * p99)
+            if rhythm and beat < limit:
+                return beat, (f"its rhythm, {self.rhythm_factor:g} x p99 interval {_age(p99)}" if beat > self.rhythm_floor
+                              else f"its rhythm's floor; p99 interval {_age(p99)}")
+            return limit, how
         return self.stall_default, "the default, until intervals are known"
 
 
@@ -222,12 +235,7 @@ def classify_health(
         # stack twice: ups.launch.proof) can make it a hang.
         return HealthVerdict(Health.NO_SIGNAL, f"no progress signal for {_age(ages.started)} (no steps, batches, "
                                                f"progress bars, pool tasks or k/n lines), phase {record.phase}")
-    limit, how = thresholds.stall_limit(record.phase, record.interval_p99, progressed=progressed)
-    longest = (getattr(record, "pauses", None) or {}).get(record.phase)
-    if limit is not None and longest and PAUSE_MARGIN * longest > limit:
-        # A periodic pause (an evaluation every N steps, a checkpoint every epoch) is learned
-        # after its first occurrence: the next one may take as long, and then some.
-        limit, how = PAUSE_MARGIN * longest, f"{PAUSE_MARGIN:g} x the longest {record.phase} so far, {_age(longest)}"
+    limit, how = stall_limit_of(record, thresholds)
     if limit is not None and since_progress > limit:
         return HealthVerdict(
             Health.STALLED, f"no progress for {_age(since_progress)} in phase {record.phase} (limit {_age(limit)}: {how})"
@@ -243,6 +251,19 @@ def classify_health(
             f"{record.rate:.3g} {record.unit}/s, peers' median {peer_median_rate:.3g} {record.unit}/s",
         )
     return HealthVerdict(Health.OK, f"phase {record.phase}")
+
+
+def stall_limit_of(record: StatusRecord, thresholds: Thresholds, *, rhythm: bool = True) -> tuple[float | None, str]:
+    """A running process's stall limit and how it was decided: its phase's, the fixed one, or
+    the one learned from its intervals (``rhythm``: the shorter one its regular steps allow,
+    for display), raised for a periodic pause of its phase seen before."""
+    limit, how = thresholds.stall_limit(record.phase, record.interval_p99, progressed=record.step > 0, rhythm=rhythm)
+    longest = (getattr(record, "pauses", None) or {}).get(record.phase)
+    if limit is not None and longest and PAUSE_MARGIN * longest > limit:
+        # A periodic pause (an evaluation every N steps, a checkpoint every epoch) is learned
+        # after its first occurrence: the next one may take as long, and then some.
+        limit, how = PAUSE_MARGIN * longest, f"{PAUSE_MARGIN:g} x the longest {record.phase} so far, {_age(longest)}"
+    return limit, how
 
 
 def peer_median_rates(records: Iterable[StatusRecord]) -> dict[str, float | None]:

@@ -95,7 +95,11 @@ def _ended_on_hang(ev: Evidence) -> Verdict | None:
     proof = (hang.get("proof") or {}).get("text") if isinstance(hang.get("proof"), dict) else None
     who = said.get("who") if isinstance(said.get("who"), dict) else None
     where = said.get("where") if isinstance(said.get("where"), dict) else None
-    return Verdict(str(hang.get("mode") or said.get("mode") or "hung"), f"{how}: {hang.get('headline') or said.get('headline')}",
+    headline = f"{how}: {hang.get('headline') or said.get('headline')}"
+    reason = hang.get("reason")
+    if isinstance(reason, str) and reason.startswith("not restarted"):  # the restart policy's refusal, said first
+        headline = f"{reason} ({hang.get('headline') or said.get('headline')})"
+    return Verdict(str(hang.get("mode") or said.get("mode") or "hung"), headline,
                    who=who, where=where, since=said.get("since") if isinstance(said.get("since"), (int, float)) else None,
                    evidence=[str(e) for e in said.get("evidence") or [] if isinstance(e, str)][:4]
                    + ([f"proof: {proof}"] if proof else []),

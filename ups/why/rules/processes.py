@@ -8,7 +8,7 @@ from ups.status.health import PAUSE_SAID_AFTER_S, Health
 from ups.why.evidence import Evidence
 from ups.why.rules.common import in_backward, label_list, where_of
 from ups.why.rules.pauses import quiet_for, waited_for
-from ups.why.rules.workers import waits_on_worker, worker_verdict
+from ups.why.rules.workers import starting_worker, waits_on_worker, worker_verdict
 from ups.why.verdict import Verdict, who_of
 
 
@@ -41,6 +41,19 @@ def hung(ev: Evidence) -> Verdict | None:
         worker = waits_on_worker(ev, q) if q.record.role == "rank" else None
         if worker is not None:
             return worker_verdict(ev, worker, [o for o in troubled if o.record.role == "rank" and o is not q])
+        starting = starting_worker(ev, q) if q.record.role == "rank" else None
+        if starting is not None:  # an epoch's re-warm: its worker is starting
+            w, state, doing = starting
+            if state == "checking":
+                return Verdict("waiting", f"{q.record.label} waits for its DataLoader {w.record.label}, which is starting; "
+                                          "checking whether it is working", ok=True,
+                               since=max(q.record.progress_at, q.record.phase_at), evidence=[q.verdict.reason],
+                               next=f"ups why {ev.view.run_id} again in a few seconds")
+            return Verdict("busy", f"{q.record.label} waits for its DataLoader {w.record.label}, busy starting ({doing}), "
+                                   f"no progress for {quiet_for(ev, q):.0f} s", ok=True, who=who_of(w.record),
+                           where=where_of(ev, w.record), since=max(q.record.progress_at, q.record.phase_at),
+                           evidence=[q.verdict.reason, f"{w.record.label}: {doing}, no sample fetched yet"],
+                           next=f"nothing to do: its worker is working; ups status {ev.view.run_id}")
     r = p.record
     state, doing = ev.doing(p)
     if state == "busy":  # no progress, but working: long is not stuck

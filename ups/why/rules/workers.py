@@ -147,6 +147,24 @@ def waits_on_worker(ev: Evidence, rank: ProcessView) -> ProcessView | None:
     return sorted(fetching, key=lambda p: (-p.verdict.health.severity, p.record.phase_at))[0]
 
 
+def starting_worker(ev: Evidence, rank: ProcessView) -> tuple[ProcessView, str, str] | None:
+    """A DataLoader worker of this rank that is starting (its ``worker_init_fn`` running, no
+    sample fetched yet) while the rank waits in ``next(it)`` (an epoch's re-warm): the worker,
+    what the launcher sees it do (``busy``, or ``checking`` before its first window) and the
+    figures. A worker seen idle is not returned: the rank may be stuck on it."""
+    r = rank.record
+    if r.role != "rank" or r.phase != "data" or r.state != "running":
+        return None
+    for p in ev.processes("worker"):
+        w = p.record
+        if (w.rank == r.rank and w.state == "running" and w.phase == "idle" and w.step == 0
+                and p.verdict.health not in (Health.DEAD, Health.DONE, Health.FAILED, Health.UNRESPONSIVE)):
+            state, doing = ev.doing(p)
+            if state in ("busy", "checking"):
+                return p, state, doing
+    return None
+
+
 READ_CALLS = ("read", "pread64", "readv", "open", "openat")
 SLEEP_CALLS = ("clock_nanosleep", "nanosleep", "futex", "poll", "ppoll", "select", "pselect6", "epoll_wait",
                "epoll_pwait", "epoll_pwait2", "wait4")
