@@ -179,3 +179,20 @@ def hung_precompute(tmp_path, runs_root):
     run = RunDir(json.loads(res.stdout)["run_dir"])
     yield run
     run_ups("kill", str(run.path), "--force")
+
+
+@pytest.fixture
+def nvml_is():
+    """Make ``module`` (a fake pynvml: tests/test_gpu_xid.py's ``fake_pynvml``) the initialised
+    NVML of ups.gpu.nvml, the one entry point; the real one comes back after the test."""
+    import types
+
+    from ups.gpu import nvml
+    from ups.gpu.xid import reset_process_watcher
+
+    def install(module: types.ModuleType) -> None:
+        reset_process_watcher()
+        nvml.use(module)
+    yield install
+    reset_process_watcher()
+    nvml.shutdown()  # the next use initialises the real one again

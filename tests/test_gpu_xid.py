@@ -10,7 +10,7 @@ import pytest
 from helpers import run_ups, wait_for
 
 from ups.gpu import nvml
-from ups.gpu.xid import XidWatcher, reset_process_watcher
+from ups.gpu.xid import XidWatcher
 
 
 def fake_pynvml(xids: list[tuple[int, int]], devices: int = 2) -> types.ModuleType:
@@ -47,17 +47,6 @@ def fake_pynvml(xids: list[tuple[int, int]], devices: int = 2) -> types.ModuleTy
     m.nvmlSystemGetDriverVersion = lambda: "550.54"
     m.nvmlShutdown = lambda: None
     return m
-
-
-@pytest.fixture
-def nvml_is(monkeypatch):
-    """Make ``module`` the initialised NVML of ups.gpu.nvml (the one entry point)."""
-    def install(module: types.ModuleType) -> None:
-        reset_process_watcher()
-        nvml.use(module)
-    yield install
-    reset_process_watcher()
-    nvml.shutdown()  # the next use initialises the real one again
 
 
 def test_two_xid_events_reach_the_snapshot_and_the_verdict(nvml_is, runs_root, monkeypatch, tmp_path):

@@ -40,6 +40,7 @@ class DeviceSnapshot:
     ecc_uncorrected: int | None = None  # volatile uncorrected ECC errors since the driver loaded
     remapped_rows_pending: bool | None = None  # a row remap waits for a GPU reset
     throttle: tuple[str, ...] = ()  # active clock throttle reasons that slow it: thermal, power
+    pci_bus_id: str | None = None  # "0000:3b:00", as the kernel log names it (ups.gpu.kmsg.pci_key)
 
 
 @dataclass(frozen=True)
@@ -100,8 +101,14 @@ class NvmlProvider:
         watcher = process_watcher(nvml.module())
         watcher.poll(0)
         xids = watcher.by_gpu()
+        # ... and the ones the kernel log holds, from before any watcher opened (ups.gpu.kmsg)
+        from ups.gpu.kmsg import process_watcher as kernel_watcher
+
+        kernel = kernel_watcher()
+        kernel.poll()
+        kernel_xids = kernel.by_pci()
         cuda = _value(nvml.query("nvmlSystemGetCudaDriverVersion_v2")) or _value(nvml.query("nvmlSystemGetCudaDriverVersion"))
-        devices = [self._device(nvml, i, xids.get(i, ())) for i in range(count)]
+        devices = [self._device(nvml, i, xids.get(i, ()), kernel_xids) for i in range(count)]
         return GpuSnapshot(
             True,
             None,
@@ -111,10 +118,17 @@ class NvmlProvider:
         )
 
     @staticmethod
-    def _device(nvml: Any, i: int, xids: tuple[int, ...] = ()) -> DeviceSnapshot:
+    def _device(nvml: Any, i: int, xids: tuple[int, ...] = (), kernel_xids: dict[str, tuple[int, ...]] | None = None,
+                ) -> DeviceSnapshot:
+        from ups.gpu.kmsg import pci_key
+
         h = _value(nvml.query("nvmlDeviceGetHandleByIndex", i))
         if h is None:
             return DeviceSnapshot(i, None, None, None, None, None, None, None, xid_errors=xids)
+        pci = _value(nvml.query("nvmlDeviceGetPciInfo", h))
+        bus = pci_key(getattr(pci, "busId", None)) if pci is not None else None
+        if bus is not None and kernel_xids and bus in kernel_xids:
+            xids = tuple(dict.fromkeys((*xids, *kernel_xids[bus])))  # both sources, each Xid once
         mem = _value(nvml.query("nvmlDeviceGetMemoryInfo", h))
         util = _value(nvml.query("nvmlDeviceGetUtilizationRates", h))
         temp = _value(nvml.query("nvmlDeviceGetTemperature", h, 0))  # NVML_TEMPERATURE_GPU
@@ -141,6 +155,7 @@ class NvmlProvider:
             temperature_c=temp,
             power_w=None if power is None else power / 1000.0,
             processes=tuple(procs),
+            pci_bus_id=bus,
         )
 
 
