@@ -10,9 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ups.errors import UpsError
-from ups.runs.rundir import RunDir
-from ups.runs.signals import dump_stacks, terminate
-from ups.status.record import StatusRecord
+from ups.runs import RunDir, StatusRecord, dump_stacks, terminate
 
 ACTOR = "console"
 
@@ -39,7 +37,7 @@ def attach(runs_dir: Path, pid: int, start: float | None) -> ActionResult:
     time); the message is the new run's id."""
     from ups.attach.find import find_job
     from ups.attach.start import attach_job
-    from ups.status.procs import process_start_time, same_start
+    from ups.runs import process_start_time, same_start
 
     if not same_start(process_start_time(pid), start):
         return ActionResult(False, f"pid {pid} ended (or is another process now): nothing attached")
@@ -60,8 +58,8 @@ def kill_process(run: RunDir, record: StatusRecord, *, force: bool, grace: float
 
 
 def kill_run(run: RunDir, *, force: bool) -> ActionResult:
-    from ups.runs.actions import kill_run as core_kill_run
-    from ups.runs.read import open_run
+    from ups.runs import kill_run as core_kill_run
+    from ups.runs import open_run
 
     try:
         results = core_kill_run(run, open_run(run), actor=ACTOR, reason="operator: kill run from the console", grace=5.0, force=force)
@@ -78,7 +76,7 @@ def stacks(run: RunDir, record: StatusRecord) -> ActionResult:
 
 
 def fallback(run: RunDir) -> ActionResult:
-    from ups.runs.actions import request_fallback
+    from ups.runs import request_fallback
 
     try:
         request_fallback(run, actor=ACTOR)
@@ -124,8 +122,7 @@ def remote_action(spec, what: str, run_id: str, record: StatusRecord, *, force: 
     """Kill or dump the stacks of a process of another node: that node's ``ups``, over ssh.
     What goes into the remote command from a node's stream is checked first: a run id, a
     rank and a worker number, never an option or a word of shell."""
-    from ups.runs.remote import remote_ups
-    from ups.runs.rundir import check_run_id
+    from ups.runs import check_run_id, remote_ups
 
     try:
         check_run_id(run_id)

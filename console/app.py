@@ -21,8 +21,9 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.worker import get_current_worker
 
-from console.screens.other import ConfirmAttach, ConfirmKill, ConfirmRelaunch, RunsScreen
+from console.screens.confirm import ConfirmAttach, ConfirmKill, ConfirmRelaunch
 from console.screens.run import RunScreen
+from console.screens.runs import RunsScreen
 from console.snapshots import Poller, Snapshot
 
 ACTIONS = {"kill_process", "kill_run", "stacks", "fallback", "relaunch", "launch", "adopt", "attach"}
@@ -175,7 +176,7 @@ class UpsConsole(App):
             return
         from ups.errors import UpsError
         from ups.launch.relaunch import plan_relaunch
-        from ups.runs.rundir import RunDir
+        from ups.runs import RunDir
 
         try:
             plan = plan_relaunch(RunDir(self.runs_dir / run_id), num_workers=0)
@@ -229,7 +230,7 @@ class UpsConsole(App):
     @work(thread=True, group="actions", exit_on_error=False)
     def _act(self, what: str, run_id: str, record: Any, force: bool) -> None:
         from console import actions
-        from ups.runs.rundir import RunDir
+        from ups.runs import RunDir
 
         run = RunDir(self.runs_dir / run_id)
         spec = self.poller.remote_for(run_id, record.host) if record is not None else None

@@ -15,12 +15,16 @@ from typing import Any
 
 from ups.gpu import AttributedGpu, attribute, records_for_attribution
 from ups.gpu.snapshot import GpuProvider
-from ups.runs.read import open_run
-from ups.runs.rundir import FINAL_RUN_STATES, list_runs
-from ups.runs.signals import last_stack_dump
-from ups.runs.view import RunView
-from ups.status.procs import StaticProcessTable
-from ups.status.safeio import BadFile, read_tail
+from ups.runs import (
+    FINAL_RUN_STATES,
+    BadFile,
+    RunView,
+    StaticProcessTable,
+    last_stack_dump,
+    list_runs,
+    open_run,
+    read_tail,
+)
 
 
 @dataclass(frozen=True)
@@ -108,7 +112,7 @@ def rank_series(view: RunView, cache: dict[str, tuple[int, RankSeries | None]] |
     import os
 
     from ups.plot import first_nonfinite, spark_values
-    from ups.status.series import metric_values, read_series, series_path
+    from ups.runs import metric_values, read_series, series_path
 
     out = []
     for p in view.ranks()[:SERIES_SHOWN]:
@@ -181,7 +185,7 @@ class Poller:
         """The other nodes' streams of one run, started on first use; each is read by a
         thread of its own, so a slow or lost node never holds up a tick."""
         if run_id not in self._sources:
-            from ups.runs.remote import open_sources
+            from ups.runs import open_sources
 
             self._sources[run_id] = open_sources(self.remotes, run_id)
         return self._sources[run_id]
@@ -191,7 +195,7 @@ class Poller:
         return next((s.spec for s in self._sources.get(run_id, []) if s.host == host), None)
 
     def close(self) -> None:
-        from ups.runs.remote import stop_sources
+        from ups.runs import stop_sources
 
         for sources in self._sources.values():
             stop_sources(sources)
@@ -270,7 +274,7 @@ class Poller:
             selected = next((n for n in names if n.startswith("rank-") and "worker" not in n), names[0] if names else None)
         proc = view.process(selected) if selected else None
         if proc is not None and proc.record.role == "rank":
-            from ups.runs.actions import find_logs
+            from ups.runs import find_logs
 
             try:
                 paths = find_logs(view.run, proc.record.rank) if view.kind in ("train", "torchrun") else [view.run.log_path("job")]
@@ -292,7 +296,7 @@ class Poller:
         try:
             verdict = diagnose_view(view)
         except Exception as exc:  # noqa: BLE001 - a verdict that cannot be made is a note, not a crash
-            from ups.why.verdict import Verdict
+            from ups.why import Verdict
 
             verdict = Verdict("failed", f"no verdict: {type(exc).__name__}: {exc}")
         if view.is_final:
@@ -317,7 +321,7 @@ def _rank_of(name: str | None) -> int:
 
 def _merge_row(full: RunRow, partial: RunRow) -> RunRow:
     """Progress from the fresh partial read; the worst health of the two (workers unread)."""
-    from ups.status.health import Health
+    from ups.runs import Health
 
     sev = {h.value: h.severity for h in Health}
     worse = full if sev.get(full.health, 0) > sev.get(partial.health, 0) else partial

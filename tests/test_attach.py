@@ -487,7 +487,7 @@ def test_the_console_lists_a_plain_job_not_launched_by_ups_and_attaches_it_on_co
     import asyncio
 
     from console.app import UpsConsole
-    from console.screens.other import ConfirmAttach
+    from console.screens.confirm import ConfirmAttach
     from console.screens.run import RunScreen
 
     idle = tmp_path / "idle_rank.py"

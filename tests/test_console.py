@@ -8,7 +8,7 @@ import psutil
 from helpers import run_ups
 
 from console.app import UpsConsole
-from console.screens.other import ConfirmKill
+from console.screens.confirm import ConfirmKill
 from ups.data.synth import synthesize
 from ups.runs.rundir import RunDir, list_runs
 

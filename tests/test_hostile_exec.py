@@ -102,7 +102,7 @@ def test_the_console_refuses_a_planted_run_and_asks_before_relaunching_yours(sha
     """The console's `r`: another user's run is refused with the owner named; your own run's
     command is shown in the confirmation, and nothing runs until it is confirmed."""
     from console.app import UpsConsole
-    from console.screens.other import ConfirmRelaunch
+    from console.screens.confirm import ConfirmRelaunch
 
     user = other_user()
     theirs_marker, mine_marker = tmp_path / "theirs", tmp_path / "mine"

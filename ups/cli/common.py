@@ -117,12 +117,15 @@ def splits_option(help: str = "Split(s): train, val, test.", **kwargs: Any) -> A
                         callback=comma_list, autocompletion=_complete(SPLITS), **kwargs)
 
 
-RemoteOption = Annotated[
-    list[str] | None,
-    typer.Option("--remote", metavar="HOST[:RUNS_DIR]", help="Another node of a multi-node run, read over SSH: HOST or HOST:RUNS_DIR (repeatable). "
+def remote_option(help: str) -> Any:
+    """``--remote HOST[:RUNS_DIR]`` (repeatable): another node of a multi-node run, over SSH; ``help`` says
+    what the command does there."""
+    return typer.Option("--remote", metavar="HOST[:RUNS_DIR]", help=help)
+
+
+RemoteOption = Annotated[list[str] | None, remote_option("Another node of a multi-node run, read over SSH: HOST or HOST:RUNS_DIR (repeatable). "
                                   "Runs `ssh HOST ups status RUN --json --follow` there (UPS_SSH: the ssh command; "
-                                  "UPS_REMOTE_UPS: the ups command there)."),
-]
+                                  "UPS_REMOTE_UPS: the ups command there).")]
 
 WideOption = Annotated[
     bool, typer.Option("--wide", help="Every column whole, one line per row however long (for a pipe or a wide terminal).")

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from ups.cli.common import RunsDirOption, default_runs_dir
+from ups.cli.common import RunsDirOption, default_runs_dir, remote_option
 
 commands = typer.Typer()  # registered by ups.cli.app, the root
 
@@ -17,8 +17,7 @@ def console_cmd(
     refresh: Annotated[float, typer.Option("--refresh", help="Seconds between reads of the status folder.")] = 1.0,
     readonly: Annotated[bool, typer.Option("--readonly", help="Watch only: no kill, stacks, fallback, launch or attach.")] = False,
     runs_dir: RunsDirOption = default_runs_dir(),
-    remote: Annotated[list[str] | None, typer.Option(
-        "--remote", metavar="HOST[:RUNS_DIR]", help="Another node of a multi-node run whose records live there, read over SSH: HOST or "
+    remote: Annotated[list[str] | None, remote_option("Another node of a multi-node run whose records live there, read over SSH: HOST or "
                          "HOST:RUNS_DIR (repeatable). Its processes join the run's screen, grouped by node; kill and "
                          "stacks on them go to that node's ups over the same SSH.")] = None,
 ) -> None:

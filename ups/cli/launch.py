@@ -1,4 +1,4 @@
-"""``ups launch precompute|train|pipeline``: write the run folder, start the job detached.
+"""``ups launch precompute|train|pipeline|torchrun|python|...``: write the run folder, start the job detached.
 
 Inputs are checked before anything starts (config keys and values, data shards, fault
 names): bad input is one line and exit 2, and leaves no run folder behind.
@@ -6,13 +6,13 @@ names): bad input is one line and exit 2, and leaves no run folder behind.
 
 from __future__ import annotations
 
+import inspect
 import json as jsonlib
 import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from typer.core import TyperCommand
 
 from ups.cli.common import (
     JsonOption,
@@ -21,6 +21,30 @@ from ups.cli.common import (
     print_json,
     splits_option,
     tasks_option,
+)
+from ups.cli.launch_options import (
+    PROGRAM_SETTINGS,
+    ConfigOption,
+    DetachOption,
+    FirstProgressOption,
+    InjectOption,
+    MaxRestartsOption,
+    MetricsPortOption,
+    NameOption,
+    NotifyOption,
+    ObserveOption,
+    OnHangOption,
+    OnWorkerHangOption,
+    PassThroughCommand,
+    RestartWindowOption,
+    RunIdOption,
+    SkipBadShardsOption,
+    StalledOption,
+    TotalStepsOption,
+    UnresponsiveOption,
+    metrics_fields,
+    notify_fields,
+    unattended_fields,
 )
 from ups.errors import UpsError
 from ups.launch.plan import (
@@ -34,48 +58,6 @@ launch_app = typer.Typer(
     help="Start a job detached from this terminal and follow it (Ctrl-C stops following only).",
     no_args_is_help=True,
 )
-
-InjectOption = Annotated[
-    list[str] | None,
-    typer.Option("--inject", help="Fault to rehearse, e.g. worker_hang:worker=0,after=3 (repeatable; see the job's help)."),
-]
-DetachOption = Annotated[bool, typer.Option("--detach", help="Start the job and return at once.")]
-ObserveOption = Annotated[bool, typer.Option("--observe-only", help="Automatic actions on processes (stack dumps of a hung process, a watchdog's kills) are logged as events, never done.")]
-SkipBadShardsOption = Annotated[
-    bool,
-    typer.Option("--skip-bad-shards", help="Leave out shards that fail the launch check, cache the rest; the run ends "
-                                           "partial (exit 3) naming them. Without it, any bad shard refuses the launch."),
-]
-ConfigOption = Annotated[Path | None, typer.Option("--config", help="YAML config; options given here override it.")]
-RunIdOption = Annotated[str | None, typer.Option(
-    "--run-id", help="The run's id (its folder's name). Across nodes: the same on every node, so that they join one "
-                     "run (default there: torchrun's --rdzv-id).")]
-
-
-MetricsPortOption = Annotated[str | None, typer.Option(
-    "--metrics-port", metavar="[ADDRESS:]PORT",
-    help="Serve this run's metrics for Prometheus (those of `ups exporter`) from the launcher on PORT, at "
-         "127.0.0.1 unless ADDRESS is given, while the run lasts.")]
-
-
-def _metrics_fields(metrics_port: str | None) -> dict[str, Any]:
-    """run.json's ``metrics`` (checked here: a bad or taken port refuses the launch)."""
-    if metrics_port is None:
-        return {}
-    from ups.exporter.address import check_free, parse_address
-
-    bind, port = parse_address(metrics_port)
-    check_free(bind, port)
-    return {"metrics": {"bind": bind, "port": port}}
-
-
-def _notify_fields(notify: list[str] | None) -> dict[str, Any]:
-    """run.json's ``notify`` (validated here: a bad target refuses the launch)."""
-    from ups.notify import check_targets
-
-    targets = check_targets(notify)
-    return {"notify": targets} if targets else {}
-
 
 def start_and_follow(run: Any, *, detach: bool, json_out: bool) -> None:
     """Shared tail of every launch: print the run, follow it unless detached."""
@@ -159,7 +141,7 @@ def launch_precompute(
         runs_dir, "precompute", precompute_command(cfg, config),
         argv=["ups", *sys.argv[1:]], config=resolved, env={"UPS_FAULTS": faults} if faults else {},
         thresholds=cfg.thresholds(), extra={"mode": "legacy" if cfg.num_workers == 0 else "parallel", "samples": total,
-                                            **_notify_fields(notify), **_metrics_fields(metrics_port)},
+                                            **notify_fields(notify), **metrics_fields(metrics_port)},
         files={"config.json": jsonlib.dumps(resolved, indent=1).encode()}, observe_only=observe_only,
     )
     start_and_follow(run, detach=detach, json_out=json)
@@ -208,10 +190,10 @@ def launch_train(
         ups launch train --nnodes 2 --node-rank 0 --rdzv-endpoint HOST0:29400 --run-id exp7 ...
         ups launch train --nnodes 2 --node-rank 1 --rdzv-endpoint HOST0:29400 --run-id exp7 ...
     """
-    from ups.launch.onhang import check_options
     from ups.launch.spawn import launch_run
 
-    unattended = {**check_options(on_hang, max_restarts, None, restart_window), **_notify_fields(notify), **_metrics_fields(metrics_port)}
+    unattended = unattended_fields(notify=notify, metrics_port=metrics_port, on_hang=on_hang, max_restarts=max_restarts,
+                                   restart_window=restart_window)
     kwargs, _ = prepare_train(cache_dir=cache_dir, tasks=tasks, config=config, nproc=nproc, steps=steps, nnodes=nnodes,
                               node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, debug=debug, inject=inject, resume=resume,
                               runs_dir=runs_dir, run_id=run_id)
@@ -264,72 +246,9 @@ def launch_pipeline(
     run = launch_run(
         runs_dir, "pipeline", [sys.executable, "-m", "ups.jobs.pipeline", "{RUN}/pipeline.json"],
         argv=["ups", *sys.argv[1:]], config=plan, thresholds={"phase_stalled_after": {"precompute": None, "train": None}},
-        files={"pipeline.json": jsonlib.dumps(plan, indent=1).encode()}, extra=_notify_fields(notify),
+        files={"pipeline.json": jsonlib.dumps(plan, indent=1).encode()}, extra=notify_fields(notify),
     )
     start_and_follow(run, detach=detach, json_out=json)
-
-
-# ------------------------------------------------------------- any program, unchanged
-class PassThroughCommand(TyperCommand):
-    """``ups``'s own options first; from the first token that is not one of them, everything
-    passes through untouched (the user's torchrun or python line, ``--`` included)."""
-
-    def parse_args(self, ctx, args):  # type: ignore[override]
-        flags, valued = set(ctx.help_option_names), set()
-        for param in self.get_params(ctx):
-            if getattr(param, "param_type_name", "") == "option":  # typer vendors its own click
-                (flags if param.is_flag else valued).update(param.opts)
-        ours: list[str] = []
-        i = 0
-        while i < len(args):
-            tok = args[i]
-            name = tok.split("=", 1)[0]
-            if tok in flags:
-                ours.append(tok)
-                i += 1
-            elif name in valued:
-                take = 1 if "=" in tok else 2
-                ours.extend(args[i : i + take])
-                i += take
-            else:
-                break
-        super().parse_args(ctx, ours)
-        ctx.args = list(args[i:])
-        return ctx.args
-
-
-PROGRAM_SETTINGS = {"ignore_unknown_options": True, "allow_extra_args": True, "allow_interspersed_args": False}
-NameOption = Annotated[str | None, typer.Option("--name", help="Readable part of the run id (default: the script's name).")]
-TotalStepsOption = Annotated[int | None, typer.Option("--total-steps", help="Optimizer steps the program will make: gives progress a total and an ETA.")]
-StalledOption = Annotated[float | None, typer.Option("--stalled-after", help="Seconds without progress (heartbeat alive) before a process counts as stalled [default: 60].")]
-OnHangOption = Annotated[str | None, typer.Option(
-    "--on-hang", metavar="observe|dump|kill|restart",
-    help="When `ups why` names a hang: observe (an event only), dump (save every stuck process's stacks; the default), "
-         "kill (stacks first, then end the job), restart (stacks first, end it, run the same command again as the same "
-         "run, attempt N+1, up to --max-restarts times, then end it).")]
-MaxRestartsOption = Annotated[int | None, typer.Option(
-    "--max-restarts", help="With --on-hang restart: restarts before giving up [default: 3]. Give it before the "
-                           "torchrun options (after them it is torchrun's own, for failures).")]
-RestartWindowOption = Annotated[str | None, typer.Option(
-    "--restart-window", metavar="DURATION",
-    help="With --on-hang restart: count --max-restarts within this window (600, 30m, 2h, 1d) rather than over the "
-         "whole run. Either way a hang that comes back at the same place is not restarted, and restarts after the "
-         "first wait 10 s, then 20 s, 40 s ... (back-off).")]
-OnWorkerHangOption = Annotated[str | None, typer.Option(
-    "--on-worker-hang", metavar="same|fallback",
-    help="A hang of a DataLoader worker: same (as --on-hang), or fallback (restart with every DataLoader at "
-         "num_workers=0, as `ups relaunch --num-workers 0`).")]
-NotifyOption = Annotated[list[str] | None, typer.Option(
-    "--notify", metavar="cmd:COMMAND|URL|mailto:ADDRESS",
-    help="Tell someone when the run turns to a problem (stalled, unresponsive, dead, NaN loss ...), restarts or ends "
-         "(repeatable): a shell command (message as JSON on stdin, UPS_NOTIFY_* variables), a webhook URL (JSON POST, "
-         "Slack/Discord fields; ntfy), or mailto: through the SMTP server of ~/.config/ups/config.toml. Default: that "
-         "file's [notify] targets.")]
-UnresponsiveOption = Annotated[float | None, typer.Option("--unresponsive-after", help="Seconds without a heartbeat (pid alive) before a process counts as unresponsive [default: 10].")]
-FirstProgressOption = Annotated[float | None, typer.Option(
-    "--first-progress-after", help="Seconds a process may take to show its first progress (a step, a batch, a progress bar, "
-                                   "a pool task, a printed k/n) before it counts as having no progress signal [default: 600]. "
-                                   "Only a proven hang is acted on either way.")]
 
 
 def launch_program(ctx: typer.Context, launcher: str, *, name: str | None, total_steps: int | None, detach: bool,
@@ -398,108 +317,9 @@ def launch_program(ctx: typer.Context, launcher: str, *, name: str | None, total
     start_and_follow(run, detach=detach, json_out=json_out)
 
 
-@launch_app.command("torchrun", cls=PassThroughCommand, context_settings=PROGRAM_SETTINGS,
-                    options_metavar="[UPS OPTIONS] [TORCHRUN OPTIONS] SCRIPT|-m MODULE [ARGS]...")
-def launch_torchrun(
-    ctx: typer.Context,
-    name: NameOption = None,
-    total_steps: TotalStepsOption = None,
-    stalled_after: StalledOption = None,
-    unresponsive_after: UnresponsiveOption = None,
-    first_progress_after: FirstProgressOption = None,
-    observe_only: ObserveOption = False,
-    notify: NotifyOption = None,
-    on_hang: OnHangOption = None,
-    max_restarts: MaxRestartsOption = None,
-    restart_window: RestartWindowOption = None,
-    on_worker_hang: OnWorkerHangOption = None,
-    metrics_port: MetricsPortOption = None,
-    run_id: RunIdOption = None,
-    detach: DetachOption = False,
-    runs_dir: RunsDirOption = default_runs_dir(),
-    json: JsonOption = False,
-) -> None:
-    """Run your own torchrun line, unchanged, watched by ups: put `ups launch` in front of it.
-
-    \b
-        torchrun --nproc-per-node 2 train.py --lr 3e-4
-        ups launch torchrun --nproc-per-node 2 train.py --lr 3e-4
-
-    ups's options (below) go first; from the first torchrun option on, everything passes to
-    torchrun untouched, `--` included. torchrun gets --standalone when you gave no
-    rendezvous option (a busy port 29500 never matters), and its --log-dir, --redirects and
-    --tee inside the run when you gave none.
-
-    No code change: every Python process of the job (torchrun's agent, each rank, each
-    DataLoader worker, any helper) gets a status record, stack dumps (`ups stacks`), phases
-    (dist.init, ddp.wrap, data, train, checkpoint, collective:<op> ...), progress (optimizer
-    steps) and, on an uncaught exception, the error and file:line (also as torchrun's error
-    file). The run succeeds only when torchrun exits 0 and every rank ended normally; a rank
-    that leaves with os._exit or a signal while its peers run is named as the root cause.
-    UPS_INSTRUMENT=0 turns the instrumentation off.
-
-    Several nodes (c10d rendezvous): the same line on every node, each with its
-    --node-rank, joins one run named by --run-id (or torchrun's --rdzv-id); each node
-    has its own launcher and node manifest. With a shared runs folder, `ups status
-    exp7` on any node shows every node; without one, `ups status exp7 --remote node1`
-    reads the other node over SSH.
-
-    \b
-        ups launch torchrun --run-id exp7 --nnodes 2 --node-rank 0 --rdzv-backend c10d \\
-            --rdzv-endpoint node0:29400 --nproc-per-node 8 train.py
-
-    Exit codes (when following): 0 succeeded, 1 failed or killed, 2 bad input.
-    """
-    from ups.launch.onhang import check_options
-
-    launch_program(ctx, "torchrun", name=name, total_steps=total_steps, detach=detach, runs_dir=runs_dir, json_out=json,
-                   stalled_after=stalled_after, unresponsive_after=unresponsive_after, first_progress_after=first_progress_after, observe_only=observe_only,
-                   run_id=run_id, unattended={**check_options(on_hang, max_restarts, on_worker_hang, restart_window), **_notify_fields(notify), **_metrics_fields(metrics_port)})
-
-
-@launch_app.command("python", cls=PassThroughCommand, context_settings=PROGRAM_SETTINGS,
-                    options_metavar="[UPS OPTIONS] [PYTHON OPTIONS] SCRIPT|-m MODULE [ARGS]...")
-def launch_python(
-    ctx: typer.Context,
-    name: NameOption = None,
-    total_steps: TotalStepsOption = None,
-    stalled_after: StalledOption = None,
-    unresponsive_after: UnresponsiveOption = None,
-    first_progress_after: FirstProgressOption = None,
-    observe_only: ObserveOption = False,
-    notify: NotifyOption = None,
-    on_hang: OnHangOption = None,
-    max_restarts: MaxRestartsOption = None,
-    restart_window: RestartWindowOption = None,
-    on_worker_hang: OnWorkerHangOption = None,
-    metrics_port: MetricsPortOption = None,
-    detach: DetachOption = False,
-    runs_dir: RunsDirOption = default_runs_dir(),
-    json: JsonOption = False,
-) -> None:
-    """Run your own python line (a data script, a single-GPU training), watched by ups.
-
-    \b
-        python prepare.py --split train
-        ups launch python prepare.py --split train
-
-    The `python` your shell would run is used, in this folder, with your environment. Every
-    Python process of the job reports (the script, each DataLoader worker, any helper) with
-    no code change; see `ups launch torchrun --help`. `ups relaunch RUN --num-workers 0`
-    reruns it with every DataLoader loading in the main process.
-
-    Exit codes (when following): 0 succeeded, 1 failed or killed, 2 bad input.
-    """
-    from ups.launch.onhang import check_options
-
-    launch_program(ctx, "python", name=name, total_steps=total_steps, detach=detach, runs_dir=runs_dir, json_out=json,
-                   stalled_after=stalled_after, unresponsive_after=unresponsive_after, first_progress_after=first_progress_after, observe_only=observe_only,
-                   unattended={**check_options(on_hang, max_restarts, on_worker_hang, restart_window), **_notify_fields(notify), **_metrics_fields(metrics_port)})
-
-
-def _program_command(launcher: str, usage: str, doc: str):
-    """``ups launch accelerate|deepspeed|srun``: the options of ``ups launch torchrun``, then the launcher's
-    line as given."""
+def _program_command(launcher: str, usage: str, doc: str, *, run_id_option: bool = True):
+    """``ups launch torchrun|python|accelerate|deepspeed|srun``: ups's options (one signature for all),
+    then the program's line as given. ``run_id_option=False`` leaves --run-id out (one process, one node)."""
 
     def command(
         ctx: typer.Context,
@@ -520,19 +340,71 @@ def _program_command(launcher: str, usage: str, doc: str):
         runs_dir: RunsDirOption = default_runs_dir(),
         json: JsonOption = False,
     ) -> None:
-        from ups.launch.onhang import check_options
-
         launch_program(ctx, launcher, name=name, total_steps=total_steps, detach=detach, runs_dir=runs_dir,
-                       json_out=json, stalled_after=stalled_after, unresponsive_after=unresponsive_after, first_progress_after=first_progress_after,
-                       observe_only=observe_only, run_id=run_id,
-                       unattended={**check_options(on_hang, max_restarts, on_worker_hang, restart_window), **_notify_fields(notify), **_metrics_fields(metrics_port)})
+                       json_out=json, stalled_after=stalled_after, unresponsive_after=unresponsive_after,
+                       first_progress_after=first_progress_after, observe_only=observe_only, run_id=run_id,
+                       unattended=unattended_fields(notify=notify, metrics_port=metrics_port, on_hang=on_hang,
+                                                    max_restarts=max_restarts, on_worker_hang=on_worker_hang,
+                                                    restart_window=restart_window))
 
     command.__doc__ = doc
     command.__name__ = f"launch_{launcher}"
+    if not run_id_option:  # typer reads the options from the signature: this command has no --run-id
+        signature = inspect.signature(command, eval_str=True)
+        command.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=[p for p in signature.parameters.values() if p.name != "run_id"])
     launch_app.command(launcher, cls=PassThroughCommand, context_settings=PROGRAM_SETTINGS,
                        options_metavar=f"[UPS OPTIONS] {usage}")(command)
     return command
 
+
+launch_torchrun = _program_command("torchrun", "[TORCHRUN OPTIONS] SCRIPT|-m MODULE [ARGS]...", """\
+Run your own torchrun line, unchanged, watched by ups: put `ups launch` in front of it.
+
+\b
+    torchrun --nproc-per-node 2 train.py --lr 3e-4
+    ups launch torchrun --nproc-per-node 2 train.py --lr 3e-4
+
+ups's options (below) go first; from the first torchrun option on, everything passes to
+torchrun untouched, `--` included. torchrun gets --standalone when you gave no
+rendezvous option (a busy port 29500 never matters), and its --log-dir, --redirects and
+--tee inside the run when you gave none.
+
+No code change: every Python process of the job (torchrun's agent, each rank, each
+DataLoader worker, any helper) gets a status record, stack dumps (`ups stacks`), phases
+(dist.init, ddp.wrap, data, train, checkpoint, collective:<op> ...), progress (optimizer
+steps) and, on an uncaught exception, the error and file:line (also as torchrun's error
+file). The run succeeds only when torchrun exits 0 and every rank ended normally; a rank
+that leaves with os._exit or a signal while its peers run is named as the root cause.
+UPS_INSTRUMENT=0 turns the instrumentation off.
+
+Several nodes (c10d rendezvous): the same line on every node, each with its
+--node-rank, joins one run named by --run-id (or torchrun's --rdzv-id); each node
+has its own launcher and node manifest. With a shared runs folder, `ups status
+exp7` on any node shows every node; without one, `ups status exp7 --remote node1`
+reads the other node over SSH.
+
+\b
+    ups launch torchrun --run-id exp7 --nnodes 2 --node-rank 0 --rdzv-backend c10d \\
+        --rdzv-endpoint node0:29400 --nproc-per-node 8 train.py
+
+Exit codes (when following): 0 succeeded, 1 failed or killed, 2 bad input.
+""")
+
+launch_python = _program_command("python", "[PYTHON OPTIONS] SCRIPT|-m MODULE [ARGS]...", """\
+Run your own python line (a data script, a single-GPU training), watched by ups.
+
+\b
+    python prepare.py --split train
+    ups launch python prepare.py --split train
+
+The `python` your shell would run is used, in this folder, with your environment. Every
+Python process of the job reports (the script, each DataLoader worker, any helper) with
+no code change; see `ups launch torchrun --help`. `ups relaunch RUN --num-workers 0`
+reruns it with every DataLoader loading in the main process.
+
+Exit codes (when following): 0 succeeded, 1 failed or killed, 2 bad input.
+""", run_id_option=False)
 
 launch_accelerate = _program_command("accelerate", "launch [ACCELERATE OPTIONS] SCRIPT [ARGS]...", """\
 Run your own `accelerate launch` line, watched by ups: put `ups launch` in front of it.

@@ -21,6 +21,7 @@ from ups.cli.common import (
     cli_actor,
     default_runs_dir,
     print_json,
+    remote_option,
 )
 from ups.errors import UpsError
 
@@ -63,7 +64,7 @@ def kill_cmd(
     reason: Annotated[str, typer.Option(help="Why: recorded in the run's event log.")] = "operator request",
     runs_dir: RunsDirOption = default_runs_dir(),
     json: JsonOption = False,
-    remote: Annotated[list[str] | None, typer.Option("--remote", metavar="HOST[:RUNS_DIR]", help="Do it on that node of a multi-node run, over SSH "
+    remote: Annotated[list[str] | None, remote_option("Do it on that node of a multi-node run, over SSH "
                                                                       "(HOST or HOST:RUNS_DIR, repeatable).")] = None,
 ) -> None:
     """Stop a run, or one rank or DataLoader worker of it.
@@ -118,7 +119,7 @@ def stacks_cmd(
     timeout: Annotated[float, typer.Option(help="Seconds to wait for each dump.")] = 5.0,
     runs_dir: RunsDirOption = default_runs_dir(),
     json: JsonOption = False,
-    remote: Annotated[list[str] | None, typer.Option("--remote", metavar="HOST[:RUNS_DIR]", help="Dump them on that node of a multi-node run, over "
+    remote: Annotated[list[str] | None, remote_option("Dump them on that node of a multi-node run, over "
                                                                       "SSH (HOST or HOST:RUNS_DIR, repeatable).")] = None,
 ) -> None:
     """Print where processes are stuck: every thread's Python stack.
