@@ -6,7 +6,8 @@ The supervisor starts the job command stored in run.json, forwards SIGTERM/SIGIN
 waits, and writes the final state, exit code and signal into run.json and the event log.
 It is the job's child subreaper and leads the job's session: when the job's top process
 ends, whatever the job left running is ended too, and a survivor is named in the run's end
-(:mod:`ups.launch.leftovers`).
+(:mod:`ups.launch.leftovers`). What it does about a proven hang (kill, restart, each attempt's
+record) is :mod:`ups.launch.restarts`; how it writes the run's end, :mod:`ups.launch.ending`.
 """
 
 from __future__ import annotations
