@@ -298,7 +298,7 @@ class AttachObserver:
                 self.run.write_file(f"status/{rec.name}.json", rec.to_json().encode())  # never through a link
         self.run.settle(state, summary=summary, failure=failure, ended=ends)
         self.run.append_event("exit", actor=ACTOR, state=state, summary=summary)
-        from ups.launch.supervise import record_verdict
+        from ups.launch.ending import record_verdict
 
         record_verdict(self.run)
 

@@ -1,7 +1,8 @@
 """What the supervisor does about a hang: ``--on-hang {observe,dump,kill,restart}`` and
 ``--on-worker-hang fallback``, taken only on a **proven** hang.
 
-The supervisor asks :meth:`HangWatch.check` about once a second. When a process of the run
+The supervisor asks :meth:`HangWatch.check` about once a second (through
+:class:`ups.launch.restarts.Restarts`, which carries out what it decides). When a process of the run
 is in trouble (stalled, unresponsive, or with no progress signal past its first-progress
 limit), the verdict of ``ups why`` names who the others wait for, and the launcher watches
 that process from outside (:mod:`ups.launch.proof`: CPU demand, I/O and socket bytes of its

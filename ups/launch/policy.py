@@ -2,10 +2,10 @@
 the launch options (``--on-hang``, ``--max-restarts``, ``--restart-window``,
 ``--on-worker-hang``, ``--observe-only``).
 
-:func:`decide` reads no file, no clock and no process: the supervisor
-(:mod:`ups.launch.supervise`) gathers the facts (:class:`HangFacts` from the verdict and the
-culprit's record, the earlier attempts from run.json, the GPUs' hardware signs) and does what
-the :class:`Action` says. A restart costs the job's start-up and the steps since its last
+:func:`decide` reads no file, no clock and no process: the launcher gathers the facts
+(:mod:`ups.launch.onhang`: :class:`HangFacts` from the verdict and the culprit's record, the
+earlier attempts from run.json, the GPUs' hardware signs) and does what the :class:`Action`
+says (:mod:`ups.launch.restarts`, on the job :mod:`ups.launch.supervise` owns). A restart costs the job's start-up and the steps since its last
 checkpoint, so a restart is chosen only where it can help:
 
 * the same hang twice (the same culprit role, the same file:line, at the same step, or in the

@@ -36,7 +36,7 @@ def write_settled(run: RunDir, *, actor: str | None = None) -> RunView | None:
         with contextlib.suppress(OSError):
             run.append_event("reconcile", actor=actor, state=state, summary=changes.get("summary"),
                              launcher_pid=((view.manifest or {}).get("launcher") or {}).get("pid"))
-        from ups.launch.supervise import record_verdict
+        from ups.launch.ending import record_verdict
 
         record_verdict(run)
     return view

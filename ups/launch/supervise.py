@@ -6,12 +6,12 @@ The supervisor starts the job command stored in run.json, forwards SIGTERM/SIGIN
 waits, and writes the final state, exit code and signal into run.json and the event log.
 It is the job's child subreaper and leads the job's session: when the job's top process
 ends, whatever the job left running is ended too, and a survivor is named in the run's end
-(:mod:`ups.launch.leftovers`).
+(:mod:`ups.launch.leftovers`). What it does about a proven hang (kill, restart, each attempt's
+record) is :mod:`ups.launch.restarts`; how it writes the run's end, :mod:`ups.launch.ending`.
 """
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import json
 import os
@@ -25,17 +25,15 @@ from typing import Any
 from ups.errors import Refused
 from ups.launch import leftovers
 from ups.launch.autostacks import StackCollector
+from ups.launch.ending import all_final, notify_end, say_gone, write_end
 from ups.launch.exits import ExitWatcher
 from ups.launch.metrics_port import start_metrics_endpoint
-from ups.launch.onhang import HANG_MODES, Decision, HangWatch, archive_attempt, attempt_entry
 from ups.launch.pending import LauncherRun
-from ups.runs import space
-from ups.runs.kinds import finalize
-from ups.runs.outcome import End, Outcome, describe_returncode
+from ups.launch.restarts import Restarts
+from ups.runs.outcome import describe_returncode
 from ups.runs.rundir import RunDir
 from ups.runs.signals import signal_name
 from ups.runs.view import load_run_view, node_view
-from ups.status.files import append_opener
 from ups.status.health import Health
 from ups.status.host import ENV_HOSTNAME, hostname
 from ups.status.procs import process_start_time, same_start, this_process_start
@@ -44,9 +42,7 @@ from ups.status.schema import process_name
 
 ACTOR = "launcher"
 TERM_GRACE_S = 10.0
-RESTART_GRACE_S = 5.0  # a hung job asked to stop before a restart: then SIGKILL
 PIPE_BYTES = 1 << 20  # the job's output pipe: a burst of output never waits on the relay
-STOP_WRITE_S = 3.0  # a launcher asked to stop while its end cannot be written: how long it still tries
 RELAY_END_S = 3.0  # after the job: how long its output may still drain (a daemon it left may hold the pipe)
 
 
@@ -72,11 +68,9 @@ class Supervisor:
         self.exits = ExitWatcher(run, actor=ACTOR)
         self.stacks = StackCollector(run, actor=ACTOR, observe_only=self.manifest.get("automatic") == "observe")
         self.attempt = int(self.manifest.get("attempt") or 1)
-        self.hang = HangWatch(run, self.manifest)
-        self.hang_end: Decision | None = None  # the hang that ended the run (--on-hang kill, or restarts spent)
+        self.restarts = Restarts(self)  # --on-hang: the decisions carried out on this job (ups.launch.restarts)
         self.extra_env: dict[str, str] = {}  # for the next attempt (UPS_FORCE_NUM_WORKERS on a worker fallback)
         self.attempt_started_at = time.time()  # this attempt's start (start() sets it again)
-        self.first_step_noted: float | None = None  # seconds from this attempt's start to its first step
         from ups.notify import Notifier
 
         self.notifier = Notifier.for_run(run, self.exec)  # --notify, or the user's config; None: nobody to tell
@@ -229,7 +223,7 @@ class Supervisor:
                 continue  # nothing to read or write: the job goes on, and we end with it
             self._retry_pending()
             if self.terminate_requested is None:
-                self._watch_hang(reporter)
+                self.restarts.watch(reporter)
 
     def _check_folder(self) -> bool:
         """True once the run folder is gone (deleted, or replaced by another folder): the job
@@ -241,122 +235,6 @@ class Supervisor:
                 say_gone(f"ups launcher (pid {os.getpid()}): run folder {self.run.path} was {self.folder_gone}; "
                          f"the job ({self.describe()}) goes on, and this launcher ends when it does")
         return self.folder_gone is not None
-
-    # -- --on-hang -------------------------------------------------------------------------
-    def _watch_hang(self, reporter: Reporter | Any) -> None:
-        if self.output_progress is not None:
-            reporter.metrics(output_progress=self.output_progress)  # readers take it as the job's progress
-            self.output_progress = None
-        published = self.hang.observed
-        try:
-            verdict, decision = self.hang.check()
-        except Exception as exc:  # noqa: BLE001 - judging must never stop supervision
-            print(f"ups: could not judge the run: {exc!r}", flush=True)
-            return
-        if self.hang.observed != published:  # what the launcher sees of the processes it watches
-            reporter.metrics(observed=self.hang.observed)
-        if self.hang.first_step_at is not None and self.first_step_noted is None:  # what this attempt's start cost
-            self.first_step_noted = round(max(0.0, self.hang.first_step_at - self.hang.started_at), 2)
-            self.run.update_manifest(first_step_s=self.first_step_noted)
-        if verdict is not None and self.notifier is not None:
-            # A hang is told once it is proven (with its proof), never on a display word.
-            self.notifier.on_verdict(verdict, hang=verdict.mode in HANG_MODES,
-                                     proof=decision.proof if decision is not None else None)
-        if decision is None or not self.hang.active:
-            return
-        v = decision.verdict
-        evidence = {"mode": v.mode, "headline": v.headline, "who": (v.who or {}).get("label"), "attempt": self.attempt,
-                    "on_hang": self.hang.action, "on_worker_hang": "fallback" if self.hang.worker_fallback else None,
-                    "proof": decision.proof, "reason": decision.policy.reason if decision.policy else None,
-                    "gpu": decision.policy.gpu.gpu if decision.policy and decision.policy.gpu else None}
-        if decision.action == "observe" or self.hang.observe_only:
-            what = "none" if decision.action == "observe" else f"observe-only: would {decision.action.replace('_', ' ')}"
-            self.run.append_event("hang", actor=ACTOR, action=what, **evidence)
-            return
-        if decision.action == "dump":  # the automatic collector saves every stuck process's stacks
-            self.run.append_event("hang", actor=ACTOR, action="stacks saved", **evidence)
-            return
-        self.stacks.tick()  # stacks first: every process in trouble not dumped yet this episode
-        if decision.action == "restart":
-            self._restart(decision, reporter, evidence)
-            return
-        # kill, or restart with no restart left
-        self.hang_end = decision
-        self.run.append_event("hang", actor=ACTOR, action="kill" if decision.action == "kill" else
-                              f"kill: {decision.policy.reason if decision.policy else 'gave up'}", **evidence)
-        self._record_attempt(v, "killed", facts=decision.facts, reason=decision.policy.reason if decision.policy else None)
-        self.terminate_requested = "on-hang"
-        reporter.item(f"ending the job: {v.headline}")
-        self.signal_job(signal.SIGTERM)
-
-    def _record_attempt(self, verdict: Any, ended: str, folder: str | None = None, *, facts: Any = None,
-                        attempt: int | None = None, started_at: float | None = None, first_step_s: float | None = None,
-                        restarted_at: float | None = None, reason: str | None = None) -> None:
-        """Each attempt's end and verdict in run.json, for ``ups why``, the run's summary, the
-        restart policy (the hang's place) and the console's timeline (step reached, costs)."""
-        m = self.run.read_own_manifest()
-        attempts = list(m.get("attempts") or [])
-        attempts.append(attempt_entry(attempt or self.attempt, ended, verdict, folder, facts=facts,
-                                      started_at=started_at or self.attempt_started_at,
-                                      first_step_s=self.first_step_noted if first_step_s is None else first_step_s,
-                                      restarted_at=restarted_at, reason=reason))
-        self.run.update_manifest(attempts=attempts)
-
-    def _stop_for_restart(self) -> int | None:
-        """End every process of the hung attempt: SIGTERM to the job's group, SIGKILL after a grace."""
-        assert self.child is not None and self.pgid is not None
-        self.signal_job(signal.SIGTERM)
-        deadline = time.monotonic() + RESTART_GRACE_S
-        while time.monotonic() < deadline and _group_alive(self.pgid):
-            self.child.poll()
-            time.sleep(0.05)
-        if _group_alive(self.pgid):
-            self.signal_job(signal.SIGKILL)
-        try:
-            return self.child.wait(timeout=RESTART_GRACE_S)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def _restart(self, decision: Decision, reporter: Reporter | Any, evidence: dict[str, Any]) -> None:
-        v = decision.verdict
-        policy = decision.policy
-        self.run.append_event("hang", actor=ACTOR, action="restart", **evidence)
-        rc = self._stop_for_restart()
-        self.sweep()  # what the hung attempt left outside its process group (re-parented to us, its session)
-        self.stacks.stop()
-        self.exits.stop()
-        folder = archive_attempt(self.run, self.attempt)
-        ended = f"restarted ({describe_returncode(rc)})"
-        if policy is not None and policy.delay_s > 0:  # back-off: a flapping job does not loop all night
-            reporter.item(f"back-off: restarting in {policy.delay_s:.0f} s")
-            deadline = time.monotonic() + policy.delay_s
-            while time.monotonic() < deadline and self.terminate_requested is None:
-                time.sleep(0.2)
-            if self.terminate_requested is not None:  # asked to stop while waiting: nothing to restart
-                self._record_attempt(v, ended, folder, facts=decision.facts)
-                return
-        previous, facts = self.attempt, decision.facts
-        self.attempt += 1
-        env = dict(policy.env) if policy is not None else {}
-        self.hang.new_attempt(fallback=decision.fallback, env=env)
-        self.extra_env.update(env)  # CUDA_VISIBLE_DEVICES without a GPU that reported a hardware fault
-        if decision.fallback:
-            self.extra_env["UPS_FORCE_NUM_WORKERS"] = "0"  # as `ups relaunch --num-workers 0` does
-        self.run.update_manifest(attempt=self.attempt, restarts=self.hang.restarts, first_step_s=None)
-        self.run.append_event("restart", actor=ACTOR, attempt=self.attempt, restarts=self.hang.restarts,
-                              max_restarts=self.hang.max_restarts, reason=v.headline, mode=v.mode,
-                              policy=policy.reason if policy is not None else None, env=env or None,
-                              num_workers=0 if decision.fallback else None, previous_records=folder)
-        self.exits = ExitWatcher(self.run, actor=ACTOR)
-        self.stacks = StackCollector(self.run, actor=ACTOR, observe_only=self.hang.observe_only)
-        started, first = self.attempt_started_at, self.first_step_noted  # the ended attempt's
-        self.first_step_noted = None
-        self.start()
-        self._record_attempt(v, ended, folder, facts=facts, attempt=previous, started_at=started, first_step_s=first,
-                             restarted_at=self.attempt_started_at, reason=policy.reason if policy is not None else None)
-        reporter.item(f"{self.describe()} (attempt {self.attempt})")
-        if self.notifier is not None:
-            self.notifier.on_restart(self.attempt, v)
 
     def _escalate(self, reporter: Reporter | Any, deadline: float | None) -> float | None:
         """After a stop request: SIGKILL the job's group once the grace period is over."""
@@ -370,16 +248,6 @@ class Supervisor:
     def _retry_pending(self) -> None:
         if isinstance(self.run, LauncherRun) and self.run.pending:
             self.run.flush_pending()
-
-    def disk_full(self, dropped: dict[str, Any] | None) -> str | None:
-        """Evidence that the run folder's disk was full during the run (None: none seen)."""
-        failure = getattr(self.run, "write_failure", None)
-        if failure and failure.get("errno") in (errno.ENOSPC, errno.EDQUOT):
-            return f"{failure['error']} (the launcher's writes, from {time.strftime('%H:%M:%S', time.localtime(failure['at']))})"
-        if dropped and any(e in str(dropped.get("error")) + str(dropped.get("episodes"))
-                           for e in (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))):
-            return f"{dropped.get('dropped')} bytes of the job's output dropped ({os.strerror(errno.ENOSPC)})"
-        return space.disk_full(self.run.path)
 
     def _grace(self) -> float:
         """Seconds between SIGTERM and SIGKILL for the job: ours, or less if ``ups kill --grace``
@@ -405,126 +273,14 @@ class Supervisor:
         # Give the job's processes a moment to write their final records (no wait when they
         # already have: the run's end is on the critical path of every followed launch).
         deadline = time.monotonic() + 0.2
-        while time.monotonic() < deadline and not _all_final(self.run):
+        while time.monotonic() < deadline and not all_final(self.run):
             time.sleep(0.02)
         self.stacks.stop()
         self.exits.stop()  # the job's own ends; what the sweep ends below is the launcher's doing
         survivors = self.sweep()  # first: a process the job left may hold its output pipe open
         dropped = self.output_dropped()
-        disk_full = self.disk_full(dropped)
-        view = node_view(load_run_view(self.run))  # this node's processes: each node finishes its own
-        outcome = finalize(view, End(returncode, self.terminate_requested is not None, dict(self.exits.exits), disk_full))
-        if survivors:
-            outcome = Outcome(outcome.state, f"{outcome.summary}; {leftovers.describe(survivors)}", outcome.failure,
-                              {**outcome.extra, "leftovers": [s.__dict__ for s in survivors]})
-        outcome = self._hang_outcome(outcome)
-        extra = dict(outcome.extra)
-        summary = outcome.summary
-        if dropped:
-            extra["output_dropped"] = dropped
-            summary += f"; {dropped['dropped']} bytes of its output could not be written to the log ({dropped.get('error') or 'see the log'})"
-            self.run.append_event("log.dropped", actor=ACTOR, **dropped)
-        self.run.set_state(
-            outcome.state,
-            exit_code=returncode if returncode is None or returncode >= 0 else None,
-            signal=signal_name(-returncode) if returncode is not None and returncode < 0 else None,
-            summary=summary,
-            failure=outcome.failure,
-            **extra,
-        )
-        self.run.append_event(
-            "exit",
-            actor=ACTOR,
-            state=outcome.state,
-            returncode=returncode,
-            detail=describe_returncode(returncode),
-            summary=summary,
-        )
-        self.wait_for_space()
-        if dropped and dropped.get("error"):
-            self.note_dropped_in_log(dropped)
-        record_verdict(self.run)
-        if self.hang.restarts and self.hang_end is None:  # the last attempt's verdict beside the others
-            self._record_attempt((self.run.read_own_manifest().get("verdict") or {}), f"ended {outcome.state}")
-        return {"succeeded": 0, "partial": 3}.get(outcome.state, 1)
-
-    def _hang_outcome(self, outcome: Any) -> Any:
-        """The run's end says how many restarts it took and why; a hang that ended it is a failure."""
-        import dataclasses
-
-        if self.hang_end is None and not self.hang.restarts:
-            return outcome
-        reasons = [f"attempt {a.get('attempt')}: {(a.get('verdict') or {}).get('headline', '?')}"
-                   for a in self.run.read_own_manifest().get("attempts") or []]
-        if self.hang_end is not None:
-            how = ("ended on hang (--on-hang kill)" if self.hang_end.action == "kill"
-                   else self.hang_end.policy.reason if self.hang_end.policy is not None
-                   else f"gave up after {self.hang.restarts} restart(s) on hang")
-            return dataclasses.replace(outcome, state="failed", summary=f"{how}: {'; '.join(reasons)}")
-        return dataclasses.replace(outcome, summary=f"{outcome.summary}; after {self.hang.restarts} restart(s) on hang "
-                                                    f"({'; '.join(reasons)})")
-
-
-    def note_dropped_in_log(self, dropped: dict[str, Any]) -> None:
-        """The relay ended while the disk was still full, so its own note never reached the
-        log: say at the log's end what is missing from it (best effort)."""
-        told = sum(e.get("bytes", 0) for e in dropped.get("episodes") or [])
-        note = (f"\n[ups: {dropped['dropped'] - told} bytes of the job's output were dropped up to its end: "
-                f"{dropped['error']}]\n")
-        try:
-            fd = append_opener(str(self.run.log_path("job")), os.O_WRONLY | os.O_APPEND)
-            try:
-                os.write(fd, note.encode())
-            finally:
-                os.close(fd)
-        except OSError:
-            pass
-
-    def wait_for_space(self) -> None:
-        """The run's end is written, or kept until the disk has room again: the launcher
-        stays (its record says so) until the truth is on disk, unless it is asked to stop
-        (`ups kill`): then it tries for STOP_WRITE_S more and leaves, and a reader settles
-        the run's state from the records once there is room."""
-        if not isinstance(self.run, LauncherRun):
-            return
-        give_up: float | None = None
-        while not self.run.flush_pending():
-            if self.terminate_requested is not None:
-                give_up = give_up or time.monotonic() + STOP_WRITE_S
-                if time.monotonic() > give_up:
-                    print(f"ups: asked to stop; the run's end could not be written ({(self.run.write_failure or {}).get('error')})",
-                          flush=True)
-                    return
-            time.sleep(0.5)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _all_final(run: RunDir) -> bool:
-    """Every record of the job's processes says done or failed (the launcher's aside)."""
-    try:
-        records = [p.record for p in load_run_view(run).processes if p.record.role != "launcher"]
-    except Exception:  # noqa: BLE001 - unreadable now: wait out the moment as before
-        return False
-    return bool(records) and all(r.is_final for r in records)
-
-
-def record_verdict(run: RunDir) -> None:
-    """The verdict of ``ups why`` on the ended run, kept in run.json beside the summary."""
-    try:
-        from ups.why import diagnose_view
-
-        run.update_manifest(verdict=diagnose_view(load_run_view(run)).to_dict())
-    except Exception as exc:  # noqa: BLE001 - the run's state is written; a verdict is a bonus
-        print(f"ups: no verdict for the ended run: {exc!r}", flush=True)
+        return write_end(self.run, returncode, exits=dict(self.exits.exits), survivors=survivors, dropped=dropped,
+                         restarts=self.restarts, asked_to_stop=lambda: self.terminate_requested is not None)
 
 
 class Adopter(Supervisor):
@@ -608,29 +364,6 @@ def main(argv: list[str] | None = None) -> int:
     if sup.folder_gone is None:
         notify_end(run, sup.notifier)
     return code
-
-
-def say_gone(message: str) -> None:
-    """A launcher's word when its run folder is gone: stderr (its log, if anything still
-    reads it) and syslog, where an operator looks for a process that has no folder left."""
-    print(message, file=sys.stderr, flush=True)
-    try:
-        import syslog
-
-        syslog.openlog("ups", syslog.LOG_PID, syslog.LOG_USER)
-        syslog.syslog(syslog.LOG_WARNING, message)
-    except (ImportError, OSError):
-        pass
-
-
-def notify_end(run: RunDir, notifier: Any) -> None:
-    """The run's end, told after its state is written: a slow notifier delays only this
-    process's exit, by at most its time limit, never the run's record or exit code."""
-    if notifier is None:
-        return
-    m = run.read_manifest()
-    notifier.on_end(m.get("state") or "?", m.get("summary") or "", m.get("verdict"))
-    notifier.drain(notifier.timeout + 1.0)
 
 
 class _TolerantStream:
