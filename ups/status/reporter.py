@@ -258,12 +258,12 @@ class Reporter(RecordCounters):
         self._gpu = gpu
 
     def set_gpu_sampler(self, sampler: Callable[[], Any] | None) -> None:
-        self.samplers.gpu_sampler = sampler
+        self.samplers.set_gpu_sampler(sampler)
 
     @property
     def samples_gpu(self) -> bool:
         """Whether the record samples a GPU's memory (a sampler is set)."""
-        return self.samplers.gpu_sampler is not None
+        return self.samplers.samples_gpu
 
     def set_world(self, world_size: int) -> None:
         """The world size learnt after start (``init_process_group``)."""

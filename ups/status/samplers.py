@@ -52,7 +52,7 @@ class Samplers:
     def __init__(self, run_dir: str, gpu_sampler: Callable[[], Any] | None, *, history: bool) -> None:
         self.run_dir = run_dir
         self.metric_samplers: list[Callable[[], dict[str, Any]]] = []
-        self.gpu_sampler = gpu_sampler
+        self._gpu_sampler = gpu_sampler
         # A rank's series is started by the heartbeat thread once there is a point to keep (its
         # module, and the read of an earlier attempt's file, off every process's start-up).
         self.history: SeriesWriter | None = None
@@ -61,14 +61,22 @@ class Samplers:
 
     def sample_gpu(self, current: Any) -> Any:
         """The GPU sampler's reading, else ``current`` (no sampler, or it broke and is dropped)."""
-        sampler = self.gpu_sampler
+        sampler = self._gpu_sampler
         if sampler is None:
             return current
         try:
             return sampler()
         except Exception:  # noqa: BLE001 - a broken sampler must not stop heartbeats
-            self.gpu_sampler = None
+            self._gpu_sampler = None
             return current
+
+    def set_gpu_sampler(self, sampler: Callable[[], Any] | None) -> None:
+        self._gpu_sampler = sampler
+
+    @property
+    def samples_gpu(self) -> bool:
+        """Whether a GPU sampler is set."""
+        return self._gpu_sampler is not None
 
     def sample_metrics(self, metrics: dict[str, Any]) -> None:
         """Merge what the metric samplers return into ``metrics``; their loss trace is kept for the series."""
