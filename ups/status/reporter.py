@@ -32,11 +32,15 @@ import time
 from ups.status.counters import RecordCounters, collective_dict
 from ups.status.exceptions import describe_exception
 from ups.status.heartbeat import HeartbeatWriter
-from ups.status.host import boot_id, hostname
+from ups.status.identity import (
+    ProcessIdentity,
+    placement_from_env,
+    record_identity,
+    relabel_identity,
+)
 from ups.status.limits import RateWindow, learned_p99
-from ups.status.procs import process_start_time
 from ups.status.samplers import Samplers, env_int
-from ups.status.schema import SCHEMA_VERSION, process_name
+from ups.status.schema import process_name
 from ups.status.stackdump import DEFAULT_STACK_SIGNAL, ENV_STACK_SIGNAL, StackDumps
 
 ENV_RUN_DIR = "UPS_RUN_DIR"
@@ -50,63 +54,28 @@ if TYPE_CHECKING:
     from typing import Any
 
 
-class Reporter(RecordCounters):
+class Reporter(ProcessIdentity, RecordCounters):
     """Writes this process's status record to ``<run_dir>/status/<name>.json``.
 
     Use as a context manager; leaving it normally marks the record ``done``, leaving with
     an exception marks it ``failed`` with the exception text.
     """
 
-    _current: Reporter | None = None  # the process's own record (see register_current)
-
-    def __init__(
-        self,
-        run_dir: str | os.PathLike[str],
-        *,
-        role: str = "rank",
-        run_id: str | None = None,
-        rank: int | None = None,
-        local_rank: int | None = None,
-        world_size: int | None = None,
-        worker: int | None = None,
-        loader: int | None = None,
-        node: int | None = None,
-        total: int | None = None,
-        unit: str = "items",
-        phase: str = "start",
-        interval: float = 1.0,
-        stack_signal: int | None = DEFAULT_STACK_SIGNAL,
-        gpu_sampler: Callable[[], Any] | None = None,
-        stderr: Any = None,
-        command: str | None = None,
-        name: str | None = None,
-    ) -> None:
+    def __init__(self, run_dir: str | os.PathLike[str], *, role: str = "rank", run_id: str | None = None,
+                 rank: int | None = None, local_rank: int | None = None, world_size: int | None = None,
+                 worker: int | None = None, loader: int | None = None, node: int | None = None,
+                 total: int | None = None, unit: str = "items", phase: str = "start", interval: float = 1.0,
+                 stack_signal: int | None = DEFAULT_STACK_SIGNAL, gpu_sampler: Callable[[], Any] | None = None,
+                 stderr: Any = None, command: str | None = None, name: str | None = None) -> None:
         self.run_dir = os.fspath(run_dir)
         self.role = role
         pid = os.getpid()
         self.name = name or process_name(role, rank, worker, loader=loader, pid=pid, node=node)
         now, mono = time.time(), time.monotonic()
-        self._static = dict(
-            schema=SCHEMA_VERSION,
+        self._static = record_identity(
             run_id=run_id or os.environ.get(ENV_RUN_ID) or os.path.basename(os.path.normpath(self.run_dir)),
-            role=role,
-            name=self.name,
-            pid=pid,
-            pid_start=process_start_time(pid) or 0.0,
-            host=hostname(),
-            rank=rank,
-            local_rank=local_rank,
-            world_size=world_size,
-            worker=worker,
-            loader=loader,
-            node=node,
-            started_at=now,
-            heartbeat_interval=interval,
-            command=command,
-            boot_id=boot_id(),
-            started_mono=mono,
-            heartbeat_tid=None,  # set by the heartbeat thread when it starts
-        )
+            role=role, name=self.name, pid=pid, rank=rank, local_rank=local_rank, world_size=world_size,
+            worker=worker, loader=loader, node=node, interval=interval, command=command, now=now, mono=mono)
         RecordCounters.__init__(self, phase=phase, total=total, unit=unit, mono=mono)
         self._gpu: Any = None
         self._error: str | None = None
@@ -139,17 +108,6 @@ class Reporter(RecordCounters):
     def interval(self, seconds: float) -> None:
         self.heartbeat.interval = seconds
 
-    # -- the process's own reporter ------------------------------------------------------
-    @classmethod
-    def current(cls) -> Reporter | None:
-        """The reporter that describes this process (set by ups.instrument), if any."""
-        rep = cls._current
-        return rep if rep is not None and rep.pid == os.getpid() else None
-
-    def register_current(self) -> Reporter:
-        type(self)._current = self
-        return self
-
     # -- construction from the environment ----------------------------------------------
     @classmethod
     def from_env(
@@ -180,12 +138,7 @@ class Reporter(RecordCounters):
             worker = env_int(ENV_WORKER_ID)
         if role is None:
             role = "worker" if worker is not None else os.environ.get(ENV_ROLE, "rank")
-        rank = env_int("RANK")
-        world = env_int("WORLD_SIZE")
-        local = env_int("LOCAL_RANK")
-        kwargs.setdefault("rank", 0 if rank is None else rank)
-        kwargs.setdefault("world_size", 1 if world is None else world)
-        kwargs.setdefault("local_rank", 0 if local is None else local)
+        placement_from_env(kwargs)
         return cls(run_dir, role=role, worker=worker, **kwargs)
 
     # -- what the process turned out to be ------------------------------------------------
@@ -206,13 +159,8 @@ class Reporter(RecordCounters):
         with self.heartbeat.lock:
             old_path = self.path
             self.role = role
-            self._static.update(role=role, name=new_name, rank=rank)
-            if local_rank is not None:
-                self._static["local_rank"] = local_rank
-            if world_size is not None:
-                self._static["world_size"] = world_size
-            if command is not None:  # "": none any more
-                self._static["command"] = command[:300] or None
+            relabel_identity(self._static, role=role, name=new_name, rank=rank, local_rank=local_rank,
+                             world_size=world_size, command=command)
             if phase is not None:
                 self._phase = phase
                 self._phase_mono = time.monotonic()
@@ -264,15 +212,6 @@ class Reporter(RecordCounters):
     def samples_gpu(self) -> bool:
         """Whether the record samples a GPU's memory (a sampler is set)."""
         return self.samplers.samples_gpu
-
-    def set_world(self, world_size: int) -> None:
-        """The world size learnt after start (``init_process_group``)."""
-        self._static["world_size"] = world_size
-
-    @classmethod
-    def forget_current(cls) -> None:
-        """This process has no reporter of its own any more (a forked child: its parent's is not it)."""
-        cls._current = None
 
     def fail(self, error: str | BaseException, exit_code: int | None = None, *, site: str | None = None) -> None:
         """Mark the process failed with ``error`` and write the record at once."""
@@ -333,14 +272,6 @@ class Reporter(RecordCounters):
     @property
     def stack_signal(self) -> int | None:
         return self.stacks.signal
-
-    @property
-    def pid(self) -> int:
-        return self._static["pid"]
-
-    @property
-    def rank(self) -> int | None:
-        return self._static["rank"]
 
     def record_dict(self) -> dict[str, Any]:
         """The record as it would be written now (the keys of StatusRecord)."""
