@@ -12,12 +12,22 @@ import os
 
 from ups.status.host import boot_id, hostname
 from ups.status.procs import process_start_time
-from ups.status.samplers import env_int
 from ups.status.schema import SCHEMA_VERSION
 
 TYPE_CHECKING = False  # typing costs ~10 ms to import; annotations here are strings
 if TYPE_CHECKING:
     from typing import Any
+
+
+def env_int(name: str) -> int | None:
+    """The environment variable ``name`` as an int, None when unset, empty or not a number."""
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        return None
 
 
 def record_identity(*, run_id: str, role: str, name: str, pid: int, rank: int | None, local_rank: int | None,

@@ -34,12 +34,13 @@ from ups.status.exceptions import describe_exception
 from ups.status.heartbeat import HeartbeatWriter
 from ups.status.identity import (
     ProcessIdentity,
+    env_int,
     placement_from_env,
     record_identity,
     relabel_identity,
 )
 from ups.status.limits import RateWindow, learned_p99
-from ups.status.samplers import Samplers, env_int
+from ups.status.samplers import Samplers
 from ups.status.schema import process_name
 from ups.status.stackdump import DEFAULT_STACK_SIGNAL, ENV_STACK_SIGNAL, StackDumps
 

@@ -9,10 +9,10 @@ heartbeats. Imported by every instrumented process: standard library's light mod
 
 from __future__ import annotations
 
-import os
 import time
 from collections import deque
 
+from ups.status.identity import env_int
 from ups.status.schema import LOSS_TRACE
 
 ENV_ATTEMPT = "UPS_ATTEMPT"  # 1 for a run's first attempt; a restart after a hang counts up
@@ -24,17 +24,6 @@ if TYPE_CHECKING:
     from typing import Any
 
     from ups.status.series import SeriesWriter
-
-
-def env_int(name: str) -> int | None:
-    """The environment variable ``name`` as an int, None when unset, empty or not a number."""
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        return None
 
 
 def series_number(value: Any) -> Any:
