@@ -127,14 +127,15 @@ def block(n):
 def condition(on):
     # on: torch hooks patched in and the heartbeat thread writing; off: neither.
     torch_hooks.set_enabled(on)
-    if on and rep._thread is None:
-        rep._stop.clear()
+    beat = rep.heartbeat
+    if on and beat.thread is None:
+        beat.stopping.clear()
         rep.start()
-    elif not on and rep._thread is not None:
-        rep._stop.set()
-        rep._wake.set()
-        rep._thread.join()
-        rep._thread = None
+    elif not on and beat.thread is not None:
+        beat.stopping.set()
+        beat.wake.set()
+        beat.thread.join()
+        beat.thread = None
     return block(BLOCK)
 
 assert rep is not None, "the instrumentation did not start"

@@ -14,7 +14,7 @@ import time
 from helpers import wait_for
 
 from ups.runs.rundir import RunDir
-from ups.status import reporter as reporter_mod
+from ups.status import heartbeat as heartbeat_mod  # the writer of the Reporter's record
 from ups.status.reader import read_status_dir
 from ups.status.reporter import Reporter
 
@@ -107,7 +107,7 @@ def test_vanished_run_dir_warns_once_and_job_goes_on(tmp_path):
 def test_disk_full_is_survived_and_retried(runs_root, monkeypatch):
     run = RunDir.create(runs_root, "test")
     stderr = io.StringIO()
-    real_write = reporter_mod.write_atomic
+    real_write = heartbeat_mod.write_atomic
     full = {"on": False}
 
     def write(path, data):
@@ -115,7 +115,7 @@ def test_disk_full_is_survived_and_retried(runs_root, monkeypatch):
             raise OSError(errno.ENOSPC, "No space left on device")
         real_write(path, data)
 
-    monkeypatch.setattr(reporter_mod, "write_atomic", write)
+    monkeypatch.setattr(heartbeat_mod, "write_atomic", write)
     with Reporter(run.path, rank=0, interval=0.05, stderr=stderr) as rep:
         full["on"] = True
         rep.phase("encode")
