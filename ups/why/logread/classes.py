@@ -1,6 +1,10 @@
 """The failure classes a log can name (tests/data/why_corpus/TAXONOMY.md): for each, what it
 means, who did it, where to look, the fix, and the signs that show it in a log.
 
+This file is longer than 600 lines because it is one table: 37 classes, each with its words and
+the signs that name it side by side, so that a sign's wording is reviewed against the class it
+decides. The code that reads the table is elsewhere (decide.py, events.py, lines.py).
+
 A sign is read on one event of the log (an exception with its message, an NCCL WARN line, a
 kernel line, torchrun's report of a child), never on a context line (INFO, warnings, footers:
 :mod:`ups.why.logread.lines`). Which event decides is :mod:`ups.why.logread.decide`'s
