@@ -90,7 +90,8 @@ def startup_ms(code: str, run_dir: str, root: Path, *, no_bytecode: bool = False
 STEP_BENCH = r"""
 import json, os, statistics, sys, time
 import torch, torch.distributed as dist
-from ups.instrument import boot, torch_hooks
+from ups.instrument import boot
+from ups.instrument.torch import set_enabled
 
 torch.manual_seed(0)
 torch.set_num_threads(1)
@@ -126,7 +127,7 @@ def block(n):
 
 def condition(on):
     # on: torch hooks patched in and the heartbeat thread writing; off: neither.
-    torch_hooks.set_enabled(on)
+    set_enabled(on)
     beat = rep.heartbeat
     if on and beat.thread is None:
         beat.stopping.clear()
@@ -162,7 +163,8 @@ FSDP2_BENCH = r"""
 import json, statistics, sys, time
 import torch, torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
-from ups.instrument import boot, torch_hooks
+from ups.instrument import boot
+from ups.instrument.torch import set_enabled
 
 torch.manual_seed(0)
 torch.set_num_threads(1)
@@ -200,7 +202,7 @@ def micro(n):
     return (time.process_time() - t) / (2 * n)
 
 def condition(on, fn, n):
-    torch_hooks.set_enabled(on)
+    set_enabled(on)
     return fn(n)
 
 assert rep is not None, "the instrumentation did not start"
@@ -222,7 +224,7 @@ for k in range(PAIRS):
     coll_off.append(mic[False] * 1e6)
     if k % 2 == 0:
         control.append(condition(False, block, BLOCK) / condition(False, block, BLOCK))
-torch_hooks.set_enabled(True)
+set_enabled(True)
 print(json.dumps({"ratio": statistics.median(ratios), "control": statistics.median(control),
                   "control_spread": statistics.median(abs(c - 1) for c in control),
                   "on_ms": statistics.median(on_ms), "off_ms": statistics.median(off_ms),

@@ -4,7 +4,7 @@
 job's PYTHONPATH. Its ``sitecustomize`` calls :func:`ups.instrument.boot.boot` in every
 Python process of the job, which starts the process's status record and, through
 post-import hooks (:mod:`ups.instrument.imports`), patches torch if the program imports it
-(:mod:`ups.instrument.torch_hooks`). Nothing here is imported on the CLI's path.
+(:mod:`ups.instrument.torch`). Nothing here is imported on the CLI's path.
 """
 
 from __future__ import annotations

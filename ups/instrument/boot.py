@@ -13,7 +13,7 @@ that follow the process through its life:
   each recorded process sets in its own environment. Children of ``multiprocessing`` (fork
   or spawn) are decided when they start running (``BaseProcess._bootstrap``): a DataLoader
   worker gets a ``worker`` record from its init function (see
-  :mod:`ups.instrument.torch_hooks`), a process of ``torch.multiprocessing.spawn`` a rank
+  :mod:`ups.instrument.torch.data`), a process of ``torch.multiprocessing.spawn`` a rank
   record (its index, until its process group says its global rank), anything else a
   helper record. Infrastructure processes (multiprocessing's resource tracker and fork
   server) get none.
@@ -125,9 +125,10 @@ def boot() -> None:
 
 
 def _patch_torch(torch) -> None:
-    from ups.instrument import savers, torch_hooks
+    from ups.instrument import savers
+    from ups.instrument.torch import patch_torch
 
-    torch_hooks.patch_torch(torch)
+    patch_torch(torch)
     try:
         savers.patch_torch(torch)  # checkpoints by what they are (torch.save, DCP, Lightning, HF ...)
     except Exception as exc:  # noqa: BLE001 - one failed patch must not stop the others
@@ -188,9 +189,9 @@ def _after_fork_in_child() -> None:
     import faulthandler
 
     faulthandler.disable()
-    torch_hooks = sys.modules.get("ups.instrument.torch_hooks")
-    if torch_hooks is not None:
-        torch_hooks.reset_after_fork()  # and the metrics' capture
+    torch_state = sys.modules.get("ups.instrument.torch.state")  # imported with torch's hooks
+    if torch_state is not None:
+        torch_state.reset_after_fork()  # and the metrics' capture
     elif "ups.instrument.metrics" in sys.modules:  # a logging library's values, without torch
         sys.modules["ups.instrument.metrics"].reset_after_fork()
 
@@ -257,7 +258,7 @@ def _patch_multiprocessing(module) -> None:
                     _start_spawned_rank(self)
                 except Exception as exc:  # noqa: BLE001
                     warn(f"no status record for this spawned rank ({exc})")
-            elif getattr(target, "__name__", "") != "_worker_loop":  # DataLoader workers: see torch_hooks
+            elif getattr(target, "__name__", "") != "_worker_loop":  # DataLoader workers: see instrument/torch/data.py
                 try:
                     start_reporter("helper", name=_pool_worker_name(self, target),
                                    command=f"multiprocessing {getattr(self, 'name', '')}: "

@@ -5,7 +5,8 @@ torchrun sets ``RANK``/``LOCAL_RANK``/``WORLD_SIZE``; SLURM's ``srun`` sets ``SL
 ``PMI_RANK``/``PMI_SIZE``/``PMIX_RANK``; Lightning's re-executed scripts get ``LOCAL_RANK``
 (and ``NODE_RANK``, ``WORLD_SIZE``); accelerate and DeepSpeed launchers set torchrun's names.
 A process whose environment names a rank is only *provisionally* that rank: the process group
-it initialises says its global rank for sure (see ``torch_hooks``), and the record follows.
+it initialises says its global rank for sure (see ``ups.instrument.torch.collectives``), and
+the record follows.
 
 A variable inherited from a parent is not an identity of one's own: a torch.compile worker of
 rank 1 carries ``RANK=1`` too. :func:`own_rank` compares with what the parent process was

@@ -1,6 +1,6 @@
 """Training metrics of a rank, learnt with no code change and read off the training thread.
 
-What is captured (by the hooks in :mod:`ups.instrument.torch_hooks` and :mod:`ups.instrument.loggers`):
+What is captured (by the hooks in :mod:`ups.instrument.torch.metrics` and :mod:`ups.instrument.loggers`):
 
 * **loss**: the scalar that ``backward()`` is called on (``torch.autograd.backward``, which
   ``Tensor.backward`` calls), unscaled when it came out of ``GradScaler.scale``; tagged with
@@ -253,7 +253,7 @@ class Capture:
 
     def note_batch(self, batch, weight: int = 1) -> None:
         """A batch's size, counted ``weight`` times: the DataLoader hook reads one batch in
-        :data:`~ups.instrument.torch_hooks.BATCH_SIZE_EVERY` and stands it for the others."""
+        :data:`~ups.instrument.torch.data.BATCH_SIZE_EVERY` and stands it for the others."""
         n, tokens = batch_size(batch)
         self.samples += n * weight
         self.tokens += tokens * weight

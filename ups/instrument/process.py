@@ -3,7 +3,7 @@ how it exits, and the changes of role a process goes through (a helper that join
 group becomes that rank; the parent of ``mp.spawn`` stops being one).
 
 :mod:`ups.instrument.boot` decides the role at start-up and installs the process hooks; the
-torch, I/O and logging hooks (:mod:`ups.instrument.torch_hooks`, ``io_hooks``, ``loggers``)
+torch, I/O and logging hooks (:mod:`ups.instrument.torch`, ``io_hooks``, ``loggers``)
 read and change the state here. Nothing here may break the program: failures are one warning
 line on stderr.
 """
@@ -230,8 +230,8 @@ def _cuda_sampler():
     torch = sys.modules.get("torch")
     if torch is None:
         return None
-    torch_hooks = sys.modules.get("ups.instrument.torch_hooks")  # imported with torch, when torch is
-    device = torch_hooks.cuda_device() if torch_hooks is not None else None
+    torch_state = sys.modules.get("ups.instrument.torch.state")  # imported with torch, when torch is
+    device = torch_state.cuda_device() if torch_state is not None else None
     if device is None or not torch.cuda.is_initialized():
         return None
     from ups.status.record import GpuMemory

@@ -7,7 +7,7 @@ second; closing a bar is the one call wrapped (its last count is kept). A pool's
 tasks are counted where the parent receives each result (the result classes' ``_set``), its
 submitted ones where they are created; an executor's by ``submit`` and a done-callback.
 
-These count only while nothing better does: an optimizer step (torch_hooks) or the job's
+These count only while nothing better does: an optimizer step (instrument/torch/optim.py) or the job's
 own calls (``Reporter.advance``) take precedence, and the ``progress_from`` metric says which
 counter the record's step is. A process with none of them (and no counter on its output, which
 the launcher reads: ups.launch.lineprogress) has no progress signal.
@@ -58,8 +58,8 @@ class _Progress:
 
     def __call__(self) -> dict[str, Any]:
         rep = process.state.rep
-        torch_hooks = sys.modules.get("ups.instrument.torch_hooks")  # imported with torch, when torch is
-        if rep is None or rep.explicit_progress or (torch_hooks is not None and torch_hooks.optimizer_steps()):
+        torch_state = sys.modules.get("ups.instrument.torch.state")  # imported with torch, when torch is
+        if rep is None or rep.explicit_progress or (torch_state is not None and torch_state.optimizer_steps()):
             return {}
         reading = None
         if self.tqdm is not None:

@@ -22,7 +22,7 @@ import os
 from typing import Any
 
 from ups.instrument import imports, patching, process
-from ups.instrument.torch_hooks import phase_call
+from ups.instrument.torch.phases import phase_call
 
 # (module, owner or None for a module-level function, function, phase, label)
 SAVERS = (

@@ -19,7 +19,7 @@ changed (its inode, size and mtime), not every scan.
 
 A worker's record file is reused by the next epoch's worker of the same slot, maybe before
 this watcher reads the old one's end (a loaded box): the new record carries its
-predecessor's final state (``metrics.previous``, written by ups.instrument.torch_hooks), so
+predecessor's final state (``metrics.previous``, written by ups.instrument.torch.data), so
 a healthy end is never taken for a death. A worker that ended while its record still says
 running is given a few seconds for its rank's word (the DataLoader knows a worker's exit
 code and writes its final record, with the signal that killed it) before its end is noted

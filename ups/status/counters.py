@@ -3,7 +3,7 @@ step, total and unit, the phase, the collective the process is in, the item and 
 and the gaps between progress that the learned stall limit is drawn from
 (:mod:`ups.status.limits`).
 
-These are the hot path: the instrumentation (ups.instrument.torch_hooks) calls them on every
+These are the hot path: the instrumentation (ups.instrument.torch) calls them on every
 batch, backward, optimizer step and collective of a program, and jobs on every step. One
 monotonic clock read, attribute stores on the Reporter itself (this class is a base of it, so
 a call costs what a method of the Reporter costs), nothing else: the heartbeat thread derives
@@ -48,7 +48,7 @@ class RecordCounters:
         self._rate: float | None = None
         # (op, seq, site, since_mono, previous tuple or None, info or None): a tuple on the hot
         # path, the record's dict built by the writer. info: what the instrumentation knows of
-        # the group and the framework (ups.instrument.torch_hooks: group name, description and
+        # the group and the framework (ups.instrument.torch.collectives: group name, description and
         # global ranks, context, a new call site, the p2p peer, whether it waits for async work).
         self._collective: tuple | None = None
         self._last_collective: tuple | None = None
@@ -123,7 +123,7 @@ class RecordCounters:
     def current_phase(self) -> str:
         return self._phase
 
-    # -- the instrumentation's hot path (ups.instrument.torch_hooks): every batch, backward,
+    # -- the instrumentation's hot path (ups.instrument.torch): every batch, backward,
     # optimizer step and collective of a program. One monotonic clock read, attribute stores,
     # nothing else: the heartbeat thread derives the rest when it writes.
     def enter(self, name: str) -> str:

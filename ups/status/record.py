@@ -297,7 +297,7 @@ RECORD_SPEC: dict[str, Check] = {
     "collective": optional(obj({"op": text(NAME_MAX, cut=False), "seq": integer(0, INT_MAX), "site": optional(text(1024)),
                                 "since": _WALL, "since_mono": _MONO, "prev_op": optional(text(NAME_MAX)),
                                 "prev_site": optional(text(1024)),
-                                # the group (ups.instrument.torch_hooks): its name, description
+                                # the group (ups.instrument.torch.collectives): its name, description
                                 # ("default_pg", "mesh_tp"), global ranks; the framework's part in it
                                 # ("FSDP unshard of layers.3"); a call site this rank never used before;
                                 # the p2p peer's global rank; waiting for an async collective's work
