@@ -153,3 +153,24 @@ def test_the_ruff_check_finds_what_it_must(tmp_path):
     res = subprocess.run([_ruff(), "check", "--no-cache", "--config", str(REPO / "pyproject.toml"), str(bad)],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 1 and "F401" in res.stdout and "RUF100" in res.stdout, res.stdout
+
+
+FILE_MAX, CLASS_MAX = 600, 300
+SAYS_WHY = "longer than 600 lines because"
+
+
+def test_rooms_of_one_idea_no_file_over_600_lines_no_class_over_300():
+    """A file past ~600 lines or a class past ~300 usually holds two ideas (docs/architecture.md):
+    no file in ups/ or console/ is longer, unless its first lines say why; no class is longer."""
+    long_files, long_classes = [], []
+    for base in ROOTS:
+        for path in sorted((REPO / base).rglob("*.py")):
+            text = path.read_text(encoding="utf-8")
+            rel = path.relative_to(REPO)
+            if text.count("\n") > FILE_MAX and SAYS_WHY not in "\n".join(text.splitlines()[:12]):
+                long_files.append(f"{rel}: {text.count(chr(10))} lines")
+            for node in ast.walk(ast.parse(text)):
+                if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > CLASS_MAX:
+                    long_classes.append(f"{rel}: class {node.name}, {node.end_lineno - node.lineno + 1} lines")
+    assert not long_files, "files over 600 lines that do not say why in their first lines:\n" + "\n".join(long_files)
+    assert not long_classes, "classes over 300 lines:\n" + "\n".join(long_classes)
