@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from helpers import run_ups
 
 from ups.runs.rundir import list_runs
 
 
+@pytest.mark.slow
 def test_demo_end_to_end_without_a_terminal(tmp_path, runs_root):
     res = run_ups("demo", "--train-steps", "10", cwd=tmp_path, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]

@@ -52,6 +52,7 @@ def wait_final(run: RunDir, timeout: float = 120) -> dict:
 
 
 # ---------------------------------------------------------------------- torchrun
+@pytest.mark.slow
 @pytest.mark.parametrize("start_method", ["fork", "spawn"])
 def test_ddp_script_is_watched_with_no_code_change(runs_root, tmp_path, start_method):
     ckpt = tmp_path / "model.pt"

@@ -260,6 +260,7 @@ def test_verdicts_on_divergence_rate_drop_and_memory_leak(tmp_path):
 
 
 # --------------------------------------------------------------------------- the real thing
+@pytest.mark.slow
 def test_nan_on_rank_1_at_step_40_is_named_within_5_s_with_every_metric_captured(runs_root, tmp_path):
     res = run_ups("launch", "torchrun", "--detach", "--json", "--nproc-per-node", "2", NAN_DDP, "--steps", "70",
                   "--nan-rank", "1", "--nan-step", "40", "--step-time", "0.05", "--wandb",

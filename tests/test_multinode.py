@@ -105,6 +105,7 @@ def shared_run(tmp_path):
     kill_everything(run)
 
 
+@pytest.mark.slow
 def test_shared_runs_dir_one_run_every_node_then_a_lost_node(shared_run):
     run = shared_run
     data = wait_for(lambda: (d := status_json(str(run.path))) and training(d) and d, 45, interval=0.3,
@@ -203,6 +204,7 @@ LogLevel ERROR
         proc.wait(timeout=10)
 
 
+@pytest.mark.slow
 def test_two_runs_dirs_read_over_ssh_then_a_lost_node(tmp_path, sshd, monkeypatch):
     import subprocess
 
@@ -327,6 +329,7 @@ def test_node_manifests_merge_and_a_node_joins_once(tmp_path, monkeypatch):
         run.set_state("killed")
 
 
+@pytest.mark.slow
 def test_launch_train_on_two_nodes_succeeds_as_one_run(tmp_path):
     """Our own train job, across two nodes into a shared runs folder: one run, both nodes
     end succeeded, each node's launcher judging its own ranks."""

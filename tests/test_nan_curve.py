@@ -14,6 +14,7 @@ import math
 import re
 from pathlib import Path
 
+import pytest
 from helpers import run_ups, wait_for
 
 from console.snapshots import rank_series
@@ -64,6 +65,7 @@ def test_every_step_is_a_point_and_the_steps_before_the_first_nan_are_kept(tmp_p
     assert set(range(300 - BEFORE_NONFINITE, 301)) <= {s for s, _ in metric_values(data, "loss")}
 
 
+@pytest.mark.slow
 def test_a_fast_loop_that_turns_nan_keeps_its_whole_curve_and_ups_plot_draws_it(runs_root, tmp_path):
     res = run_ups("launch", "torchrun", "--detach", "--json", "--nproc-per-node", "2", NAN_DDP, "--steps", str(STEPS),
                   "--nan-rank", "1", "--nan-step", str(NAN_STEP), "--step-time", "0", timeout=60, cwd=tmp_path)

@@ -193,6 +193,7 @@ LIGHTNING = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_lightning_ddp_with_work_after_fit_succeeds(runs_root, tmp_path):
     pytest.importorskip("lightning", reason="lightning is not installed (a test extra)")
     run = launch(tmp_path, "torchrun", LIGHTNING, "--stalled-after", "2", "--nproc-per-node", "1")

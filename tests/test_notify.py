@@ -79,6 +79,7 @@ def _config(tmp_path: Path, smtp_port: int) -> dict[str, str]:
     return {"XDG_CONFIG_HOME": str(tmp_path / "xdg"), "UPS_HEARTBEAT_INTERVAL": "0.3"}
 
 
+@pytest.mark.slow
 def test_webhook_mail_and_command_hear_the_hang_and_the_end(runs_root, tmp_path, webhook, smtp_server):
     url, posts = webhook
     port, mails = smtp_server
@@ -102,6 +103,7 @@ def test_webhook_mail_and_command_hear_the_hang_and_the_end(runs_root, tmp_path,
     assert len(sent) == 6 and all("secret" not in e["target"] for e in sent)  # webhook URLs carry secrets
 
 
+@pytest.mark.slow
 def test_a_notifier_that_never_answers_does_not_slow_the_run(runs_root, tmp_path, never_answers):
     limit = 15.0
     env = {"UPS_NOTIFY_TIMEOUT": str(limit)}

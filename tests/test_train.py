@@ -116,6 +116,7 @@ def test_oom_on_rank1_skips_the_step_on_both_ranks_and_finishes(cache_dir, quick
     assert v["ok"] and "rank 1 ran out of memory at step 3 (the step was skipped on every rank (1 so far)" in v["evidence"][0]
 
 
+@pytest.mark.slow
 def test_hang_on_rank1_shows_both_stalled_stacks_and_kill_ends_the_run(cache_dir, quick, runs_root):
     res, run = launch(cache_dir, quick, "--inject", "hang:rank=1,step=4", "--detach", "--json")
     assert res.returncode == 0, res.stderr
@@ -169,6 +170,7 @@ def test_skipped_collective_is_named_as_a_mismatch(cache_dir, quick, runs_root):
     wait_for(lambda: no_process_left(run), 20, message="no rank left running")
 
 
+@pytest.mark.slow
 def test_pipeline_precompute_then_train(tmp_path, runs_root):
     synthesize(tmp_path / "data", "burgers1d", "train", 12, seed=3, timesteps=6, resolution=32)
     res = run_ups("launch", "pipeline", "--root", str(tmp_path / "data"), "--tasks", "burgers1d", "--cache-dir",
@@ -182,6 +184,7 @@ def test_pipeline_precompute_then_train(tmp_path, runs_root):
     assert runs["train"].manifest["parent"] == runs["pipeline"].run_id
 
 
+@pytest.mark.slow
 def test_pipeline_with_skip_bad_shards_trains_on_the_rest_and_ends_partial_naming_them(tmp_path, runs_root):
     synthesize(tmp_path / "data", "burgers1d", "train", 24, shards=2, seed=3, timesteps=6, resolution=32)
     bad = tmp_path / "data" / "burgers1d_train_001.h5"

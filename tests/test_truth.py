@@ -46,6 +46,7 @@ def kill_launcher(run: RunDir) -> int:
     return pid
 
 
+@pytest.mark.slow
 def test_launcher_killed_mid_training_is_unsupervised_then_settled_from_the_records(runs_root, tmp_path):
     res = run_ups("launch", "torchrun", "--detach", "--json", "--nproc-per-node", "2", DDP, "--steps", "40",
                   "--workers", "0", "--step-time", "0.1", env=FAST, cwd=tmp_path)

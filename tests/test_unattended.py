@@ -8,6 +8,7 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 from helpers import run_ups, wait_for, why_now
 
 from ups.runs.rundir import RunDir
@@ -24,6 +25,7 @@ def _launch(*args: str, cwd: Path) -> RunDir:
     return RunDir(json.loads(res.stdout)["run_dir"])
 
 
+@pytest.mark.slow
 def test_the_same_hang_twice_is_not_restarted_a_third_time(runs_root, tmp_path):
     """A loop that hangs at the same line and step on every attempt, under --max-restarts 3:
     restarted once, and when the same hang comes back, ended (restarting will not help), the
@@ -87,6 +89,7 @@ async def _attempts_panel(runs_root: Path, run_id: str) -> str:
     raise AssertionError("the run screen's attempts panel never showed attempt 2")
 
 
+@pytest.mark.slow
 def test_a_hang_that_happens_once_is_restarted_and_the_run_succeeds(runs_root, tmp_path):
     run = _launch("--on-hang", "restart", "--max-restarts", "3", HANG, "--steps", "12", "--hang-step", "5",
                   "--hang-once", str(tmp_path / "hung-once"), "--ckpt", str(tmp_path / "ckpt.pt"), cwd=tmp_path)
@@ -99,6 +102,7 @@ def test_a_hang_that_happens_once_is_restarted_and_the_run_succeeds(runs_root, t
     assert [e["action"] for e in run.read_events() if e["event"] == "hang"] == ["restart"]
 
 
+@pytest.mark.slow
 def test_observe_only_and_kill(runs_root, tmp_path):
     observed = _launch("--observe-only", "--on-hang", "restart", HANG, "--hang-step", "3", cwd=tmp_path)
     killed = _launch("--on-hang", "kill", HANG, "--hang-step", "3", cwd=tmp_path)
@@ -126,6 +130,7 @@ def test_observe_only_and_kill(runs_root, tmp_path):
     assert run_ups("kill", str(new.path), "--grace", "2").returncode == 0
 
 
+@pytest.mark.slow
 def test_a_hung_dataloader_worker_falls_back_to_num_workers_0(runs_root, tmp_path):
     """--on-worker-hang fallback: the hang is a worker's, so the relaunch loads in the main
     process (every DataLoader at num_workers=0), and the program runs to its end."""

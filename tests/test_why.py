@@ -11,6 +11,7 @@ import json
 import textwrap
 from pathlib import Path
 
+import pytest
 from helpers import run_ups, wait_for, why_now
 
 from ups.runs.rundir import RunDir
@@ -60,6 +61,7 @@ def test_fold_labels_reads_like_a_training_team_writes_it():
     assert stacks.fold_labels(["rank 0", "rank 1", "rank 0 / worker 1"]) == "ranks 0, 1, rank 0 / worker 1"
 
 
+@pytest.mark.slow
 def test_stacks_group_folds_ranks_and_why_names_the_one_the_others_wait_for(runs_root, tmp_path):
     """Our own train job, rank 1 hanging in Python: rank 0 waits in the step's all_reduce.
     No flag: the launcher dumps both ranks' stacks when they turn stalled."""

@@ -71,6 +71,7 @@ def test_the_fixtures_get_no_wrong_class_and_no_negative_a_class(half: str):
 CHEAP = ("ckpt_args", "ckpt_html", "ckpt_cuda", "nan_anomaly")
 
 
+@pytest.mark.slow
 def test_failures_made_again_with_the_installed_torch_are_still_named(tmp_path: Path):
     """A few classes made again, for real, with the torch installed here (plain python, a few
     seconds each): the reader still names them."""
