@@ -527,3 +527,26 @@ def test_the_console_lists_a_plain_job_not_launched_by_ups_and_attaches_it_on_co
     assert agent.poll() is None, "attaching never stops the job"
     res = run_ups("kill", run_id, timeout=120)  # the observer and the job, through the same proofs
     assert res.returncode == 0, res.stderr
+
+
+def test_scan_shows_a_strangers_command_line_as_text_never_as_terminal_control(runs_root, tmp_path):
+    """Another process's command line is anyone's text: an escape sequence in it (a window
+    title, a screen clear) reaches the terminal escaped, in --scan and in --dry-run."""
+    hostile = "\x1b]0;pwned\x07\x1b[2J"
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": "29999"}
+    # argv short enough that the hostile part is on the shown line (command lines are cut at 60)
+    proc = subprocess.Popen(["python3", "-c", "print(1,flush=1);import time;time.sleep(99)", hostile],
+                            executable=sys.executable, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "1"
+        res = run_ups("attach", "--dry-run", str(proc.pid), "--runs-dir", str(runs_root))
+        assert res.returncode == 0, res.stderr
+        assert str(proc.pid) in res.stdout and "\\x1b" in res.stdout, res.stdout  # shown, escaped
+        assert "\x1b" not in res.stdout and "\x07" not in res.stdout, repr(res.stdout)
+        res = run_ups("attach", "--scan", "--runs-dir", str(runs_root))  # every stranger's line, escaped too
+        assert res.returncode == 0, res.stderr
+        assert "\x1b" not in res.stdout and "\x07" not in res.stdout, repr(res.stdout)
+    finally:
+        proc.kill()
+        proc.wait()

@@ -61,18 +61,18 @@ def attach_cmd(
             typer.echo("no PyTorch job on this host that ups does not watch")
             return
         for j in found["jobs"]:
-            typer.echo(("ORPHAN (its agent died) " if j["orphan"] else "") + j["describe"] + (f"; log {j['log']}" if j["log"] else ""))
+            _say(("ORPHAN (its agent died) " if j["orphan"] else "") + j["describe"] + (f"; log {j['log']}" if j["log"] else ""))
             for p in j["processes"]:
                 held = ""
                 if p.get("ports"):
                     held += f", listens on {', '.join(map(str, p['ports']))}"
                 if p.get("gpu_bytes"):
                     held += f", {p['gpu_bytes'] / 2**30:.1f} GiB GPU memory"
-                typer.echo(f"  pid {p['pid']:>7}  {p['label']:<22} {' '.join(p['argv'])[:70]}{held}")
+                _say(f"  pid {p['pid']:>7}  {p['label']:<22} {' '.join(p['argv'])[:70]}{held}")
             if j["orphan"] and sum(p["role"] == "rank" for p in j["processes"]) > 1:
-                typer.echo(f"  {ORPHAN_NOTE}")
+                _say(f"  {ORPHAN_NOTE}")
         if found["gpu"] != "NVML":
-            typer.echo(found["gpu"])
+            _say(found["gpu"])
         typer.echo("attach one with: ups attach PID")
         return
     if pid is None:
@@ -100,8 +100,16 @@ def attach_cmd(
     typer.echo(f"attached as run {run.run_id} (observer pid {proc.pid}); try: ups why {run.run_id}")
 
 
+def _say(text: str) -> None:
+    """A line about other people's processes (their command lines, log paths): shown as text,
+    never as terminal control sequences (ups.status.printable)."""
+    from ups.status.printable import printable
+
+    typer.echo(printable(text))
+
+
 def _show(job) -> None:  # ups.attach.find.Job, imported lazily
-    typer.echo(job.describe() + (f"; log {job.log}" if job.log else "; no log file (stdout and stderr are not files)"))
+    _say(job.describe() + (f"; log {job.log}" if job.log else "; no log file (stdout and stderr are not files)"))
     for p in job.procs:
         env = " ".join(f"{k}={v}" for k, v in p.env.items() if k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK"))
-        typer.echo(f"  pid {p.pid:>7}  {p.label:<22} {env:<40} {' '.join(p.argv)[:60]}")
+        _say(f"  pid {p.pid:>7}  {p.label:<22} {env:<40} {' '.join(p.argv)[:60]}")
