@@ -204,6 +204,11 @@ class Job:
     log: str | None
     launched_by_ups: str | None = None  # the run folder named by its environment
     orphan: bool = False  # ranks whose agent died (re-parented to init)
+    roots: list[int] = field(default_factory=list)  # the tops of its trees: [top], or each orphaned rank
+
+    @property
+    def root_pids(self) -> list[int]:
+        return self.roots or [self.top]
 
     @property
     def ranks(self) -> list[Proc]:
@@ -217,6 +222,24 @@ class Job:
     def world_size(self) -> int | None:
         return next((p.world_size for p in self.ranks if p.world_size), None) or (len(self.ranks) or None)
 
+    @property
+    def nnodes(self) -> int | None:
+        """How many nodes the job spans, from its ranks' environment: torchrun's
+        GROUP_WORLD_SIZE, else WORLD_SIZE over LOCAL_WORLD_SIZE; None where neither says."""
+        for p in self.ranks:
+            n = _int(p.env.get("GROUP_WORLD_SIZE"))
+            if n:
+                return n
+            world, local = _int(p.env.get("WORLD_SIZE")), _int(p.env.get("LOCAL_WORLD_SIZE"))
+            if world and local and world % local == 0:
+                return world // local
+        return None
+
+    @property
+    def node_rank(self) -> int | None:
+        """This host's node of the job (GROUP_RANK, or NODE_RANK), from its ranks' environment."""
+        return next((p.group_rank for p in self.ranks if p.group_rank is not None), None)
+
     def describe(self) -> str:
         top = self.top_proc
         what = "torchrun job" if any(p.env.get("TORCHELASTIC_RUN_ID") for p in self.procs) else "PyTorch job"
@@ -224,6 +247,7 @@ class Job:
 
     def to_dict(self) -> dict[str, Any]:
         return {"top": self.top, "given": self.given, "log": self.log, "world_size": self.world_size,
+                "nnodes": self.nnodes, "node_rank": self.node_rank, "roots": self.root_pids,
                 "launched_by_ups": self.launched_by_ups, "orphan": self.orphan, "describe": self.describe(),
                 "processes": [p.to_dict() for p in self.procs]}
 
@@ -322,9 +346,10 @@ def _roles(tree: list[tuple[int, int]]) -> list[Proc]:
     return list(procs.values())
 
 
-def find_job(pid: int, *, kids: dict[int, list[int]] | None = None) -> Job:
+def find_job(pid: int, *, kids: dict[int, list[int]] | None = None, group: bool = True) -> Job:
     """The job ``pid`` belongs to; UpsError (one line) when there is no such process or it is
-    no PyTorch job."""
+    no PyTorch job. An orphaned rank's job is every orphaned rank of its torchrun job on this
+    host (:func:`orphan_siblings`), unless ``group`` is false."""
     if pid <= 1:
         raise UpsError(f"pid {pid}: ups attaches to a job's process, never pid 1 or lower")
     if stat_of(pid) is None:
@@ -333,7 +358,8 @@ def find_job(pid: int, *, kids: dict[int, list[int]] | None = None) -> Job:
         raise UpsError(f"pid {pid} runs as another user (uid {uid_of(pid)}): its environment cannot be read; "
                        "attach as that user")
     top = find_top(pid)
-    tree = _tree(top, kids if kids is not None else children_map())
+    kids = kids if kids is not None else children_map()
+    tree = _tree(top, kids)
     procs = _roles(tree)
     if not any(_job_like(p.pid, p.argv, p.env) for p in procs) and not any(_has_torch(p.pid) for p in procs[:8]):
         raise UpsError(f"pid {pid} ({' '.join(cmdline(pid))[:80]}) is not a PyTorch job: no torchrun, no RANK or "
@@ -345,7 +371,57 @@ def find_job(pid: int, *, kids: dict[int, list[int]] | None = None) -> Job:
                       not any(p.role == "agent" for p in procs))
     top_proc = job.top_proc
     job.log = top_proc.log or next((p.log for p in job.ranks if p.log), None)
+    if group and job.orphan:
+        job = orphan_siblings(job, kids)
     return job
+
+
+def node_names(procs: list[Proc], host: str) -> list[Proc]:
+    """In a run of several nodes the agent's record is ``agent@<host>`` (as ``ups launch``
+    names it): global ranks are unique across nodes already."""
+    from ups.status.schema import process_name
+
+    for p in procs:
+        if p.role == "agent":
+            p.name = process_name("agent", host=host)
+    return procs
+
+
+def tree_procs(roots: list[int], kids: dict[int, list[int]] | None = None) -> list[Proc]:
+    """Every process of the trees under ``roots`` (the observer's look at its job, each tick:
+    no climbing, so a job whose agent died is still its ranks), roles as :func:`find_job`
+    gives them; a process under two roots is counted once."""
+    kids = kids if kids is not None else children_map()
+    out: dict[int, Proc] = {}
+    for root in roots:
+        if root in out or stat_of(root) is None:
+            continue
+        for p in _roles(_tree(root, kids)):
+            out.setdefault(p.pid, p)
+    return list(out.values())
+
+
+def orphan_siblings(job: Job, kids: dict[int, list[int]]) -> Job:
+    """An orphaned rank's job with the other orphaned ranks of its torchrun job on this host
+    (children of init whose environment names the same run id, store address and port), each
+    with its DataLoader workers: one job, its top the lowest rank, its roots every rank."""
+    key = orphan_key(job)
+    if key is None:
+        return job
+    members = [job]
+    for pid in sorted(kids.get(1, [])):
+        if pid == job.top or orphan_key_of(environ(pid)) != key:
+            continue
+        try:
+            other = find_job(pid, kids=kids, group=False)
+        except UpsError:
+            continue  # it ended meanwhile
+        if orphan_key(other) == key:
+            members.append(other)
+    given = job.given
+    (grouped,) = group_orphans(members)
+    grouped.given = given
+    return grouped
 
 
 def _ups_run_of(procs: list[Proc]) -> str | None:
@@ -431,6 +507,12 @@ def orphan_key(job: Job) -> tuple[str, str, str] | None:
     env = next((p.env for p in job.ranks if p.env.get("TORCHELASTIC_RUN_ID")), None)
     if not job.orphan or env is None:
         return None
+    return orphan_key_of(env)
+
+
+def orphan_key_of(env: dict[str, str] | None) -> tuple[str, str, str] | None:
+    if not env or not env.get("TORCHELASTIC_RUN_ID") or "RANK" not in env:
+        return None
     return env["TORCHELASTIC_RUN_ID"], env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", "")
 
 
@@ -450,7 +532,9 @@ def group_orphans(jobs: list[Job]) -> list[Job]:
         else:
             groups[key] = j
             out.append(j)
-    for g in groups.values():
+    for key, g in groups.items():
+        g.roots = sorted({j.top for j in jobs if orphan_key(j) == key})
+        g.procs.sort(key=lambda p: (p.rank if p.rank is not None else 1 << 30, p.role != "rank", p.worker or 0, p.pid))
         g.top = g.ranks[0].pid
         g.given = g.top
     return out
@@ -479,7 +563,7 @@ def scan(runs_root: str | os.PathLike[str] | None = None) -> dict[str, Any]:
         if not (_job_like(pid, argv, env) and (is_python(argv) or is_launcher(argv))):
             continue
         try:
-            job = find_job(pid, kids=kids)
+            job = find_job(pid, kids=kids, group=False)
         except UpsError:
             continue
         pids = {p.pid for p in job.procs}

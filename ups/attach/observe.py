@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ups.attach import pyspy
-from ups.attach.find import Proc, find_job
+from ups.attach.find import Proc, node_names, tree_procs
 from ups.launch.lineprogress import LineProgress
 from ups.launch.proof import Observer
 from ups.runs.rundir import FINAL_RUN_STATES, RunDir
@@ -41,6 +41,7 @@ from ups.status.host import boot_id, hostname
 from ups.status.procs import process_start_time, same_start, this_process_start
 from ups.status.record import SCHEMA_VERSION, StatusRecord
 from ups.status.reporter import Reporter
+from ups.status.schema import process_name
 from ups.why.rules.collectives import SEEN_FROM_OUTSIDE
 
 ACTOR = "attach"
@@ -84,6 +85,9 @@ class AttachObserver:
         att = self.manifest.get("attached") or {}
         job = self.manifest.get("job") or {}
         self.top, self.top_start = int(job["pid"]), job.get("pid_start")
+        # The job's roots: its top, or each of its orphaned ranks (they share no parent).
+        self.roots = [(r["pid"], r.get("pid_start")) for r in job.get("roots") or [] if isinstance(r, dict)
+                      and isinstance(r.get("pid"), int)] or [(self.top, self.top_start)]
         self.log_src: str | None = att.get("log")
         self.seen: dict[str, Seen] = {}
         self.proof = Observer()
@@ -96,16 +100,22 @@ class AttachObserver:
         self.boot = boot_id()
         self.host = hostname()
         self.run_id = self.manifest.get("id") or run.run_id
+        self.multinode = run.is_multinode  # one node of a run of several: its agent is agent@<host>
         self.tick_at, self.tick_mono = time.time(), time.monotonic()
 
     # -- the process tree ----------------------------------------------------------------
     def refresh(self) -> None:
-        procs: list[Proc] = []
-        if same_start(process_start_time(self.top), self.top_start):
-            try:
-                procs = find_job(self.top).procs
-            except Exception:  # noqa: BLE001 - the top ended between two reads: what is known stays
-                procs = []
+        # The trees under the job's live roots, and under any rank seen before that lives on
+        # outside them (its agent died while watched: the rank, re-parented to init, is still the job's).
+        roots = [pid for pid, start in self.roots if same_start(process_start_time(pid), start)]
+        roots += [s.proc.pid for s in self.seen.values() if s.gone_at is None and s.proc.role == "rank"
+                  and same_start(process_start_time(s.proc.pid), s.proc.start)]
+        try:
+            procs = tree_procs(roots)
+        except Exception:  # noqa: BLE001 - a process ended between two reads: what is known stays
+            procs = []
+        if self.multinode:
+            node_names(procs, self.host)
         now, mono = time.time(), time.monotonic()
         live = {p.name: p for p in procs if p.start is not None}
         for name, p in live.items():
@@ -365,7 +375,9 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, obs.on_signal)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    with Reporter(run.path, role="launcher", phase="supervise", run_id=obs.run_id, stack_signal=None) as reporter:
+    name = process_name("launcher", host=obs.host) if obs.multinode else None  # launcher@<host>, as ups launch's
+    with Reporter(run.path, role="launcher", phase="supervise", run_id=obs.run_id, stack_signal=None,
+                  name=name) as reporter:
         reporter.item(f"observing pid {obs.top} from outside (no signal, nothing in the job)")
         try:
             obs.loop(reporter)

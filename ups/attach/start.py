@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from ups.attach.find import Job, stat_of, watched_pids
+from ups.attach.find import Job, node_names, stat_of, watched_pids
 from ups.errors import UpsError
 from ups.runs.rundir import RunDir
 
@@ -46,12 +46,31 @@ def check_attachable(job: Job, runs_root: str | os.PathLike[str]) -> None:
                        f"{min(taken)}): `ups runs` lists it")
 
 
+def multinode_of(job: Job, run_id: str | None) -> dict[str, int | None] | None:
+    """A job of several nodes attached with ``--run-id``: this node joins that run (each node's
+    ``ups attach`` with the same id makes one run, as ``ups launch`` does); None otherwise."""
+    if run_id is None or (job.nnodes or 1) < 2:
+        return None
+    return {"nnodes": job.nnodes, "node_rank": job.node_rank}
+
+
 def create_run(job: Job, runs_root: str | os.PathLike[str], *, run_id: str | None = None) -> RunDir:
     top = job.top_proc
     st = stat_of(job.top)
     job_entry = {"pid": top.pid, "pid_start": top.start, "command": top.argv}
     if st is not None and st[2] == top.pid:
         job_entry["sid"] = top.pid  # the top leads its session: the session proves its members
+    if len(job.root_pids) > 1:
+        # Orphaned ranks share no parent: each is a root of the job (and leads its session).
+        starts = {p.pid: p.start for p in job.procs}
+        job_entry["roots"] = [{"pid": pid, "pid_start": starts.get(pid),
+                               "sid": pid if (rs := stat_of(pid)) is not None and rs[2] == pid else None}
+                              for pid in job.root_pids]
+    multinode = multinode_of(job, run_id)
+    if multinode is not None:
+        from ups.status.host import hostname
+
+        node_names(job.procs, hostname())
     name = "attached-" + (os.path.basename(next((a for a in top.argv[1:] if a.endswith(".py")), top.argv[0] if top.argv else "job"))
                           .removesuffix(".py"))
     extra = {
@@ -65,7 +84,10 @@ def create_run(job: Job, runs_root: str | os.PathLike[str], *, run_id: str | Non
                                     "local_rank": p.local_rank}
                                    for p in job.procs]},
     }
-    return RunDir.create(runs_root, KIND, argv=list(top.argv), extra=extra, name=name, run_id=run_id)
+    if job.orphan:
+        extra["attached"]["orphan"] = True
+    return RunDir.create(runs_root, KIND, argv=list(top.argv), extra=extra, name=name, run_id=run_id,
+                         multinode=multinode)
 
 
 def start_observer(run: RunDir) -> subprocess.Popen[bytes]:
@@ -83,9 +105,13 @@ def start_observer(run: RunDir) -> subprocess.Popen[bytes]:
 
 
 def wait_started(run: RunDir, proc: subprocess.Popen[bytes], timeout: float = START_WAIT_S) -> None:
+    from ups.status.host import hostname
+    from ups.status.schema import process_name
+
+    record = process_name("launcher", host=hostname() if run.is_multinode else None)  # launcher@<host> on a node
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if (run.status_dir / "launcher.json").exists():
+        if (run.status_dir / f"{record}.json").exists():
             return
         if proc.poll() is not None:
             raise UpsError(f"the observer of run {run.run_id} ended at once (exit {proc.returncode}): "
@@ -103,6 +129,13 @@ def attach_job(job: Job, runs_root: str | os.PathLike[str], *, actor: str,
     run = create_run(job, runs_root, run_id=run_id)
     proc = start_observer(run)
     wait_started(run, proc)
+    more: dict[str, object] = {}
+    if job.orphan:
+        more["orphan"] = "its torchrun agent is gone; its ranks left on this host are watched as one job"
+    if run.is_multinode:
+        from ups.status.host import hostname
+
+        more["node"] = hostname()
     run.append_event("attach", actor=actor, pid=job.given, top=job.top,
-                     processes=[{"pid": p.pid, "name": p.name} for p in job.procs], log=job.log)
+                     processes=[{"pid": p.pid, "name": p.name} for p in job.procs], log=job.log, **more)
     return run, proc

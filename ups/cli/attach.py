@@ -9,7 +9,7 @@ import typer
 from ups.cli.common import JsonOption, RunsDirOption, default_runs_dir, fail, print_json
 
 commands = typer.Typer()  # registered by ups.cli.app, the root
-ORPHAN_NOTE = "its ranks share no parent now (one torchrun run id): `ups attach PID` watches the rank PID is, one run each"
+ORPHAN_NOTE = "its ranks share no parent now (one torchrun run id): `ups attach PID` on any one of them watches them all"
 
 
 @commands.command("attach")
@@ -19,7 +19,9 @@ def attach_cmd(
     scan: Annotated[bool, typer.Option("--scan", help="List every PyTorch job on this host that ups does not watch "
                                                       "(once each), and ranks whose agent died; attach nothing.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the job's processes and their roles; attach nothing.")] = False,
-    run_id: Annotated[str | None, typer.Option("--run-id", help="Name the attached run (default: a new id).")] = None,
+    run_id: Annotated[str | None, typer.Option("--run-id", help="Name the attached run (default: a new id). A job "
+                                                                "of several nodes: give the same id on each node, "
+                                                                "and they make one run.")] = None,
     runs_dir: RunsDirOption = default_runs_dir(),
     json: JsonOption = False,
 ) -> None:
@@ -38,9 +40,16 @@ def attach_cmd(
     nothing signals it. Where ptrace is refused it says so once, with the fix, and goes on
     without stacks. It is never acted on automatically.
 
+    A job of several nodes: run `ups attach PID --run-id ID` on each node with the same ID
+    (and a shared runs folder, or each node's read with `--remote`): one run, each node's
+    observer writing its own node's records, ended when every node's job has ended.
+
+    An orphan (a rank whose torchrun agent died, re-parented to init) is attached with every
+    other orphaned rank of its job on this host, and their DataLoader workers: one run.
+
     --scan lists the jobs on this host ups does not watch (jobs started by `ups launch` and
-    attached ones left out), and orphans: ranks whose torchrun agent died, with the ports
-    they listen on and the GPU memory they hold (NVML). See docs/attach.md.
+    attached ones left out), and orphans, with the ports they listen on and the GPU memory
+    they hold (NVML). See docs/attach.md.
 
     Exit codes: 0 attached (or listed), 2 bad input (no such pid, not a PyTorch job, already
     watched). --json prints the job ({"top", "given", "log", "world_size", "processes": [...]})
@@ -94,9 +103,13 @@ def attach_cmd(
     except UpsError as exc:
         raise fail(str(exc)) from None
     if json:
-        print_json({**job.to_dict(), "run_id": run.run_id, "run_dir": str(run.path)})
+        print_json({**job.to_dict(), "run_id": run.run_id, "run_dir": str(run.path), "multinode": run.is_multinode})
         return
-    _show(job)
+    _show(job, joined=run.is_multinode)
+    if run.is_multinode:
+        from ups.status.host import hostname
+
+        typer.echo(f"node {hostname()} (node rank {job.node_rank} of {job.nnodes}) joined run {run.run_id}")
     typer.echo(f"attached as run {run.run_id} (observer pid {proc.pid}); try: ups why {run.run_id}")
 
 
@@ -108,8 +121,14 @@ def _say(text: str) -> None:
     typer.echo(printable(text))
 
 
-def _show(job) -> None:  # ups.attach.find.Job, imported lazily
+def _show(job, *, joined: bool = False) -> None:  # ups.attach.find.Job, imported lazily
     _say(job.describe() + (f"; log {job.log}" if job.log else "; no log file (stdout and stderr are not files)"))
+    if job.orphan:
+        typer.echo(f"its torchrun agent is gone: the {len(job.ranks)} rank(s) it left on this host (re-parented to "
+                   "init) are watched as one job")
+    if (job.nnodes or 1) > 1 and not joined:
+        typer.echo(f"this job spans {job.nnodes} nodes (this one is node rank {job.node_rank}): this host's "
+                   "processes only; attach each node with the same --run-id to make one run")
     for p in job.procs:
         env = " ".join(f"{k}={v}" for k, v in p.env.items() if k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK"))
         _say(f"  pid {p.pid:>7}  {p.label:<22} {env:<40} {' '.join(p.argv)[:60]}")

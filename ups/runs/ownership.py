@@ -21,6 +21,8 @@ to the run:
     reused while any member lives, so the session is ours when its leader is alive with the
     recorded start time, or gone altogether (then only the old session's members can carry
     that id). A leader pid alive with another start time means the old session is gone.
+    An attached job's orphaned ranks (their torchrun agent died) are each a root of the job
+    as its top process is (``job.roots`` in run.json), each the leader of its own session.
 
 The trust root is run.json (the acting user's, writable by no one else), and for a multi-node
 run this host's ``nodes/<host>.json`` under the same checks; status records are
@@ -312,19 +314,26 @@ class JobScope:
             pid = self._launcher_proven(entry)
             if pid is not None:
                 out[pid] = "the run's launcher"
-        jpid, jstart = _int(self.job.get("pid")), _float(self.job.get("pid_start"))
-        if jpid and jpid > 1 and jstart is not None and same_start(process_start_time(jpid), jstart):
-            out[jpid] = "the job's top process"
+        for entry in self.job_roots():
+            jpid, jstart = _int(entry.get("pid")), _float(entry.get("pid_start"))
+            if jpid and jpid > 1 and jstart is not None and same_start(process_start_time(jpid), jstart):
+                out.setdefault(jpid, "the job's top process")
         return out
+
+    def job_roots(self) -> list[dict[str, Any]]:
+        """The job's top process, and an attached job's other roots: the orphaned ranks of a
+        torchrun job whose agent died share no parent, each the leader of its own session."""
+        return [self.job, *(r for r in _list(self.job.get("roots")) if isinstance(r, dict))]
 
     def sessions(self) -> dict[int, str]:
         """Session ids that are provably the job's (see the module's docstring)."""
         leaders = {_int(e.get("pid")): (_float(e.get("pid_start")), e) for e in self.launchers}
-        jpid = _int(self.job.get("pid"))
-        if jpid is not None and jpid not in leaders:
-            leaders[jpid] = (_float(self.job.get("pid_start")), None)
+        for root in self.job_roots():
+            jpid = _int(root.get("pid"))
+            if jpid is not None and jpid not in leaders:
+                leaders[jpid] = (_float(root.get("pid_start")), None)
         out: dict[int, str] = {}
-        for sid in {_int(e.get("pid")) for e in self.launchers} | {_int(self.job.get("sid"))}:
+        for sid in {_int(e.get("pid")) for e in self.launchers} | {_int(r.get("sid")) for r in self.job_roots()}:
             if sid is None or sid <= 1 or sid not in leaders or leaders[sid][0] is None:
                 continue
             start, launcher = leaders[sid]
