@@ -151,3 +151,38 @@ def test_attaching_one_orphaned_rank_watches_every_rank_its_dead_agent_left(runs
     finally:
         jobs.cleanup()
         stop_observers(runs_root / run_id)
+
+
+def test_ranks_whose_agent_dies_while_attached_stay_watched_and_killable(runs_root, jobs, tmp_path):
+    """Attached while its agent lives, then the agent is SIGKILLed: its ranks live on under init,
+    outside the top's tree; the observer keeps them (each a root of the job in run.json) and
+    `ups kill` proves each by its own session."""
+    idle = tmp_path / "idle_rank.py"
+    idle.write_text("import os, time\nprint('rank', os.environ['RANK'], flush=True)\ntime.sleep(120)\n")
+    agent, log = jobs.start(program=idle)
+    wait_for(lambda: "rank 0" in log.read_text() and "rank 1" in log.read_text(), 90, interval=0.3, message="both ranks")
+    jobs.remember()
+    job = ups_json("attach", str(agent.pid))
+    ranks = {p["name"]: p["pid"] for p in job["processes"] if p["role"] == "rank"}
+    run = runs_root / job["run_id"]
+    try:
+        os.kill(agent.pid, signal.SIGKILL)
+        agent.wait(timeout=10)
+        events = run / "events.jsonl"
+        wait_for(lambda: "attach.orphaned" in events.read_text(), 30, interval=0.3, message="the orphaned ranks noted")
+        roots = json.loads((run / "run.json").read_text())["job"]["roots"]
+        assert {r["pid"] for r in roots} >= set(ranks.values()) and all(r["sid"] == r["pid"] for r in roots[1:])
+        gone = [json.loads(line)["name"] for line in events.read_text().splitlines()
+                if json.loads(line)["event"] == "process.gone"]
+        assert gone == ["agent"], gone  # the ranks are not taken for gone
+        status = ups_json("status", job["run_id"])
+        assert status["state"] == "running" and {p["name"] for p in status["processes"]} >= set(ranks)
+
+        res = run_ups("kill", job["run_id"], timeout=120)
+        assert res.returncode == 0, res.stdout + res.stderr
+        wait_for(lambda: all(process_start_time(pid) is None for pid in ranks.values()), 60, message="the ranks' end")
+        proofs = {e["target"]: e["proof"] for e in map(json.loads, events.read_text().splitlines()) if e["event"] == "signal"}
+        assert {proofs[name] for name in ranks} == {f"in the job's session {pid}" for pid in ranks.values()}, proofs
+    finally:
+        jobs.cleanup()
+        stop_observers(run)

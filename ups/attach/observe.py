@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ups.attach import pyspy
-from ups.attach.find import Proc, node_names, tree_procs
+from ups.attach.find import Proc, node_names, stat_of, tree_procs
+from ups.errors import UpsError
 from ups.launch.lineprogress import LineProgress
 from ups.launch.proof import Observer
 from ups.runs.rundir import FINAL_RUN_STATES, RunDir
@@ -108,10 +109,14 @@ class AttachObserver:
         # The trees under the job's live roots, and under any rank seen before that lives on
         # outside them (its agent died while watched: the rank, re-parented to init, is still the job's).
         roots = [pid for pid, start in self.roots if same_start(process_start_time(pid), start)]
-        roots += [s.proc.pid for s in self.seen.values() if s.gone_at is None and s.proc.role == "rank"
-                  and same_start(process_start_time(s.proc.pid), s.proc.start)]
         try:
             procs = tree_procs(roots)
+            covered = {p.pid for p in procs}
+            orphaned = [s for s in self.seen.values() if s.gone_at is None and s.proc.role == "rank"
+                        and s.proc.pid not in covered and same_start(process_start_time(s.proc.pid), s.proc.start)]
+            if orphaned:
+                self.orphaned(orphaned)
+                procs = tree_procs(roots + [s.proc.pid for s in orphaned])
         except Exception:  # noqa: BLE001 - a process ended between two reads: what is known stays
             procs = []
         if self.multinode:
@@ -130,6 +135,25 @@ class AttachObserver:
                 s.gone_at = now
                 self.run.append_event("process.gone", actor=ACTOR, name=name, pid=s.proc.pid,
                                       detail="seen gone from outside; its exit code is not visible to an observer")
+
+    def orphaned(self, ranks: list[Seen]) -> None:
+        """Ranks seen in the job that live on outside its roots' trees (their agent died while
+        watched, and they were re-parented): each becomes a root of the job, in run.json as the
+        ones found at the attach (``job.roots``), so that the observer follows them and
+        ``ups kill`` proves them (each the leader of its own session, as torchrun starts them)."""
+        self.roots += [(s.proc.pid, s.proc.start) for s in ranks]
+        with contextlib.suppress(OSError, ValueError, UpsError):  # the folder gone, or no longer ours: watching goes on
+            job = dict(self.run.read_own_manifest().get("job") or {})
+            entries = [r for r in job.get("roots") or [] if isinstance(r, dict)] or [
+                {"pid": job.get("pid"), "pid_start": job.get("pid_start"), "sid": job.get("sid")}]
+            for s in ranks:
+                st = stat_of(s.proc.pid)
+                entries.append({"pid": s.proc.pid, "pid_start": s.proc.start,
+                                "sid": s.proc.pid if st is not None and st[2] == s.proc.pid else None})
+            self.run.update_manifest(job={**job, "roots": entries})
+        self.run.append_event("attach.orphaned", actor=ACTOR, ranks=[s.proc.name for s in ranks],
+                              pids=[s.proc.pid for s in ranks],
+                              detail="the job's agent is gone; its ranks live on, re-parented, and are still watched")
 
     def alive(self) -> list[Seen]:
         return [s for s in self.seen.values() if s.gone_at is None]
