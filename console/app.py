@@ -199,7 +199,7 @@ class UpsConsole(App):
         lines = [job["describe"] + (f"; log {job['log']}" if job.get("log") else "; no log file")]
         lines += [f"pid {p['pid']:>7}  {p['label']:<22} {' '.join(p['argv'])[:70]}" for p in job["processes"][:12]]
         if job["orphan"] and sum(p["role"] == "rank" for p in job["processes"]) > 1:
-            lines.append(f"its ranks share no parent now: this attaches pid {job['top']} only (`ups attach PID` the others)")
+            lines.append("its torchrun agent is gone: its ranks here, and their workers, are attached as one run")
         lines += ["nothing goes into the job and nothing signals it: one observer process watches it from outside",
                   "(/proc, py-spy, its log) as a run; it is never acted on automatically"]
         top = next(p for p in job["processes"] if p["pid"] == job["top"])

@@ -52,8 +52,9 @@ def attach_cmd(
     they hold (NVML). See docs/attach.md.
 
     Exit codes: 0 attached (or listed), 2 bad input (no such pid, not a PyTorch job, already
-    watched). --json prints the job ({"top", "given", "log", "world_size", "processes": [...]})
-    with "run_id"; with --scan, {"jobs": [...], "orphans": [...], "gpu"}.
+    watched). --json prints the job ({"top", "given", "log", "world_size", "nnodes", "node_rank",
+    "orphan", "roots", "processes": [...]}) with "run_id" and "multinode"; with --scan,
+    {"jobs": [...], "orphans": [...], "gpu"}.
     """
     from ups.attach.find import find_job
     from ups.attach.find import scan as scan_jobs
