@@ -19,6 +19,11 @@ it. Once a second it:
 When every process of the job is gone it writes how the run ended, as far as is known from
 outside: which processes it saw end and when, and the root cause its log names
 (:func:`ups.why.logread.read_log`); never an exit code it did not see.
+
+``--notify`` (or the user's config file's targets): the launcher's notifier
+(:class:`ups.notify.Notifier`, queued and delivered off this loop), told of a hang once it is
+proven (with its proof, from this observer's own windows and py-spy stacks), of any other
+problem verdict, and of the run's end.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ LOG_BACKLOG = 64 << 10
 LOG_CHUNK = 1 << 20
 PHASE = "attached"
 WATCHED_ROLES = ("rank", "worker")
+TELL_EVERY_S = 2.0  # with a notifier: how often the run is judged (ups why's verdict) for it
 
 
 @dataclass
@@ -97,6 +103,8 @@ class AttachObserver:
         self.host = hostname()
         self.run_id = self.manifest.get("id") or run.run_id
         self.tick_at, self.tick_mono = time.time(), time.monotonic()
+        self.notifier: Any = None  # ups.notify.Notifier: --notify, or the config file's targets
+        self.told_mono = 0.0
 
     # -- the process tree ----------------------------------------------------------------
     def refresh(self) -> None:
@@ -259,6 +267,32 @@ class AttachObserver:
             with contextlib.suppress(OSError):
                 self.run.write_file(f"status/{rec.name}.json", rec.to_json().encode())  # never through a link
 
+    # -- notifications -------------------------------------------------------------------
+    def tell(self) -> None:
+        """The run's verdict, for the notifier: a hang only once this observer proved it (idle
+        windows and the same stack twice: :func:`ups.launch.onhang.proof_of`), as the launcher
+        tells it; the notifier queues it and never holds up this loop."""
+        mono = time.monotonic()
+        if self.notifier is None or mono - self.told_mono < TELL_EVERY_S:
+            return
+        self.told_mono = mono
+        from ups.launch.onhang import HANG_MODES, past_action_limit, proof_of
+        from ups.runs.view import load_run_view, node_view
+        from ups.why import diagnose_view
+
+        try:
+            view = node_view(load_run_view(self.run))
+            verdict = diagnose_view(view)
+        except Exception as exc:  # noqa: BLE001 - judging must never stop the watching
+            print(f"ups attach: could not judge the run: {exc!r}", flush=True)
+            return
+        hang, proof = verdict.mode in HANG_MODES, None
+        who = (verdict.who or {}).get("name")
+        w = self.proof.watched.get(who) if hang and who else None
+        if w is not None and w.proven() and past_action_limit(view, who):
+            proof = proof_of(w)
+        self.notifier.on_verdict(verdict, hang=hang, proof=proof)
+
     # -- the end -------------------------------------------------------------------------
     def finish(self) -> None:
         self.copy_log()
@@ -322,6 +356,7 @@ class AttachObserver:
             self.dumps()
             self.copy_log()
             self.write_records()
+            self.tell()
             counter = self.lines.current()
             changes: dict[str, Any] = {}
             if observed != published:
@@ -365,6 +400,8 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, obs.on_signal)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    obs.notifier = notifier_for(run)
+    ended = False
     with Reporter(run.path, role="launcher", phase="supervise", run_id=obs.run_id, stack_signal=None) as reporter:
         reporter.item(f"observing pid {obs.top} from outside (no signal, nothing in the job)")
         try:
@@ -379,7 +416,28 @@ def main(argv: list[str] | None = None) -> int:
                                  detail="the observer was asked to stop while the job ran")
             elif run.read_manifest().get("state") not in FINAL_RUN_STATES:
                 obs.finish()
+                ended = True
+    if ended:
+        from ups.launch.ending import notify_end
+
+        notify_end(run, obs.notifier)  # after the end is written: a slow notifier delays only our exit
     return 0
+
+
+def notifier_for(run: RunDir) -> Any:
+    """The run's notifier (None: nobody to tell). Its targets (a ``cmd:`` is a shell command) are
+    read through the proof that the run folder is this user's, as a launcher reads them."""
+    from ups.errors import Refused
+    from ups.notify import Notifier
+    from ups.runs.ownership import OwnRun
+
+    try:
+        with OwnRun(run.path, nothing="nobody is notified") as own:
+            fields = own.launch_fields()
+    except Refused as exc:
+        print(f"ups attach: {exc}", flush=True)
+        return None
+    return Notifier.for_run(run, fields, actor=ACTOR)
 
 
 if __name__ == "__main__":

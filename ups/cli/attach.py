@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from ups.cli.common import JsonOption, RunsDirOption, default_runs_dir, fail, print_json
+from ups.cli.launch_options import NotifyOption
 
 commands = typer.Typer()  # registered by ups.cli.app, the root
 ORPHAN_NOTE = "its ranks share no parent now (one torchrun run id): `ups attach PID` watches the rank PID is, one run each"
@@ -20,6 +21,7 @@ def attach_cmd(
                                                       "(once each), and ranks whose agent died; attach nothing.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the job's processes and their roles; attach nothing.")] = False,
     run_id: Annotated[str | None, typer.Option("--run-id", help="Name the attached run (default: a new id).")] = None,
+    notify: NotifyOption = None,
     runs_dir: RunsDirOption = default_runs_dir(),
     json: JsonOption = False,
 ) -> None:
@@ -41,6 +43,11 @@ def attach_cmd(
     --scan lists the jobs on this host ups does not watch (jobs started by `ups launch` and
     attached ones left out), and orphans: ranks whose torchrun agent died, with the ports
     they listen on and the GPU memory they hold (NVML). See docs/attach.md.
+
+    --notify tells someone as for a launched run: a hang once the observer proved it (idle
+    windows and the same stack twice, the proof in the message), another problem verdict, and
+    the job's end (failed, with the cause read from its log). Delivery never holds up the
+    observer, and nothing is sent to the job.
 
     Exit codes: 0 attached (or listed), 2 bad input (no such pid, not a PyTorch job, already
     watched). --json prints the job ({"top", "given", "log", "world_size", "processes": [...]})
@@ -88,9 +95,11 @@ def attach_cmd(
         _show(job)
         return
     from ups.attach.start import attach_job, who
+    from ups.cli.launch_options import notify_fields
 
     try:
-        run, proc = attach_job(job, runs_dir, actor=f"cli:{who()}", run_id=run_id)
+        fields = notify_fields(notify)  # a bad target: one line, nothing attached
+        run, proc = attach_job(job, runs_dir, actor=f"cli:{who()}", run_id=run_id, fields=fields)
     except UpsError as exc:
         raise fail(str(exc)) from None
     if json:
