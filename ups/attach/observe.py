@@ -29,6 +29,7 @@ problem verdict, and of the run's end.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -80,6 +81,7 @@ class Seen:
     phase_at: float = 0.0
     phase_mono: float = 0.0
     gone_at: float | None = None
+    inproc: bool = False  # --inject: its in-process Reporter writes its record now, not us
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -104,6 +106,7 @@ class AttachObserver:
         self.run_id = self.manifest.get("id") or run.run_id
         self.tick_at, self.tick_mono = time.time(), time.monotonic()
         self.notifier: Any = None  # ups.notify.Notifier: --notify, or the config file's targets
+        self.inject = bool(self.manifest.get("inject"))
         self.told_mono = 0.0
 
     # -- the process tree ----------------------------------------------------------------
@@ -258,10 +261,28 @@ class AttachObserver:
             started_mono=max(0.0, mono - (now - started)), progress_mono=s.progress_mono, heartbeat_mono=mono,
             phase_mono=s.phase_mono)
 
+    def reports_itself(self, s: Seen) -> bool:
+        """--inject: the process writes its own record now (its in-process Reporter, started by
+        ``sys.remote_exec``: a record of its pid without our ``attached`` mark), so ours stops:
+        one writer per record."""
+        if s.inproc or not self.inject or s.proc.role != "rank":
+            return s.inproc
+        from ups.status.safeio import try_tail
+
+        try:
+            rec = json.loads(try_tail(self.run.status_dir / f"{s.proc.name}.json", 1 << 20) or "null")
+        except ValueError:
+            return False
+        if isinstance(rec, dict) and rec.get("pid") == s.proc.pid and "attached" not in (rec.get("metrics") or {}):
+            s.inproc = True
+            self.run.append_event("attach.injected", actor=ACTOR, name=s.proc.name, pid=s.proc.pid,
+                                  detail="its in-process reporter writes its record from now on")
+        return s.inproc
+
     def write_records(self) -> None:
         now, mono = time.time(), time.monotonic()
         for s in self.seen.values():
-            if s.gone_at is not None:
+            if s.gone_at is not None or self.reports_itself(s):
                 continue
             rec = self.record(s, now, mono)
             with contextlib.suppress(OSError):
@@ -321,8 +342,8 @@ class AttachObserver:
             # seen (running, now gone): how they ended is not known from outside.
             named = reading is not None and reading.failed and reading.rank is not None and s.proc.rank == reading.rank \
                 and s.proc.role == "rank"
-            if s.gone_at is None or not (state == "succeeded" or named):
-                continue
+            if s.gone_at is None or s.inproc or not (state == "succeeded" or named):
+                continue  # (an injected process wrote its own last word)
             rec = self.record(s, s.gone_at, time.monotonic())
             if named:
                 rec = rec.with_changes(state="failed", error=failure["error"], error_site=reading.site)
