@@ -9,10 +9,12 @@ itself, in its main thread and `__main__`'s namespace as `sys.remote_exec` runs 
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -38,25 +40,39 @@ def python_314() -> str | None:
     return None
 
 
+class Job:
+    """The job's python process, started from a shell as a user starts it (the shell stays its
+    parent: a job's top is found below a shell, never in the test runner)."""
+
+    def __init__(self, shell: subprocess.Popen, pid: int) -> None:
+        self.shell, self.pid = shell, pid
+
+    def poll(self) -> int | None:
+        return None if os.path.exists(f"/proc/{self.pid}") and self.shell.poll() is None else 1
+
+
 @pytest.fixture
 def start_job(tmp_path):
     started: list[subprocess.Popen] = []
 
-    def start(exe: str = sys.executable, **env: str) -> tuple[subprocess.Popen, Path]:
+    def start(exe: str = sys.executable, **env: str) -> tuple[Job, Path]:
+        from ups.attach.find import children_map
+
         log = tmp_path / f"job-{len(started)}.log"
         full = {k: v for k, v in os.environ.items() if not k.startswith("UPS_")}
         full.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", **env)
         with open(log, "wb") as out:
-            proc = subprocess.Popen([exe, "-u", str(PROGRAM)], stdout=out, stderr=subprocess.STDOUT, env=full,
-                                    start_new_session=True, cwd=tmp_path)
-        started.append(proc)
+            shell = subprocess.Popen(["/bin/sh", "-c", f'"{exe}" -u "{PROGRAM}"; status=$?'], stdout=out,
+                                     stderr=subprocess.STDOUT, env=full, start_new_session=True, cwd=tmp_path)
+        started.append(shell)
         wait_for(lambda: "step 0" in log.read_text(), 60, interval=0.1, message="the job's first line")
-        return proc, log
+        return Job(shell, children_map()[shell.pid][0]), log
 
     yield start
-    for proc in started:
-        proc.kill()
-        proc.wait(timeout=10)
+    for shell in started:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(shell.pid, signal.SIGKILL)  # the shell's session: the job with it
+        shell.wait(timeout=10)
 
 
 def record(runs_root: Path, run_id: str) -> dict | None:

@@ -265,8 +265,8 @@ class AttachObserver:
         """--inject: the process writes its own record now (its in-process Reporter, started by
         ``sys.remote_exec``: a record of its pid without our ``attached`` mark), so ours stops:
         one writer per record."""
-        if s.inproc or not self.inject or s.proc.role != "rank":
-            return s.inproc
+        if s.inproc or not self.inject or s.proc.role not in WATCHED_ROLES:
+            return s.inproc  # (a DataLoader worker forked after the injection reports too)
         from ups.status.safeio import try_tail
 
         try:
@@ -287,32 +287,6 @@ class AttachObserver:
             rec = self.record(s, now, mono)
             with contextlib.suppress(OSError):
                 self.run.write_file(f"status/{rec.name}.json", rec.to_json().encode())  # never through a link
-
-    # -- notifications -------------------------------------------------------------------
-    def tell(self) -> None:
-        """The run's verdict, for the notifier: a hang only once this observer proved it (idle
-        windows and the same stack twice: :func:`ups.launch.onhang.proof_of`), as the launcher
-        tells it; the notifier queues it and never holds up this loop."""
-        mono = time.monotonic()
-        if self.notifier is None or mono - self.told_mono < TELL_EVERY_S:
-            return
-        self.told_mono = mono
-        from ups.launch.onhang import HANG_MODES, past_action_limit, proof_of
-        from ups.runs.view import load_run_view, node_view
-        from ups.why import diagnose_view
-
-        try:
-            view = node_view(load_run_view(self.run))
-            verdict = diagnose_view(view)
-        except Exception as exc:  # noqa: BLE001 - judging must never stop the watching
-            print(f"ups attach: could not judge the run: {exc!r}", flush=True)
-            return
-        hang, proof = verdict.mode in HANG_MODES, None
-        who = (verdict.who or {}).get("name")
-        w = self.proof.watched.get(who) if hang and who else None
-        if w is not None and w.proven() and past_action_limit(view, who):
-            proof = proof_of(w)
-        self.notifier.on_verdict(verdict, hang=hang, proof=proof)
 
     # -- the end -------------------------------------------------------------------------
     def finish(self) -> None:
@@ -377,7 +351,9 @@ class AttachObserver:
             self.dumps()
             self.copy_log()
             self.write_records()
-            self.tell()
+            if self.notifier is not None and t0 - self.told_mono >= TELL_EVERY_S:
+                self.told_mono = t0
+                tell(self.run, self.proof, self.notifier)
             counter = self.lines.current()
             changes: dict[str, Any] = {}
             if observed != published:
@@ -388,6 +364,28 @@ class AttachObserver:
             if changes:
                 reporter.metrics(**changes)
             time.sleep(max(0.05, TICK_S - (time.monotonic() - t0)))
+
+
+def tell(run: RunDir, proof: Observer, notifier: Any) -> None:
+    """The run's verdict, for the notifier: a hang only once this observer proved it (idle
+    windows and the same stack twice, from ``proof``: :func:`ups.launch.onhang.proof_of`), as
+    the launcher tells it; the notifier queues it and never holds up the observer's loop."""
+    from ups.launch.onhang import HANG_MODES, past_action_limit, proof_of
+    from ups.runs.view import load_run_view, node_view
+    from ups.why import diagnose_view
+
+    try:
+        view = node_view(load_run_view(run))
+        verdict = diagnose_view(view)
+    except Exception as exc:  # noqa: BLE001 - judging must never stop the watching
+        print(f"ups attach: could not judge the run: {exc!r}", flush=True)
+        return
+    hang, shown = verdict.mode in HANG_MODES, None
+    who = (verdict.who or {}).get("name")
+    w = proof.watched.get(who) if hang and who else None
+    if w is not None and w.proven() and past_action_limit(view, who):
+        shown = proof_of(w)
+    notifier.on_verdict(verdict, hang=hang, proof=shown)
 
 
 def _stdlib(path: str) -> bool:
