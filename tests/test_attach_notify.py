@@ -6,7 +6,6 @@ never signals the job."""
 from __future__ import annotations
 
 import json
-import socket
 import time
 from itertools import pairwise
 
@@ -22,16 +21,6 @@ def jobs(tmp_path):
     j = PlainJobs(tmp_path)
     yield j
     j.cleanup()
-
-
-@pytest.fixture
-def never_answers():
-    """A listening socket that never accepts or reads: a connect succeeds, no reply ever comes."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}/hook"
-    sock.close()
 
 
 def messages(out) -> list[dict]:
