@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -196,3 +197,14 @@ def nvml_is():
     yield install
     reset_process_watcher()
     nvml.shutdown()  # the next use initialises the real one again
+
+
+@pytest.fixture
+def never_answers():
+    """A webhook URL for notifier tests (test_notify, test_attach_notify): a listening socket
+    that never accepts or reads: a connect succeeds (the backlog), no reply ever comes."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}/hook"
+    sock.close()

@@ -60,16 +60,6 @@ def smtp_server():
     controller.stop()
 
 
-@pytest.fixture
-def never_answers():
-    """A listening socket that never accepts or reads: a connect succeeds (the backlog), no reply ever comes."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}/hook"
-    sock.close()
-
-
 def _config(tmp_path: Path, smtp_port: int) -> dict[str, str]:
     folder = tmp_path / "xdg" / "ups"
     folder.mkdir(parents=True)

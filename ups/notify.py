@@ -180,22 +180,23 @@ class Notifier:
         self._thread: threading.Thread | None = None
 
     @classmethod
-    def for_run(cls, run: Any, manifest: dict[str, Any]) -> Notifier | None:
-        """The run's notifier: --notify targets, else the config file's; None when there are none."""
+    def for_run(cls, run: Any, manifest: dict[str, Any], *, actor: str = "launcher") -> Notifier | None:
+        """The run's notifier: --notify targets, else the config file's; None when there are none.
+        ``actor``: who its events name (the launcher, or an attached run's observer)."""
         try:
             from ups.userconfig import load_user_config
 
             config = load_user_config()
         except UpsError as exc:
-            run.append_event("notify.failed", actor="launcher", target="config", error=str(exc))
+            run.append_event("notify.failed", actor=actor, target="config", error=str(exc))
             config = {}
         targets = manifest.get("notify") or ((config.get("notify") or {}).get("targets") or [])
         try:
             targets = check_targets([str(t) for t in targets])
         except UpsError as exc:
-            run.append_event("notify.failed", actor="launcher", target="config", error=str(exc))
+            run.append_event("notify.failed", actor=actor, target="config", error=str(exc))
             return None
-        return cls(run, targets, config) if targets else None
+        return cls(run, targets, config, actor=actor) if targets else None
 
     # -- what the supervisor calls (never blocks) --------------------------------------------
     def on_verdict(self, verdict: Any, *, hang: bool = False, proof: dict[str, Any] | None = None) -> None:

@@ -19,11 +19,17 @@ it. Once a second it:
 When every process of the job is gone it writes how the run ended, as far as is known from
 outside: which processes it saw end and when, and the root cause its log names
 (:func:`ups.why.logread.read_log`); never an exit code it did not see.
+
+``--notify`` (or the user's config file's targets): the launcher's notifier
+(:class:`ups.notify.Notifier`, queued and delivered off this loop), told of a hang once it is
+proven (with its proof, from this observer's own windows and py-spy stacks), of any other
+problem verdict, and of the run's end.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -56,6 +62,7 @@ LOG_BACKLOG = 64 << 10
 LOG_CHUNK = 1 << 20
 PHASE = "attached"
 WATCHED_ROLES = ("rank", "worker")
+TELL_EVERY_S = 2.0  # with a notifier: how often the run is judged (ups why's verdict) for it
 
 
 @dataclass
@@ -76,6 +83,7 @@ class Seen:
     phase_at: float = 0.0
     phase_mono: float = 0.0
     gone_at: float | None = None
+    inproc: bool = False  # --inject: its in-process Reporter writes its record now, not us
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -103,6 +111,9 @@ class AttachObserver:
         self.run_id = self.manifest.get("id") or run.run_id
         self.multinode = run.is_multinode  # one node of a run of several: its agent is agent@<host>
         self.tick_at, self.tick_mono = time.time(), time.monotonic()
+        self.notifier: Any = None  # ups.notify.Notifier: --notify, or the config file's targets
+        self.inject = bool(self.manifest.get("inject"))
+        self.told_mono = 0.0
 
     # -- the process tree ----------------------------------------------------------------
     def refresh(self) -> None:
@@ -284,10 +295,28 @@ class AttachObserver:
             started_mono=max(0.0, mono - (now - started)), progress_mono=s.progress_mono, heartbeat_mono=mono,
             phase_mono=s.phase_mono)
 
+    def reports_itself(self, s: Seen) -> bool:
+        """--inject: the process writes its own record now (its in-process Reporter, started by
+        ``sys.remote_exec``: a record of its pid without our ``attached`` mark), so ours stops:
+        one writer per record."""
+        if s.inproc or not self.inject or s.proc.role not in WATCHED_ROLES:
+            return s.inproc  # (a DataLoader worker forked after the injection reports too)
+        from ups.status.safeio import try_tail
+
+        try:
+            rec = json.loads(try_tail(self.run.status_dir / f"{s.proc.name}.json", 1 << 20) or "null")
+        except ValueError:
+            return False
+        if isinstance(rec, dict) and rec.get("pid") == s.proc.pid and "attached" not in (rec.get("metrics") or {}):
+            s.inproc = True
+            self.run.append_event("attach.injected", actor=ACTOR, name=s.proc.name, pid=s.proc.pid,
+                                  detail="its in-process reporter writes its record from now on")
+        return s.inproc
+
     def write_records(self) -> None:
         now, mono = time.time(), time.monotonic()
         for s in self.seen.values():
-            if s.gone_at is not None:
+            if s.gone_at is not None or self.reports_itself(s):
                 continue
             rec = self.record(s, now, mono)
             with contextlib.suppress(OSError):
@@ -321,8 +350,8 @@ class AttachObserver:
             # seen (running, now gone): how they ended is not known from outside.
             named = reading is not None and reading.failed and reading.rank is not None and s.proc.rank == reading.rank \
                 and s.proc.role == "rank"
-            if s.gone_at is None or not (state == "succeeded" or named):
-                continue
+            if s.gone_at is None or s.inproc or not (state == "succeeded" or named):
+                continue  # (an injected process wrote its own last word)
             rec = self.record(s, s.gone_at, time.monotonic())
             if named:
                 rec = rec.with_changes(state="failed", error=failure["error"], error_site=reading.site)
@@ -356,6 +385,9 @@ class AttachObserver:
             self.dumps()
             self.copy_log()
             self.write_records()
+            if self.notifier is not None and t0 - self.told_mono >= TELL_EVERY_S:
+                self.told_mono = t0
+                tell(self.run, self.proof, self.notifier)
             counter = self.lines.current()
             changes: dict[str, Any] = {}
             if observed != published:
@@ -366,6 +398,28 @@ class AttachObserver:
             if changes:
                 reporter.metrics(**changes)
             time.sleep(max(0.05, TICK_S - (time.monotonic() - t0)))
+
+
+def tell(run: RunDir, proof: Observer, notifier: Any) -> None:
+    """The run's verdict, for the notifier: a hang only once this observer proved it (idle
+    windows and the same stack twice, from ``proof``: :func:`ups.launch.onhang.proof_of`), as
+    the launcher tells it; the notifier queues it and never holds up the observer's loop."""
+    from ups.launch.onhang import HANG_MODES, past_action_limit, proof_of
+    from ups.runs.view import load_run_view, node_view
+    from ups.why import diagnose_view
+
+    try:
+        view = node_view(load_run_view(run))
+        verdict = diagnose_view(view)
+    except Exception as exc:  # noqa: BLE001 - judging must never stop the watching
+        print(f"ups attach: could not judge the run: {exc!r}", flush=True)
+        return
+    hang, shown = verdict.mode in HANG_MODES, None
+    who = (verdict.who or {}).get("name")
+    w = proof.watched.get(who) if hang and who else None
+    if w is not None and w.proven() and past_action_limit(view, who):
+        shown = proof_of(w)
+    notifier.on_verdict(verdict, hang=hang, proof=shown)
 
 
 def _stdlib(path: str) -> bool:
@@ -400,6 +454,8 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, obs.on_signal)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     name = process_name("launcher", host=obs.host) if obs.multinode else None  # launcher@<host>, as ups launch's
+    obs.notifier = notifier_for(run)
+    ended = False
     with Reporter(run.path, role="launcher", phase="supervise", run_id=obs.run_id, stack_signal=None,
                   name=name) as reporter:
         reporter.item(f"observing pid {obs.top} from outside (no signal, nothing in the job)")
@@ -415,7 +471,28 @@ def main(argv: list[str] | None = None) -> int:
                                  detail="the observer was asked to stop while the job ran")
             elif run.read_manifest().get("state") not in FINAL_RUN_STATES:
                 obs.finish()
+                ended = True
+    if ended:
+        from ups.launch.ending import notify_end
+
+        notify_end(run, obs.notifier)  # after the end is written: a slow notifier delays only our exit
     return 0
+
+
+def notifier_for(run: RunDir) -> Any:
+    """The run's notifier (None: nobody to tell). Its targets (a ``cmd:`` is a shell command) are
+    read through the proof that the run folder is this user's, as a launcher reads them."""
+    from ups.errors import Refused
+    from ups.notify import Notifier
+    from ups.runs.ownership import OwnRun
+
+    try:
+        with OwnRun(run.path, nothing="nobody is notified") as own:
+            fields = own.launch_fields()
+    except Refused as exc:
+        print(f"ups attach: {exc}", flush=True)
+        return None
+    return Notifier.for_run(run, fields, actor=ACTOR)
 
 
 if __name__ == "__main__":

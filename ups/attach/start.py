@@ -54,7 +54,8 @@ def multinode_of(job: Job, run_id: str | None) -> dict[str, int | None] | None:
     return {"nnodes": job.nnodes, "node_rank": job.node_rank}
 
 
-def create_run(job: Job, runs_root: str | os.PathLike[str], *, run_id: str | None = None) -> RunDir:
+def create_run(job: Job, runs_root: str | os.PathLike[str], *, run_id: str | None = None,
+               fields: dict | None = None) -> RunDir:
     top = job.top_proc
     st = stat_of(job.top)
     job_entry = {"pid": top.pid, "pid_start": top.start, "command": top.argv}
@@ -83,6 +84,7 @@ def create_run(job: Job, runs_root: str | os.PathLike[str], *, run_id: str | Non
                      "processes": [{"pid": p.pid, "start": p.start, "role": p.role, "name": p.name, "rank": p.rank,
                                     "local_rank": p.local_rank}
                                    for p in job.procs]},
+        **(fields or {}),  # --notify's targets, --inject (ups.cli.attach)
     }
     if job.orphan:
         extra["attached"]["orphan"] = True
@@ -94,7 +96,8 @@ def start_observer(run: RunDir) -> subprocess.Popen[bytes]:
     """The observer, detached (a session of its own), its output in ``logs/launcher.log``."""
     log = os.fdopen(run.open_log("launcher"), "ab")  # never through a link; handed to the child
     try:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("UPS_") or k in ("UPS_RUNS_DIR", "UPS_HOSTNAME")}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("UPS_") or k in ("UPS_RUNS_DIR", "UPS_HOSTNAME")
+               or k.startswith("UPS_NOTIFY_")}  # the notifier's time limit and rate, as a launcher has them
         here = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         return subprocess.Popen([sys.executable, "-m", OBSERVER_MODULE, str(run.path.resolve())],
@@ -121,12 +124,13 @@ def wait_started(run: RunDir, proc: subprocess.Popen[bytes], timeout: float = ST
 
 
 def attach_job(job: Job, runs_root: str | os.PathLike[str], *, actor: str,
-               run_id: str | None = None) -> tuple[RunDir, subprocess.Popen[bytes]]:
+               run_id: str | None = None, fields: dict | None = None) -> tuple[RunDir, subprocess.Popen[bytes]]:
     """Make ``job`` an attached run and start its observer (``ups attach`` and the console's
     attach key): refused in one line (UpsError) when ups already watches it; the ``attach``
-    event names who attached it and what was found."""
+    event names who attached it and what was found. ``fields``: more of run.json (``notify``,
+    ``inject``)."""
     check_attachable(job, runs_root)
-    run = create_run(job, runs_root, run_id=run_id)
+    run = create_run(job, runs_root, run_id=run_id, fields=fields)
     proc = start_observer(run)
     wait_started(run, proc)
     more: dict[str, object] = {}

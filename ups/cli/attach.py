@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from ups.cli.common import JsonOption, RunsDirOption, default_runs_dir, fail, print_json
+from ups.cli.launch_options import NotifyOption
 
 commands = typer.Typer()  # registered by ups.cli.app, the root
 ORPHAN_NOTE = "its ranks share no parent now (one torchrun run id): `ups attach PID` on any one of them watches them all"
@@ -22,6 +23,11 @@ def attach_cmd(
     run_id: Annotated[str | None, typer.Option("--run-id", help="Name the attached run (default: a new id). A job "
                                                                 "of several nodes: give the same id on each node, "
                                                                 "and they make one run.")] = None,
+    notify: NotifyOption = None,
+    inject: Annotated[bool, typer.Option("--inject", help="Also start ups's in-process reporter inside each rank "
+                                                          "(Python >= 3.14 in the job: PEP 768 sys.remote_exec). It runs "
+                                                          "code in the program and stays until it ends: see docs/attach.md. "
+                                                          "Where it cannot, one line says why; the job is attached anyway.")] = False,
     runs_dir: RunsDirOption = default_runs_dir(),
     json: JsonOption = False,
 ) -> None:
@@ -50,6 +56,19 @@ def attach_cmd(
     --scan lists the jobs on this host ups does not watch (jobs started by `ups launch` and
     attached ones left out), and orphans, with the ports they listen on and the GPU memory
     they hold (NVML). See docs/attach.md.
+
+    --notify tells someone as for a launched run: a hang once the observer proved it (idle
+    windows and the same stack twice, the proof in the message), another problem verdict, and
+    the job's end (failed, with the cause read from its log). Delivery never holds up the
+    observer, and nothing is sent to the job.
+
+    --inject (on request only) goes further than watching: through sys.remote_exec (PEP 768,
+    Python >= 3.14 in the job; the permission a debugger needs) each rank runs ups's start-up
+    at its next bytecode boundary: the hooks `ups launch` installs and the Reporter's heartbeat
+    thread, inside the program, until it ends (it cannot be undone). Where the job's Python is
+    older, its owner turned remote debugging off (PYTHON_DISABLE_REMOTE_DEBUG, -X
+    disable_remote_debug) or ptrace is refused, one line says so and the job is attached
+    without it.
 
     Exit codes: 0 attached (or listed), 2 bad input (no such pid, not a PyTorch job, already
     watched). --json prints the job ({"top", "given", "log", "world_size", "nnodes", "node_rank",
@@ -98,13 +117,21 @@ def attach_cmd(
         _show(job)
         return
     from ups.attach.start import attach_job, who
+    from ups.cli.launch_options import notify_fields
 
     try:
-        run, proc = attach_job(job, runs_dir, actor=f"cli:{who()}", run_id=run_id)
+        fields = {**notify_fields(notify), **({"inject": True} if inject else {})}  # a bad target: one line, nothing attached
+        run, proc = attach_job(job, runs_dir, actor=f"cli:{who()}", run_id=run_id, fields=fields)
     except UpsError as exc:
         raise fail(str(exc)) from None
+    injected, lines = [], []
+    if inject:
+        from ups.attach.inject import inject_job
+
+        injected, lines = inject_job(run, job, actor=f"cli:{who()}")  # a refusal is a line, never a failure: the run is attached
     if json:
-        print_json({**job.to_dict(), "run_id": run.run_id, "run_dir": str(run.path), "multinode": run.is_multinode})
+        print_json({**job.to_dict(), "run_id": run.run_id, "run_dir": str(run.path), "multinode": run.is_multinode,
+                    **({"inject": [o.to_dict() for o in injected]} if inject else {})})
         return
     _show(job, joined=run.is_multinode)
     if run.is_multinode:
@@ -112,6 +139,8 @@ def attach_cmd(
 
         typer.echo(f"node {hostname()} (node rank {job.node_rank} of {job.nnodes}) joined run {run.run_id}")
     typer.echo(f"attached as run {run.run_id} (observer pid {proc.pid}); try: ups why {run.run_id}")
+    for line in lines:
+        _say(line)
 
 
 def _say(text: str) -> None:

@@ -86,24 +86,9 @@ def boot() -> None:
     if _is_infrastructure(text):
         return  # the resource tracker and fork server: no record, no hooks
     state.parent = _parse_parent()
-    _install_process_hooks()
-    from ups.instrument import identity, imports
+    _install_hooks()
+    from ups.instrument import identity
 
-    # The torch and h5py hooks' modules are imported when the program imports those (most
-    # of a job's processes never do: they do not pay for them at start-up).
-    imports.when_imported("torch", _patch_torch)
-    imports.when_imported("h5py", _patch_h5py)
-    imports.when_imported("multiprocessing.process", _patch_multiprocessing)
-    # Progress of programs that make no optimizer steps: tqdm bars, pool and executor tasks.
-    from ups.instrument import progress
-
-    imports.when_imported("tqdm.std", progress.patch_tqdm)
-    imports.when_imported("multiprocessing.pool", progress.patch_pool)
-    imports.when_imported("concurrent.futures.thread", progress.patch_executor)
-    imports.when_imported("concurrent.futures.process", progress.patch_executor)
-    from ups.instrument import loggers
-
-    loggers.install()  # wandb / TensorBoard / Lightning / HF Trainer logs, if the program imports them
     if _is_multiprocessing_child():
         return  # a worker or helper: decided in BaseProcess._bootstrap, once we know which
     parent = state.parent
@@ -122,6 +107,42 @@ def boot() -> None:
         start_reporter(role, rank=found.rank, local_rank=found.local_rank, world_size=found.world_size)
     else:
         start_reporter(role, command=text if role in ("agent", "helper") else None)
+
+
+def boot_attached(role: str, *, name: str, rank: int | None = None, local_rank: int | None = None,
+                  world_size: int | None = None) -> Reporter | None:
+    """Start-up in a process that is already running: ``ups attach --inject`` runs this inside
+    it through PEP 768's ``sys.remote_exec`` (see ups/attach/inproc.py). The same hooks as
+    :func:`boot` (a module imported already, torch above all, is patched now), and the record
+    under the identity the attached run found (``name``: the name its observer wrote until now)."""
+    if state.booted:
+        return state.rep
+    state.booted = True
+    _install_hooks()
+    if role == "rank":
+        return start_reporter("rank", rank=rank, local_rank=local_rank, world_size=world_size, name=name)
+    return start_reporter(role, name=name, command=argv_text())
+
+
+def _install_hooks() -> None:
+    _install_process_hooks()
+    from ups.instrument import imports
+
+    # The torch and h5py hooks' modules are imported when the program imports those (most
+    # of a job's processes never do: they do not pay for them at start-up).
+    imports.when_imported("torch", _patch_torch)
+    imports.when_imported("h5py", _patch_h5py)
+    imports.when_imported("multiprocessing.process", _patch_multiprocessing)
+    # Progress of programs that make no optimizer steps: tqdm bars, pool and executor tasks.
+    from ups.instrument import progress
+
+    imports.when_imported("tqdm.std", progress.patch_tqdm)
+    imports.when_imported("multiprocessing.pool", progress.patch_pool)
+    imports.when_imported("concurrent.futures.thread", progress.patch_executor)
+    imports.when_imported("concurrent.futures.process", progress.patch_executor)
+    from ups.instrument import loggers
+
+    loggers.install()  # wandb / TensorBoard / Lightning / HF Trainer logs, if the program imports them
 
 
 def _patch_torch(torch) -> None:
