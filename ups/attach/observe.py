@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import signal
 import sys
 import time
@@ -39,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ups.attach import pyspy
+from ups.attach.ending import ACTOR, write_end
 from ups.attach.find import Proc, node_names, stat_of, tree_procs
 from ups.errors import UpsError
 from ups.launch.lineprogress import LineProgress
@@ -51,7 +51,6 @@ from ups.status.reporter import Reporter
 from ups.status.schema import process_name
 from ups.why.rules.collectives import SEEN_FROM_OUTSIDE
 
-ACTOR = "attach"
 TICK_S = 1.0
 STACK_EVERY_S = 10.0
 """One py-spy dump of each process every 10 s: a pause of a few ms (measured by
@@ -325,45 +324,7 @@ class AttachObserver:
     # -- the end -------------------------------------------------------------------------
     def finish(self) -> None:
         self.copy_log()
-        from ups.status.safeio import try_tail
-        from ups.why.logread import read_log
-
-        text = try_tail(self.run.log_path("job"), 200_000) or ""
-        ends = [{"name": n, "pid": s.proc.pid, "gone_at": s.gone_at} for n, s in sorted(self.seen.items())]
-        reading = read_log(text) if text else None
-        seen_end = "every process of the job was seen to end; their exit codes are not visible from outside"
-        failure = None
-        if reading is not None and reading.failed:
-            state = "failed"
-            who = f"rank {reading.rank}: " if reading.rank is not None else ""
-            summary = f"{who}{reading.summary} (read from the job's log: {reading.line.strip()[:200]})"
-            line = re.sub(r"^\[(?:default)?rank\d+\]:\s*", "", reading.line.strip())  # torchrun's prefix
-            failure = {"rank": reading.rank, "error": line[:500] or reading.summary,
-                       "error_site": reading.site, "clean": None}
-        elif text:
-            state, summary = "succeeded", f"{seen_end}; its log names no failure"
-        else:
-            state, summary = "lost", f"{seen_end}, and it wrote no log ups could read: how it ended is not known"
-        for s in self.seen.values():
-            # The last word on a process: done when the job ended with no failure in its log;
-            # failed, with the log's words, for the rank the log names; the others stay as last
-            # seen (running, now gone): how they ended is not known from outside.
-            named = reading is not None and reading.failed and reading.rank is not None and s.proc.rank == reading.rank \
-                and s.proc.role == "rank"
-            if s.gone_at is None or s.inproc or not (state == "succeeded" or named):
-                continue  # (an injected process wrote its own last word)
-            rec = self.record(s, s.gone_at, time.monotonic())
-            if named:
-                rec = rec.with_changes(state="failed", error=failure["error"], error_site=reading.site)
-            else:
-                rec = rec.with_changes(state="done")
-            with contextlib.suppress(OSError):
-                self.run.write_file(f"status/{rec.name}.json", rec.to_json().encode())  # never through a link
-        self.run.settle(state, summary=summary, failure=failure, ended=ends)
-        self.run.append_event("exit", actor=ACTOR, state=state, summary=summary)
-        from ups.launch.ending import record_verdict
-
-        record_verdict(self.run)
+        write_end(self.run, self.seen, self.record)
 
     def on_signal(self, signum: int, _frame: Any) -> None:
         self.stop = signal.Signals(signum).name
