@@ -1,5 +1,7 @@
-"""Operator actions from the console. All go through ups.runs (identity-checked signals,
-control requests, events) with "console" as the actor; run in worker threads."""
+"""Operator actions from the console, with "console" as the actor; run in worker threads.
+
+Every request goes through the one front :mod:`ups.actions` (identity-checked signals,
+control requests, events, a new launcher or run), each result made an :class:`ActionResult`."""
 
 from __future__ import annotations
 
@@ -9,8 +11,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from ups.actions import dump_stacks, terminate
 from ups.errors import UpsError
-from ups.runs import RunDir, StatusRecord, dump_stacks, terminate
+from ups.runs import RunDir, StatusRecord
 
 ACTOR = "console"
 
@@ -35,8 +38,7 @@ def process_owner(pid: int) -> tuple[str, str]:
 def attach(runs_dir: Path, pid: int, start: float | None) -> ActionResult:
     """Attach the job whose top process is ``pid`` (the same process the scan saw: its start
     time); the message is the new run's id."""
-    from ups.attach.find import find_job
-    from ups.attach.start import attach_job
+    from ups.actions import attach_job, find_job
     from ups.runs import process_start_time, same_start
 
     if not same_start(process_start_time(pid), start):
@@ -58,7 +60,7 @@ def kill_process(run: RunDir, record: StatusRecord, *, force: bool, grace: float
 
 
 def kill_run(run: RunDir, *, force: bool) -> ActionResult:
-    from ups.runs import kill_run as core_kill_run
+    from ups.actions import kill_run as core_kill_run
     from ups.runs import open_run
 
     try:
@@ -76,7 +78,7 @@ def stacks(run: RunDir, record: StatusRecord) -> ActionResult:
 
 
 def fallback(run: RunDir) -> ActionResult:
-    from ups.runs import request_fallback
+    from ups.actions import request_fallback
 
     try:
         request_fallback(run, actor=ACTOR)
@@ -87,7 +89,7 @@ def fallback(run: RunDir) -> ActionResult:
 
 def adopt(run: RunDir) -> ActionResult:
     """A new launcher for a run whose launcher died."""
-    from ups.launch.reconcile import adopt as core_adopt
+    from ups.actions import adopt as core_adopt
 
     try:
         pid = core_adopt(run, actor=ACTOR)
@@ -99,7 +101,7 @@ def adopt(run: RunDir) -> ActionResult:
 def relaunch(run: RunDir, runs_dir: Path) -> ActionResult:
     """The same command as a new run with every DataLoader at num_workers=0 (a precompute
     resumes from its cache); the message is the new run's id."""
-    from ups.launch.relaunch import relaunch as core_relaunch
+    from ups.actions import relaunch as core_relaunch
 
     try:
         return ActionResult(True, core_relaunch(run, str(runs_dir), num_workers=0, actor=ACTOR).run_id)
@@ -122,7 +124,8 @@ def remote_action(spec, what: str, run_id: str, record: StatusRecord, *, force: 
     """Kill or dump the stacks of a process of another node: that node's ``ups``, over ssh.
     What goes into the remote command from a node's stream is checked first: a run id, a
     rank and a worker number, never an option or a word of shell."""
-    from ups.runs import check_run_id, remote_ups
+    from ups.actions import remote_ups
+    from ups.runs import check_run_id
 
     try:
         check_run_id(run_id)

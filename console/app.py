@@ -73,7 +73,7 @@ class UpsConsole(App):
         self.initial_run = run_id
         self.clock = clock
         if gpu_provider == "auto":
-            from ups.gpu import get_provider
+            from ups.runs import get_provider
 
             gpu_provider = get_provider()
         self.poller = Poller(self.runs_dir, gpu_provider=gpu_provider, clock=clock, process_table=process_table,
@@ -174,8 +174,8 @@ class UpsConsole(App):
         is not provably this user's is refused here, before any question."""
         if self.readonly:
             return
+        from ups.actions import plan_relaunch
         from ups.errors import UpsError
-        from ups.launch.relaunch import plan_relaunch
         from ups.runs import RunDir
 
         try:

@@ -13,17 +13,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ups.gpu import AttributedGpu, attribute, records_for_attribution
-from ups.gpu.snapshot import GpuProvider
 from ups.runs import (
     FINAL_RUN_STATES,
+    AttributedGpu,
     BadFile,
+    GpuProvider,
     RunView,
     StaticProcessTable,
+    attribute,
     last_stack_dump,
     list_runs,
     open_run,
     read_tail,
+    records_for_attribution,
 )
 
 
@@ -238,7 +240,7 @@ class Poller:
             return ()
         now = time.monotonic()
         if self._scanned_at is None or now - self._scanned_at >= self.scan_every:
-            from ups.attach.find import scan
+            from ups.actions import scan
 
             self._scanned_at = now
             try:

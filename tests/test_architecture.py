@@ -177,3 +177,40 @@ def test_rooms_of_one_idea_no_file_over_600_lines_no_class_over_300():
                     long_classes.append(f"{rel}: class {node.name}, {node.end_lineno - node.lineno + 1} lines")
     assert not long_files, "files over 600 lines that do not say why in their first lines:\n" + "\n".join(long_files)
     assert not long_classes, "classes over 300 lines:\n" + "\n".join(long_classes)
+
+
+# What the console may import of ups: its two fronts, and what only draws or names an error.
+CONSOLE_FRONTS = {
+    "ups.runs": "reading a run (the package's front, never its modules)",
+    "ups.actions": "every request: kill, stacks, fallback, adopt, relaunch, attach, the doctor",
+    "ups.why": "the verdict on a view (its package's front: diagnose_view, Verdict)",
+    "ups.format": "numbers and ages as text",
+    "ups.plot": "charts as text",
+    "ups.errors": "the error a request raises",
+}
+
+
+def _ups_imports(tree: ast.AST) -> set[str]:
+    """The ups modules a file imports, at any depth (function-level imports included)."""
+    found = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.ImportFrom) and n.module and n.level == 0:
+            found.add(n.module)
+        elif isinstance(n, ast.Import):
+            found.update(a.name for a in n.names)
+    return {m for m in found if m == "ups" or m.startswith("ups.")}
+
+
+def test_the_console_reaches_the_layers_through_its_fronts_only():
+    """The console reads through ``ups.runs`` and acts through ``ups.actions`` (as nvitop's TUI
+    imports only ``nvitop.api``): no screen reaches past them into a layer's modules."""
+    stray = []
+    for path in sorted((REPO / "console").rglob("*.py")):
+        for module in sorted(_ups_imports(ast.parse(path.read_text(encoding="utf-8")))):
+            if module not in CONSOLE_FRONTS:
+                stray.append(f"{path.relative_to(REPO)} imports {module}")
+    assert not stray, "the console imports past its fronts (ups.runs, ups.actions):\n" + "\n".join(stray)
+    # the check can fail: a deep module, another layer, a plain import are all found
+    probe = ast.parse("from ups.runs.view import RunView\nimport ups.launch.relaunch\nfrom ups.runs import open_run\n"
+                      "def f():\n    from ups.gpu import get_provider\n")
+    assert _ups_imports(probe) - set(CONSOLE_FRONTS) == {"ups.runs.view", "ups.launch.relaunch", "ups.gpu"}

@@ -29,7 +29,7 @@ class DoctorScreen(Screen):
 
     @work(thread=True, exclusive=True, group="doctor", exit_on_error=False)
     def run_doctor(self, quick: bool) -> None:
-        from ups.doctor.runner import options_from, run_doctor, select
+        from ups.actions import options_from, run_doctor, select
 
         report = run_doctor(options_from(None, None, None, self.app.runs_dir, 1.0), select(None, None), quick=quick)
         self.app.call_from_thread(self.show, report)

@@ -101,13 +101,14 @@ def follow_run(run: RunDir, *, interval: float = 0.5, live: bool | None = None) 
         if live:
             from rich.live import Live
 
-            with Live(_render(open_run(run), []), refresh_per_second=4, transient=False, console=text_console(stderr=True)) as lv:
+            view = open_run(run)  # the first frame's read is the loop's first read too
+            with Live(_render(view, []), refresh_per_second=4, transient=False, console=text_console(stderr=True)) as lv:
                 while True:
-                    view = open_run(run)
                     lv.update(_render(view, run.read_events(limit=50)))
                     if view.is_final:
                         break
                     _sleep_unless_ended(run, interval)
+                    view = open_run(run)
         else:
             last = 0.0
             while True:

@@ -66,6 +66,31 @@ FirstProgressOption = Annotated[float | None, typer.Option(
                                    "Only a proven hang is acted on either way.")]
 
 
+# The jobs' own options: ups launch precompute, train and pipeline (a pipeline's stages take
+# theirs under the pipeline's words).
+RootOption = Annotated[str | None, typer.Option("--root", help="Folder with the HDF5 shards.")]
+CacheDirOption = Annotated[str | None, typer.Option("--cache-dir", help="Where the latent cache goes.")]
+NumWorkersOption = Annotated[int | None, typer.Option("--num-workers", help="DataLoader workers; 0 = no worker processes.")]
+LegacyOption = Annotated[bool, typer.Option("--legacy", help="Same as --num-workers 0.")]
+BatchSizeOption = Annotated[int | None, typer.Option("--batch-size")]
+LatentDimOption = Annotated[int | None, typer.Option("--latent-dim")]
+LatentTokensOption = Annotated[int | None, typer.Option("--latent-tokens")]
+CacheDtypeOption = Annotated[str | None, typer.Option("--cache-dtype", help="float16 or float32.")]
+DeviceOption = Annotated[str | None, typer.Option("--device", help="cpu, cuda or auto.")]
+OverwriteOption = Annotated[bool, typer.Option("--overwrite", help="Replace a cache written with another hash.")]
+WorkerTimeoutOption = Annotated[float | None, typer.Option("--worker-timeout", help="Seconds before a hung worker is killed.")]
+TrainCacheDirOption = Annotated[str | None, typer.Option("--cache-dir", help="Latent cache root from the precompute.")]
+NprocOption = Annotated[int, typer.Option("--nproc", help="Ranks on this node.")]
+StepsOption = Annotated[int | None, typer.Option("--steps", help="Optimizer steps.")]
+NnodesOption = Annotated[int, typer.Option("--nnodes", help="Nodes (each runs this command with its --node-rank).")]
+NodeRankOption = Annotated[int | None, typer.Option("--node-rank")]
+RdzvEndpointOption = Annotated[str | None, typer.Option("--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous (multi-node).")]
+DebugOption = Annotated[bool, typer.Option("--debug", help="NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL, C++ stack traces.")]
+ResumeOption = Annotated[bool, typer.Option("--resume", help="Continue from the last checkpoint.")]
+PipelineWorkersOption = Annotated[int | None, typer.Option("--num-workers", help="Precompute DataLoader workers.")]
+PipelineNprocOption = Annotated[int, typer.Option("--nproc", help="Training ranks.")]
+PipelineStepsOption = Annotated[int | None, typer.Option("--steps", help="Training steps.")]
+
 class PassThroughCommand(TyperCommand):
     """``ups``'s own options first; from the first token that is not one of them, everything
     passes through untouched (the user's torchrun or python line, ``--`` included)."""

@@ -53,10 +53,16 @@ def _own_process_group() -> dict[str, Any]:
 
 
 class Supervisor:
-    def __init__(self, run: RunDir) -> None:
+    """The launcher of one run: its job's processes, their signals, their ends and the run's end.
+
+    ``job`` says how it holds the job: :class:`ChildJob` (``ups launch``: our child, started
+    here) or :class:`AdoptedJob` (``ups adopt``: a job whose launcher died, taken over)."""
+
+    def __init__(self, run: RunDir, job: ChildJob | AdoptedJob | None = None) -> None:
         from ups.runs.ownership import OwnRun
 
         self.run = run
+        self.job = job if job is not None else ChildJob()
         # What the job runs (its command, env, cwd, notification commands) is read through the
         # proof that the run is this user's: a launcher never runs what someone else wrote.
         with OwnRun(run.path, nothing="nothing started") as own:
@@ -77,7 +83,7 @@ class Supervisor:
         self.relay: subprocess.Popen[bytes] | None = None
         self.relay_thread: threading.Thread | None = None
         self.relay_report: dict[str, Any] | None = None
-        self.folder_gone: str | None = None  # the run folder was deleted or replaced (see _check_folder)
+        self.folder_gone: str | None = None  # the run folder was deleted or replaced (see check_folder)
         self.output_progress: dict[str, Any] | None = None  # ups.launch.lineprogress, from the relay
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
@@ -121,42 +127,7 @@ class Supervisor:
         return env
 
     def start(self) -> None:
-        command = list(self.exec.get("command") or [])
-        if not command:
-            raise OSError(f"{self.run.path}/run.json names no command")
-        # The job's stdout and stderr go to a pipe that the relay drains into logs/job.log
-        # (see ups.launch.logrelay): a full disk drops output, never the program.
-        read_end, write_end = os.pipe()
-        try:
-            fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
-        except OSError:
-            pass  # the default 64 KiB (a lower pipe-max-size): still correct, only less slack
-        try:
-            self.start_relay(read_end)
-        finally:
-            os.close(read_end)
-        try:
-            self.child = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=write_end,
-                stderr=subprocess.STDOUT,
-                env=self.job_env(),
-                cwd=self.exec.get("cwd") or None,
-                **_own_process_group(),
-            )
-        finally:
-            os.close(write_end)  # only the job holds it now: the relay sees the end when the job's is
-        self.pgid = self.child.pid
-        self.attempt_started_at = time.time()
-        self.run.update_manifest(
-            state="running",
-            job={"pid": self.child.pid, "pid_start": process_start_time(self.child.pid), "pgid": self.child.pid,
-                 "sid": os.getsid(0), "command": command},  # sid: the proof that a pid is the job's (ups.runs.ownership)
-        )
-        self.run.append_event("start", actor=ACTOR, pid=self.child.pid, command=command)
-        self.exits.start()
-        self.stacks.start()
+        self.job.start(self)
 
     def start_relay(self, read_end: int) -> None:
         log_fd = self.run.open_log("job")
@@ -198,34 +169,17 @@ class Supervisor:
         return {k: report.get(k) for k in ("dropped", "total", "error", "episodes") if report.get(k) is not None}
 
     def describe(self) -> str:
-        return f"job pid {self.child.pid if self.child else '?'}"
+        return self.job.describe(self)
 
     def sweep(self) -> list[leftovers.Leftover]:
         """End what the job left running (its session, our descendants); the survivors."""
-        try:
-            return leftovers.sweep(self.run, actor=ACTOR, observe_only=self.manifest.get("automatic") == "observe",
-                                   stopping=self.terminate_requested is not None,
-                                   keep={self.relay.pid} if self.relay is not None else set())
-        except Exception as exc:  # noqa: BLE001 - the run's end must be written whatever happens here
-            print(f"ups: could not check for processes left behind: {exc!r}", flush=True)
-            return []
+        return self.job.sweep(self)
 
     def wait(self, reporter: Reporter | Any) -> int | None:
-        assert self.child is not None
-        deadline: float | None = None
-        while True:
-            try:
-                return self.child.wait(timeout=0.5)
-            except subprocess.TimeoutExpired:
-                pass
-            deadline = self._escalate(reporter, deadline)
-            if self._check_folder():
-                continue  # nothing to read or write: the job goes on, and we end with it
-            self._retry_pending()
-            if self.terminate_requested is None:
-                self.restarts.watch(reporter)
+        """Until the job has ended: its exit code, None when nobody can know it."""
+        return self.job.wait(self, reporter)
 
-    def _check_folder(self) -> bool:
+    def check_folder(self) -> bool:
         """True once the run folder is gone (deleted, or replaced by another folder): the job
         is the user's and goes on; this launcher writes nothing more, acts on nothing, and
         ends with the job. Said once on stderr and to syslog (its own log went with the folder)."""
@@ -236,7 +190,7 @@ class Supervisor:
                          f"the job ({self.describe()}) goes on, and this launcher ends when it does")
         return self.folder_gone is not None
 
-    def _escalate(self, reporter: Reporter | Any, deadline: float | None) -> float | None:
+    def escalate(self, reporter: Reporter | Any, deadline: float | None) -> float | None:
         """After a stop request: SIGKILL the job's group once the grace period is over."""
         if self.terminate_requested and deadline is None:
             deadline = time.monotonic() + self._grace()
@@ -245,7 +199,7 @@ class Supervisor:
             self.signal_job(signal.SIGKILL)
         return deadline
 
-    def _retry_pending(self) -> None:
+    def retry_pending(self) -> None:
         if isinstance(self.run, LauncherRun) and self.run.pending:
             self.run.flush_pending()
 
@@ -261,7 +215,7 @@ class Supervisor:
         return max(0.0, min(TERM_GRACE_S, asked))
 
     def finish(self, returncode: int | None) -> int:
-        if self._check_folder():
+        if self.check_folder():
             # Nothing to record the end in: end what the job left behind, say so, and go.
             self.stacks.stop()
             self.exits.stop()
@@ -283,46 +237,121 @@ class Supervisor:
                          restarts=self.restarts, asked_to_stop=lambda: self.terminate_requested is not None)
 
 
-class Adopter(Supervisor):
-    """Takes over a run whose launcher died while its job runs on (``ups adopt``).
+class ChildJob:
+    """The job as the launcher's child (``ups launch``): started here, in its own process group
+    and our session, waited for, and what it leaves behind is ours to end."""
+
+    def start(self, sup: Supervisor) -> None:
+        command = list(sup.exec.get("command") or [])
+        if not command:
+            raise OSError(f"{sup.run.path}/run.json names no command")
+        # The job's stdout and stderr go to a pipe that the relay drains into logs/job.log
+        # (see ups.launch.logrelay): a full disk drops output, never the program.
+        read_end, write_end = os.pipe()
+        try:
+            fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+        except OSError:
+            pass  # the default 64 KiB (a lower pipe-max-size): still correct, only less slack
+        try:
+            sup.start_relay(read_end)
+        finally:
+            os.close(read_end)
+        try:
+            sup.child = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=write_end,
+                stderr=subprocess.STDOUT,
+                env=sup.job_env(),
+                cwd=sup.exec.get("cwd") or None,
+                **_own_process_group(),
+            )
+        finally:
+            os.close(write_end)  # only the job holds it now: the relay sees the end when the job's is
+        sup.pgid = sup.child.pid
+        sup.attempt_started_at = time.time()
+        sup.run.update_manifest(
+            state="running",
+            job={"pid": sup.child.pid, "pid_start": process_start_time(sup.child.pid), "pgid": sup.child.pid,
+                 "sid": os.getsid(0), "command": command},  # sid: the proof that a pid is the job's (ups.runs.ownership)
+        )
+        sup.run.append_event("start", actor=ACTOR, pid=sup.child.pid, command=command)
+        sup.exits.start()
+        sup.stacks.start()
+
+    def describe(self, sup: Supervisor) -> str:
+        return f"job pid {sup.child.pid if sup.child else '?'}"
+
+    def sweep(self, sup: Supervisor) -> list[leftovers.Leftover]:
+        try:
+            return leftovers.sweep(sup.run, actor=ACTOR, observe_only=sup.manifest.get("automatic") == "observe",
+                                   stopping=sup.terminate_requested is not None,
+                                   keep={sup.relay.pid} if sup.relay is not None else set())
+        except Exception as exc:  # noqa: BLE001 - the run's end must be written whatever happens here
+            print(f"ups: could not check for processes left behind: {exc!r}", flush=True)
+            return []
+
+    def wait(self, sup: Supervisor, reporter: Reporter | Any) -> int | None:
+        assert sup.child is not None
+        deadline: float | None = None
+        while True:
+            try:
+                return sup.child.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                pass
+            deadline = sup.escalate(reporter, deadline)
+            if sup.check_folder():
+                continue  # nothing to read or write: the job goes on, and we end with it
+            sup.retry_pending()
+            if sup.terminate_requested is None:
+                sup.restarts.watch(reporter)
+
+
+class AdoptedJob:
+    """A job whose launcher died while it runs on (``ups adopt``), taken over.
 
     The job is not our child: we cannot wait() for it. We watch it (every recorded process
     and the job's own pid) until all of it is gone, and take its exit code from its records."""
 
-    def start(self) -> None:
-        job = self.manifest.get("job") or {}
-        self.job_pid, self.job_start = job.get("pid"), job.get("pid_start")
-        self.pgid = job.get("pgid")
-        previous = (self.manifest.get("previous_launchers") or [{}])[-1]
-        self.run.append_event("adopt", actor=ACTOR, previous_launcher=previous.get("pid"), job_pid=self.job_pid)
-        self.exits.start()
-        self.stacks.start()
+    def __init__(self) -> None:
+        self.pid: int | None = None
+        self.pid_start: float | None = None
 
-    def describe(self) -> str:
-        return f"adopted job pid {self.job_pid}"
+    def start(self, sup: Supervisor) -> None:
+        job = sup.manifest.get("job") or {}
+        self.pid, self.pid_start = job.get("pid"), job.get("pid_start")
+        sup.pgid = job.get("pgid")
+        previous = (sup.manifest.get("previous_launchers") or [{}])[-1]
+        sup.run.append_event("adopt", actor=ACTOR, previous_launcher=previous.get("pid"), job_pid=self.pid)
+        sup.exits.start()
+        sup.stacks.start()
 
-    def sweep(self) -> list[leftovers.Leftover]:
+    def describe(self, sup: Supervisor) -> str:
+        return f"adopted job pid {self.pid}"
+
+    def sweep(self, sup: Supervisor) -> list[leftovers.Leftover]:
         return []  # the job is not in our session nor our descendant: nothing is provably ours
 
-    def _job_alive(self) -> bool:
-        if self.job_pid and (self.job_start is None or same_start(process_start_time(self.job_pid), self.job_start)):
-            return process_start_time(self.job_pid) is not None
-        if self.folder_gone:
+    def alive(self, sup: Supervisor) -> bool:
+        if self.pid and (self.pid_start is None or same_start(process_start_time(self.pid), self.pid_start)):
+            return process_start_time(self.pid) is not None
+        if sup.folder_gone:
             return False  # no records left to tell: nothing left to supervise
-        view = node_view(load_run_view(self.run))
+        view = node_view(load_run_view(sup.run))
         return any(not p.record.is_final and p.verdict.health is not Health.DEAD
                    for p in view.processes if p.record.role != "launcher")
 
-    def wait(self, reporter: Reporter | Any) -> int | None:
+    def wait(self, sup: Supervisor, reporter: Reporter | Any) -> int | None:
         deadline: float | None = None
-        while self._job_alive():
+        while self.alive(sup):
             time.sleep(0.25)
-            deadline = self._escalate(reporter, deadline)
-            self._check_folder()
+            deadline = sup.escalate(reporter, deadline)
+            sup.check_folder()
         time.sleep(0.2)  # the last records
         from ups.runs.settle import derived_returncode
 
-        return derived_returncode(node_view(load_run_view(self.run)))
+        view = node_view(load_run_view(sup.run))
+        return derived_returncode(view.kind, [p.record for p in view.processes])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -335,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     _tolerant_streams()
     run = LauncherRun(args[0])
     try:
-        sup = Adopter(run) if adopt else Supervisor(run)
+        sup = Supervisor(run, AdoptedJob() if adopt else ChildJob())
     except Refused as exc:  # not provably this user's run: nothing is started, nothing written
         print(f"ups: {exc}", file=sys.stderr, flush=True)
         return 2

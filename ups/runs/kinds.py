@@ -18,7 +18,6 @@ from ups.runs.outcome import (
     Outcome,
     default_finalizer,
     describe_returncode,
-    records_incomplete,
 )
 from ups.runs.view import RunView
 from ups.status.host import boot_id
@@ -270,3 +269,15 @@ def finalize(view: RunView, end: End) -> Outcome:
     """The run's end as its kind's rule decides it (a full disk noted, not blamed)."""
     outcome = RULES.get(view.kind or "", default_finalizer)(view, end)
     return records_incomplete(view, end, outcome)
+
+
+def records_incomplete(view: RunView, end: End, outcome: Outcome) -> Outcome:
+    """A job that exited 0 while the disk was full may have had no room for its final
+    records: that is not a failure of the job. It succeeded, with a note that its records are
+    incomplete, unless a record it did write says it failed."""
+    if outcome.state != "failed" or end.disk_full is None or end.returncode != 0 or end.terminated:
+        return outcome
+    if any(p.record.state == "failed" for p in view.processes if p.record.role != "launcher"):
+        return outcome
+    note = f"exited 0; its records are incomplete (disk full: {end.disk_full})"
+    return Outcome("succeeded", note, None, {**outcome.extra, "records_incomplete": end.disk_full})

@@ -98,15 +98,3 @@ def default_finalizer(view: RunView, end: End) -> Outcome:
         detail = bad.error or f"no final record, last phase {bad.phase}"
         return Outcome("failed", f"{what}; first failure: {bad.label} in {bad.phase}: {detail}", failure_dict(bad))
     return Outcome("failed", what)
-
-
-def records_incomplete(view: RunView, end: End, outcome: Outcome) -> Outcome:
-    """A job that exited 0 while the disk was full may have had no room for its final
-    records: that is not a failure of the job. It succeeded, with a note that its records are
-    incomplete, unless a record it did write says it failed."""
-    if outcome.state != "failed" or end.disk_full is None or end.returncode != 0 or end.terminated:
-        return outcome
-    if any(p.record.state == "failed" for p in view.processes if p.record.role != "launcher"):
-        return outcome
-    note = f"exited 0; its records are incomplete (disk full: {end.disk_full})"
-    return Outcome("succeeded", note, None, {**outcome.extra, "records_incomplete": end.disk_full})

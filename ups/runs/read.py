@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ups.runs.exits import read_exits
 from ups.runs.rundir import RunDir
 from ups.runs.settle import settled
 from ups.runs.view import RunView, load_run_view
@@ -45,7 +46,9 @@ def open_run(
     if run is not None:
         view = load_run_view(run, now=now, mono=mono, include=include, source=source, table_factory=table_factory,
                              process_table=process_table, local_host=local_host)
-        view = settled(view)  # built once: settling re-derives only what follows from the manifest
+        if view.supervision == "gone":  # nobody is left to finish it: settled from the ends its launcher logged
+            logged = read_exits(run)
+            view = settled(view, logged)
     if remotes:
         from ups.runs.remote import merge_remote
 

@@ -239,8 +239,9 @@ def load_run_view(
         processes = tuple(
             dataclasses.replace(p, verdict=HealthVerdict(Health.UNREACHABLE, lost[p.record.host]))
             if p.record.host in lost and not p.record.is_final else p for p in processes)
-    if any(p.verdict.health is Health.UNRESPONSIVE for p in processes):
-        processes = _disk_full_verdicts(run, processes)
+    full = disk_full(run.path) if any(p.verdict.health is Health.UNRESPONSIVE for p in processes) else None
+    if full is not None:
+        processes = _disk_full_verdicts(processes, full)
     view = RunView(run, manifest, problem, processes, snap.problems, thresholds, now)
     return _around(view, manifest, table, here, lost)
 
@@ -287,12 +288,9 @@ def with_output_progress(records: tuple[StatusRecord, ...]) -> tuple[StatusRecor
     return tuple(derived if r is top else r for r in records)
 
 
-def _disk_full_verdicts(run: RunDir, processes: tuple[ProcessView, ...]) -> tuple[ProcessView, ...]:
-    """Records that went stale because the run folder's disk is full: the processes cannot be
-    seen (unreachable), not blocked in a C call."""
-    full = disk_full(run.path)
-    if full is None:
-        return processes
+def _disk_full_verdicts(processes: tuple[ProcessView, ...], full: str) -> tuple[ProcessView, ...]:
+    """Records that went stale because the run folder's disk is full (``full``: the evidence):
+    the processes cannot be seen (unreachable), not blocked in a C call."""
     return tuple(
         dataclasses.replace(p, verdict=HealthVerdict(
             Health.UNREACHABLE, f"disk full: no record written for {p.heartbeat_age:.0f} s because {full}; "
