@@ -307,23 +307,17 @@ def classify_run(
 # Phases in which a rank is busy on its own while its peers wait for it (they will meet it in
 # the next collective): what it is doing, in an operator's words.
 BUSY_PHASES = {"eval": "evaluating", "checkpoint": "writing a checkpoint", "load": "loading a checkpoint"}
-BUSY_CPU = 0.30  # the main thread's demand (on a CPU or runnable) over the record's last window
-BUSY_IO_BPS = 4096
 PAUSE_SAID_AFTER_S = 5.0  # no progress this long is a pause worth saying (or watching); shorter is a step
 
 
 def busy_doing(record: StatusRecord) -> str | None:
-    """What a running process is busy with, as its own record tells (a long phase, or its
-    main thread computing, or its I/O moving); None when nothing says it is busy."""
+    """What a running process is busy with, as its own record tells (a long phase: a checkpoint,
+    an evaluation); None when its record does not say it is busy. A record carries no CPU or I/O
+    figures: whether a quiet process is working is the launcher's proof (ups.launch.proof) to find."""
     if record.state != "running" or record.collective:
         return None  # a process inside a collective waits for its peers: it is not busy on its own
     if record.phase in BUSY_PHASES:
         return BUSY_PHASES[record.phase]
-    activity = getattr(record, "activity", None) or {}
-    if (activity.get("cpu") or 0) >= BUSY_CPU:
-        return f"computing (CPU {activity['cpu'] * 100:.0f}%)"
-    if (activity.get("io") or 0) >= BUSY_IO_BPS:
-        return f"reading or writing ({activity['io'] / 1e3:.0f} KB/s)"
     return None
 
 
