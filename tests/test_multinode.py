@@ -361,6 +361,29 @@ def test_node_manifests_merge_and_a_node_joins_once(tmp_path, monkeypatch):
         run.set_state("killed")
 
 
+def test_a_nodes_stream_sends_a_stack_file_when_it_changes_from_its_latest_section_on(tmp_path):
+    """What `ups status --follow` sends a reader on another node of a stack file: its latest
+    section (not the whole file), and again only once the file changed."""
+    from ups.runs.payload import stream_payload
+    from ups.runs.read import open_run
+    from ups.status.procs import this_process_start
+    from ups.status.record import StatusRecord
+
+    run = RunDir.create(tmp_path, "torchrun", run_id="exp-s")
+    rec = StatusRecord(run_id="exp-s", role="rank", name="rank-1", pid=os.getpid(), pid_start=this_process_start(),
+                       host="node1", rank=1, stack_file="stacks/rank-1.txt")
+    run.write_file("status/rank-1.json", rec.to_json().encode())
+    old = "=== stack dump of rank 1 pid 7 requested by launcher at 10:00:00 ===\nCurrent thread 0x1 (most recent call first):\n"
+    new = old.replace("10:00:00", "10:00:10") + '  File "train.py", line 42 in wait_for_the_answer\n'
+    (run.path / "stacks" / "rank-1.txt").write_text(old * 50 + new)
+    sent: dict = {}
+    assert stream_payload(open_run(run), sent)["stacks"] == {"rank-1": new}
+    assert stream_payload(open_run(run), sent)["stacks"] == {}  # unchanged: not sent again
+    with open(run.path / "stacks" / "rank-1.txt", "a") as f:
+        f.write(new.replace("line 42", "line 43"))
+    assert stream_payload(open_run(run), sent)["stacks"] == {"rank-1": new.replace("line 42", "line 43")}
+
+
 @pytest.mark.slow
 def test_launch_train_on_two_nodes_succeeds_as_one_run(tmp_path):
     """Our own train job, across two nodes into a shared runs folder: one run, both nodes
