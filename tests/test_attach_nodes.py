@@ -14,11 +14,12 @@ import json
 import os
 import signal
 import subprocess
+import sys
 
 import pytest
 from helpers import run_ups, wait_for
 from test_attach import PROGRAM, SLEEP_LINE, PlainJobs, needs_pyspy, torchrun
-from test_multinode import free_port
+from test_multinode import free_port, sshd  # noqa: F401 - sshd: the fixture
 
 from ups.status.procs import process_start_time, same_start
 
@@ -36,8 +37,8 @@ def ups_json(*args: str, env: dict | None = None) -> dict:
     return json.loads(res.stdout)
 
 
-def stuck_rank_1(run_id: str) -> dict | None:
-    v = ups_json("why", run_id)["verdict"]
+def stuck_rank_1(run_id: str, *args: str, env: dict | None = None) -> dict | None:
+    v = ups_json("why", run_id, *args, env=env)["verdict"]
     return v if v["mode"] == "rank_stuck_peers_wait" else None
 
 
@@ -62,27 +63,34 @@ def stop_observers(run_dir) -> None:
             os.kill(obs["pid"], signal.SIGKILL)
 
 
-@pytest.mark.slow
-@needs_pyspy
-def test_two_nodes_attached_with_one_run_id_make_one_run_that_names_the_stuck_rank_on_node_1(runs_root, jobs):
+def attach_two_nodes(jobs: PlainJobs, run_id: str, env_of) -> dict[int, tuple[int, dict]]:
+    """A two-node plain job whose rank 1 sleeps in its own code, attached on each node (its
+    env: ``env_of(node)``) with one --run-id; {node rank: (its agent's pid, its dry-run)}."""
     port = free_port()
     agents = [start_node(jobs, port, "a"), start_node(jobs, port, "b")]
     wait_for(lambda: any("rank 1 waits at step 3" in log.read_text() for _, log in agents), 120, interval=0.3,
              message="rank 1 asleep")
     jobs.remember()
+    # Which agent is node 1 is the rendezvous's choice: each node's ranks say (GROUP_RANK).
+    found = {}
+    for agent, _ in agents:
+        job = ups_json("attach", str(agent.pid), "--dry-run")
+        assert job["nnodes"] == 2 and job["world_size"] == 2 and len(job["processes"]) == 2, job
+        found[job["node_rank"]] = (agent.pid, job)
+    assert sorted(found) == [0, 1]
+    for node in (0, 1):  # each node's own `ups attach`, with the same --run-id
+        res = run_ups("attach", str(found[node][0]), "--run-id", run_id, env=env_of(node))
+        assert res.returncode == 0, res.stderr
+        assert f"node node{node} (node rank {node} of 2) joined run {run_id}" in res.stdout, res.stdout
+    return found
+
+
+@pytest.mark.slow
+@needs_pyspy
+def test_two_nodes_attached_with_one_run_id_make_one_run_that_names_the_stuck_rank_on_node_1(runs_root, jobs):
     run_dir = runs_root / "exp-plain"
     try:
-        # Which agent is node 1 is the rendezvous's choice: each node's ranks say (GROUP_RANK).
-        found = {}
-        for agent, _ in agents:
-            job = ups_json("attach", str(agent.pid), "--dry-run")
-            assert job["nnodes"] == 2 and job["world_size"] == 2 and len(job["processes"]) == 2, job
-            found[job["node_rank"]] = (agent.pid, job)
-        assert sorted(found) == [0, 1]
-        for node in (0, 1):  # each node's own `ups attach`, with the same --run-id
-            res = run_ups("attach", str(found[node][0]), "--run-id", "exp-plain", env={"UPS_HOSTNAME": f"node{node}"})
-            assert res.returncode == 0, res.stderr
-            assert f"node node{node} (node rank {node} of 2) joined run exp-plain" in res.stdout, res.stdout
+        found = attach_two_nodes(jobs, "exp-plain", lambda node: {"UPS_HOSTNAME": f"node{node}"})
         again = run_ups("attach", str(found[1][0]), "--run-id", "exp-plain", env={"UPS_HOSTNAME": "node1"})
         assert again.returncode == 2 and "already attached" in again.stderr, again.stderr
 
@@ -115,6 +123,31 @@ def test_two_nodes_attached_with_one_run_id_make_one_run_that_names_the_stuck_ra
     finally:
         jobs.cleanup()
         stop_observers(run_dir)
+
+
+@pytest.mark.slow
+@needs_pyspy
+def test_two_nodes_attached_into_their_own_runs_folders_read_over_ssh_name_rank_1_with_its_line(tmp_path, jobs, sshd):  # noqa: F811
+    """No shared folder: each node attaches into its own runs folder; node0 reads node1 over ssh
+    (`--remote`), and `ups why` there names rank 1 on node1 with its file:line, though its stacks
+    are read on node1 (py-spy, by node1's observer)."""
+    folders = {node: tmp_path / f"node{node}-runs" for node in (0, 1)}
+    try:
+        found = attach_two_nodes(jobs, "exp-ssh", lambda node: {"UPS_HOSTNAME": f"node{node}",
+                                                                 "UPS_RUNS_DIR": str(folders[node])})
+        remote_ups = f"env UPS_HOSTNAME=node1 PYTHONPATH={os.environ['PYTHONPATH']} {sys.executable} -m ups"
+        env = {"UPS_HOSTNAME": "node0", "UPS_RUNS_DIR": str(folders[0]), "UPS_SSH": sshd, "UPS_REMOTE_UPS": remote_ups}
+        assert not (folders[0] / "exp-ssh" / "stacks" / "rank-1.txt").exists()  # node1's stacks stay on node1
+        v = wait_for(lambda: stuck_rank_1("exp-ssh", "--remote", f"127.0.0.1:{folders[1]}", env=env), 60, interval=1.0,
+                     message="ups why on node0 to name rank 1 on node1")
+        rank1 = next(p for p in found[1][1]["processes"] if p["role"] == "rank")
+        assert (v["who"]["rank"], v["who"]["pid"], v["who"]["host"]) == (1, rank1["pid"], "node1"), v["who"]
+        assert v["where"]["site"] == f"attach_ddp.py:{SLEEP_LINE}", v["where"]
+        assert "rank 0 waits for it" in v["headline"], v["headline"]
+    finally:
+        jobs.cleanup()
+        for folder in folders.values():
+            stop_observers(folder / "exp-ssh")
 
 
 @pytest.mark.slow

@@ -33,12 +33,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_node(runs_dir: Path, rank: int, port: int, run_id: str, cwd: Path, *, extra_env: dict | None = None):
+def launch_node(runs_dir: Path, rank: int, port: int, run_id: str, cwd: Path, *, extra_env: dict | None = None,
+                args: tuple[str, ...] = ()):
     env = {**NODE_ENV, "UPS_HOSTNAME": f"node{rank}", "UPS_RUNS_DIR": str(runs_dir), **(extra_env or {})}
     res = run_ups("launch", "torchrun", "--run-id", run_id, "--unresponsive-after", "3", "--detach", "--json",
                   "--nnodes", "2", "--node-rank", str(rank), "--rdzv-backend", "c10d",
                   "--rdzv-endpoint", f"127.0.0.1:{port}", "--nproc-per-node", "1",
-                  DDP, "--steps", "100000", "--workers", "0", "--step-time", "0.05", env=env, cwd=cwd)
+                  DDP, "--steps", "100000", "--workers", "0", "--step-time", "0.05", *args, env=env, cwd=cwd)
     assert res.returncode == 0, res.stderr
     return RunDir(json.loads(res.stdout)["run_dir"])
 
@@ -282,6 +283,37 @@ def test_two_runs_dirs_read_over_ssh_then_a_lost_node(tmp_path, sshd, monkeypatc
 
 FINAL = ("succeeded", "partial", "failed", "killed", "lost")
 
+# Where ddp_train.py's rank sleeps for --fail sleep.
+SLEEP_SITE = "ddp_train.py:" + str(next(n for n, line in enumerate(Path(DDP).read_text().splitlines(), 1)
+                                         if "time.sleep(0.5)" in line))
+
+
+@pytest.mark.slow
+def test_a_rank_stuck_on_another_node_is_named_with_its_line_over_ssh(tmp_path, sshd):
+    """No shared folder: rank 1 sleeps in its own code on node1; node1's launcher dumps its stack
+    into node1's folder; `ups why --remote` on node0 names it with its file:line."""
+    a, b = tmp_path / "node0-runs", tmp_path / "node1-runs"
+    port = free_port()
+    fail = ("--fail", "sleep", "--fail-step", "20")
+    run0 = launch_node(a, 0, port, "exp-c", tmp_path, args=fail)
+    wait_for(lambda: (run0.status_dir / "agent@node0.json").exists(), 20, message="node0's agent record")
+    run1 = launch_node(b, 1, port, "exp-c", tmp_path, args=fail)
+    try:
+        remote_ups = f"env UPS_HOSTNAME=node1 PYTHONPATH={os.environ['PYTHONPATH']} {sys.executable} -m ups"
+        env = {"UPS_HOSTNAME": "node0", "UPS_RUNS_DIR": str(a), "UPS_SSH": sshd, "UPS_REMOTE_UPS": remote_ups}
+
+        def named():  # once node1's launcher has dumped its stalled rank's stack
+            res = run_ups("why", "exp-c", "--remote", f"127.0.0.1:{b}", "--json", env=env)
+            v = json.loads(res.stdout)["verdict"] if res.stdout.strip() else {}
+            return v.get("mode") == "rank_stuck_peers_wait" and (v.get("where") or {}).get("site") and v
+
+        v = wait_for(named, 90, interval=1.0, message="ups why on node0 to name rank 1 on node1 with its line")
+        assert (v["who"]["rank"], v["who"]["host"]) == (1, "node1") and v["where"]["site"] == SLEEP_SITE, v
+        assert "rank 0 waits for it" in v["headline"], v["headline"]
+        assert (b / "exp-c" / "stacks" / "rank-1.txt").is_file() and not (a / "exp-c" / "stacks" / "rank-1.txt").exists()
+    finally:
+        kill_everything(run0, run1)
+
 
 # ------------------------------------------------------------- bad input, merging rules
 @pytest.mark.parametrize(("args", "says"), [
@@ -327,6 +359,29 @@ def test_node_manifests_merge_and_a_node_joins_once(tmp_path, monkeypatch):
     monkeypatch.setenv("UPS_HOSTNAME", "elsewhere")  # a host that is no node of the run cannot write its state
     with pytest.raises(UpsError, match="elsewhere is not a node of multi-node run exp-c"):
         run.set_state("killed")
+
+
+def test_a_nodes_stream_sends_a_stack_file_when_it_changes_from_its_latest_section_on(tmp_path):
+    """What `ups status --follow` sends a reader on another node of a stack file: its latest
+    section (not the whole file), and again only once the file changed."""
+    from ups.runs.payload import stream_payload
+    from ups.runs.read import open_run
+    from ups.status.procs import this_process_start
+    from ups.status.record import StatusRecord
+
+    run = RunDir.create(tmp_path, "torchrun", run_id="exp-s")
+    rec = StatusRecord(run_id="exp-s", role="rank", name="rank-1", pid=os.getpid(), pid_start=this_process_start(),
+                       host="node1", rank=1, stack_file="stacks/rank-1.txt")
+    run.write_file("status/rank-1.json", rec.to_json().encode())
+    old = "=== stack dump of rank 1 pid 7 requested by launcher at 10:00:00 ===\nCurrent thread 0x1 (most recent call first):\n"
+    new = old.replace("10:00:00", "10:00:10") + '  File "train.py", line 42 in wait_for_the_answer\n'
+    (run.path / "stacks" / "rank-1.txt").write_text(old * 50 + new)
+    sent: dict = {}
+    assert stream_payload(open_run(run), sent)["stacks"] == {"rank-1": new}
+    assert stream_payload(open_run(run), sent)["stacks"] == {}  # unchanged: not sent again
+    with open(run.path / "stacks" / "rank-1.txt", "a") as f:
+        f.write(new.replace("line 42", "line 43"))
+    assert stream_payload(open_run(run), sent)["stacks"] == {"rank-1": new.replace("line 42", "line 43")}
 
 
 @pytest.mark.slow

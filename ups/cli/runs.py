@@ -220,10 +220,11 @@ def _follow_json(rd: RunDir, interval: float) -> None:
 
     from ups.runs.read import open_run
 
+    sent: dict[str, tuple] = {}  # the stack files this stream has sent, as they were
     try:
         while True:
             view = open_run(rd)
-            sys.stdout.write(jsonlib.dumps(stream_payload(view), default=str, separators=(",", ":")) + "\n")
+            sys.stdout.write(jsonlib.dumps(stream_payload(view, sent), default=str, separators=(",", ":")) + "\n")
             sys.stdout.flush()
             if view.is_final:
                 return

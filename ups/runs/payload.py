@@ -5,6 +5,8 @@ docs/status-json.md): ``ups runs --json`` rows, ``ups status --json`` (and each 
 
 from __future__ import annotations
 
+import os
+import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # this module is on the CLI's import path: the view's module is loaded when a run is read
@@ -89,12 +91,66 @@ def gpu_by_pid() -> dict[int, int]:
         return {}
 
 
-def stream_payload(view: RunView) -> dict:
-    """A ``--follow`` line: the status payload, this host's name, and the records whole (a
-    reader on another node rebuilds its view from them, with the health judged here)."""
+def stream_payload(view: RunView, sent: dict[str, tuple] | None = None) -> dict:
+    """A ``--follow`` line: the status payload, this host's name, the records whole (a reader
+    on another node rebuilds its view from them, with the health judged here), and ``stacks``:
+    the latest sections of the stack files (:func:`changed_stacks`) that changed since the
+    stream's earlier lines (``sent``, kept by the stream), so that the reader's ``ups why``
+    names a frame read on this node."""
     from ups.status.host import hostname
 
     payload = status_payload(view)
     payload["host"] = hostname()
     payload["records"] = [p.record.to_dict() for p in view.processes]
+    payload["stacks"] = changed_stacks(view, {} if sent is None else sent)
     return payload
+
+
+SECTION_START = re.compile(r"^(?:=== stack dump of |=== uncaught exception in |Fatal Python error: )", re.M)
+"""Where a section of a stack file begins (its writers: ups.runs.signals, ups.instrument,
+ups.attach.pyspy; its reader: ups.why.stacks): a requested dump, an uncaught exception, a
+fatal signal's report."""
+STACK_READ = 256 << 10  # of a stack file's end (as ups.why.evidence reads it)
+STACK_SEND = 32 << 10  # at most, a process, a line
+
+
+def changed_stacks(view: RunView, sent: dict[str, tuple]) -> dict[str, str]:
+    """By record name, the end of each process's stack file that changed since ``sent`` (its
+    size and time of change, updated here): from the latest section of each kind on (a dump,
+    an exception, a fatal signal's report), as the file has it."""
+    out: dict[str, str] = {}
+    for p in view.processes:
+        rel = p.record.stack_file or f"stacks/{p.record.name}.txt"
+        try:
+            st = os.stat(view.run.path / rel)
+        except (OSError, ValueError):
+            continue
+        mark = (st.st_size, st.st_mtime_ns, st.st_ino)
+        if sent.get(p.record.name) == mark:
+            continue
+        from ups.status.safeio import try_tail
+
+        text = try_tail(view.run.path / rel, STACK_READ)
+        if text is None:
+            continue
+        sent[p.record.name] = mark
+        out[p.record.name] = latest_sections(text)
+    return out
+
+
+def latest_sections(text: str, limit: int = STACK_SEND) -> str:
+    """The stack file's text from the latest section of each kind on, within ``limit``
+    characters (at least the latest section's end)."""
+    starts = [m.start() for m in SECTION_START.finditer(text)]
+    if not starts:
+        return text[-limit:]
+    begin, kinds = starts[-1], set()
+    for at in reversed(starts):
+        kind = text[at:at + 12]  # "=== stack du", "=== uncaught", "Fatal Python"
+        if kind in kinds:
+            continue
+        if len(text) - at > limit:
+            break
+        kinds.add(kind)
+        begin = at
+    return text[begin:][-limit:]

@@ -32,6 +32,7 @@ from typing import Any
 
 from ups.errors import UpsError
 from ups.runs.manifest_spec import check_manifest
+from ups.runs.payload import STACK_SEND
 from ups.runs.rundir import FINAL_RUN_STATES, RunDir, merge_node_states
 from ups.runs.view import NodeView, ProcessView, RunView, node_views, with_lost_nodes
 from ups.status.health import Health, HealthVerdict, Thresholds
@@ -99,6 +100,7 @@ class RemoteStatusSource:
         self._proc: subprocess.Popen[str] | None = None
         self._thread: threading.Thread | None = None
         self.latest: dict[str, Any] | None = None
+        self.stacks: dict[str, str] = {}  # by record name: the latest sections of its stack file there
         self.received_mono: float | None = None
         self.error: str | None = None  # why the last stream ended (None while it flows)
         self.finished = False  # the stream ended because the run has ended there
@@ -156,8 +158,12 @@ class RemoteStatusSource:
                 continue
             if not isinstance(payload, dict):
                 continue
+            stacks = payload.pop("stacks", None)
             with self._lock:
                 self.latest, self.received_mono, self.error = payload, time.monotonic(), None
+                if isinstance(stacks, dict):  # only those that changed since the stream's last line
+                    self.stacks.update((k, v[-STACK_SEND:]) for k, v in stacks.items()
+                                       if isinstance(k, str) and isinstance(v, str))
             self._first.set()
             if self._halt.is_set():
                 break
@@ -202,6 +208,11 @@ class RemoteStatusSource:
     def snapshot(self) -> tuple[dict[str, Any] | None, float | None]:
         with self._lock:
             return self.latest, self.received_mono
+
+    def stack_text(self, name: str) -> str | None:
+        """The end of a process's stack file on that node, as its stream last sent it."""
+        with self._lock:
+            return self.stacks.get(name)
 
 
 def remote_processes(payload: dict[str, Any], received_mono: float, now_mono: float,
@@ -254,6 +265,7 @@ def merge_remote(local: RunView | None, sources: list[RemoteStatusSource], *, ru
         nodes[here] = {k: local.manifest.get(k) for k in ("state", "summary", "failure", "ended_at", "launcher")}
     lost: dict[str, str] = {}
     remotes: list[dict[str, Any]] = []
+    stacks: dict[str, str] = {}
     for src in sources:
         state, reason = src.status(now_mono)
         payload, received = src.snapshot()
@@ -272,6 +284,9 @@ def merge_remote(local: RunView | None, sources: list[RemoteStatusSource], *, ru
         for p in remote_processes(payload, received, now_mono, lost.get(host)):
             if p.record.host != here:  # this host's own records are read here, never second-hand
                 processes[(p.record.host, p.record.name)] = p
+                text = src.stack_text(p.record.name)
+                if text is not None:
+                    stacks[p.record.name] = text
     merged = sorted(processes.values(), key=lambda p: _order(p.record))
     for key in ("summary", "failure", "ended_at", "failed_nodes", "unreachable_nodes"):
         manifest.pop(key, None)
@@ -290,7 +305,8 @@ def merge_remote(local: RunView | None, sources: list[RemoteStatusSource], *, ru
     base = local or RunView(RunDir(Path(f"remote:{run_id}")), None, None, (), (), Thresholds(), time.time(), "supervised")
     supervision = "final" if manifest.get("state") in FINAL_RUN_STATES else base.supervision
     return dataclasses.replace(base, manifest=manifest, manifest_problem=None if manifest else base.manifest_problem,
-                               processes=tuple(merged), nodes=node_tuple, supervision=supervision)
+                               processes=tuple(merged), nodes=node_tuple, supervision=supervision,
+                               remote_stacks=stacks)
 
 
 def _order(r: StatusRecord) -> tuple:

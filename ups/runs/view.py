@@ -116,6 +116,9 @@ class RunView:
     """What a reader decided in memory for a run nobody is left to finish (state, summary,
     failure ...: ups.runs.settle), None when it needed no settling. ``ups runs --settle`` and
     ``ups adopt`` write exactly this down."""
+    remote_stacks: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Other nodes' processes read with ``--remote`` (ups.runs.remote): by record name, the end
+    of each one's stack file there, as that node's stream sent it (its stacks stay on its node)."""
 
     @property
     def is_multinode(self) -> bool:

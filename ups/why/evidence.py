@@ -62,8 +62,12 @@ class Evidence:
         return {name: ex for name, ex in exits.items() if ex.at > since}
 
     def stack_text(self, record: StatusRecord) -> str:
+        """A process's stack file (its end); another node's, read with ``--remote``: as its
+        node's stream sent it."""
         if record.name not in self._texts:
-            self._texts[record.name] = _tail(self.run.path / (record.stack_file or f"stacks/{record.name}.txt"), 256_000)
+            remote = self.view.remote_stacks.get(record.name)
+            self._texts[record.name] = remote if remote is not None else _tail(
+                self.run.path / (record.stack_file or f"stacks/{record.name}.txt"), 256_000)
         return self._texts[record.name]
 
     def stack(self, record: StatusRecord, kind: str | None = None) -> stacks.Section | None:
