@@ -63,7 +63,7 @@ STYLE = {
     "coll_gather_into": "ddp", "coll_p2p_shape": "ddp",
     "peer_sysexit": "trainer", "peer_early_stop": "ddp",
     "nan_fp16": "trainer", "nan_log0": "loader",
-    "ok_trainer": "trainer", "ok_ddp": "ddp", "ok_loader": "loader",
+    "ok_trainer": "trainer", "ok_ddp": "ddp", "ok_loader_tutorial": "loader",
     "own_assert": "trainer", "own_collate_type": "loader", "own_loss_shape": "ddp",
 }
 

@@ -195,7 +195,7 @@ SCENARIOS2: tuple[Scenario, ...] = (
     # negatives
     _r2("ok_trainer", None, "a healthy Trainer run, with a warning that no checkpoint was found", negative="healthy"),
     _r2("ok_ddp", None, "the DDP tutorial, healthy", negative="healthy"),
-    _r2("ok_loader", None, "the DataLoader tutorial's loop with 2 persistent workers, healthy", negative="healthy"),
+    _r2("ok_loader_tutorial", None, "the DataLoader tutorial's loop with 2 persistent workers, healthy", negative="healthy"),
     _r2("own_assert", None, "the data collator's own assert", negative="user_error", expect="AssertionError"),
     _r2("own_collate_type", None, "a collate_fn builds a tensor from a list with a string in it, in a worker",
         negative="user_error", expect="TypeError"),
@@ -203,6 +203,7 @@ SCENARIOS2: tuple[Scenario, ...] = (
 )
 ROUNDS = {1: SCENARIOS, 2: SCENARIOS2}
 BY_NAME = {s.name: s for s in SCENARIOS + SCENARIOS2}
+assert len(BY_NAME) == len(SCENARIOS) + len(SCENARIOS2), "a scenario's name is its identity across rounds"
 
 # What a log must show for its class to be said in it: the words of the OS, torch, the shell or
 # the launcher that name the fault (not the reader's signs: a labelling rule, written before the

@@ -22,6 +22,8 @@ from ups.why.logread import BY_NAME, read_log
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "tests" / "data" / "repro_corpus"
 TEST_SHA256 = "43004b855c61e115307c212143cd4afada4f148183bc5b647af7afbbfdb2ae27"
+# round 2 (scripts/failure_job2.py): new programs, split and frozen before the reader was read again
+TEST2_SHA256 = "8b467d404d84710a3c7bf90b1f4c33fec01ee757828b2299fd4ef26b9b9e4503"
 
 
 def _records(name: str) -> list[dict]:
@@ -31,6 +33,23 @@ def _records(name: str) -> list[dict]:
 # -- the committed fixtures ---------------------------------------------------------------------------
 def test_the_test_half_is_frozen():
     assert hashlib.sha256((CORPUS / "test.jsonl").read_bytes()).hexdigest() == TEST_SHA256
+
+
+def test_round_two_test_half_is_frozen():
+    assert hashlib.sha256((CORPUS / "test2.jsonl").read_bytes()).hexdigest() == TEST2_SHA256
+
+
+def test_round_two_is_new_programs_with_every_class_in_its_test_half():
+    round1 = {r["scenario"] for r in _records("dev") + _records("test")}
+    dev2, test2 = _records("dev2"), _records("test2")
+    assert not round1 & {r["scenario"] for r in dev2 + test2}
+    assert not {r["scenario"] for r in dev2} & {r["scenario"] for r in test2}
+    scenarios_of = Counter(c for c, _ in {(r["class"], r["scenario"]) for r in dev2 + test2 if r["class"]})
+    assert len(scenarios_of) >= 20 and set(scenarios_of) <= set(BY_NAME)
+    assert min(scenarios_of.values()) >= 2  # two new ways of each class's fault
+    assert {r["class"] for r in test2 if r["class"]} == set(scenarios_of)
+    negatives = {r["scenario"] for r in dev2 + test2 if r["class"] is None and r["negative"] in ("healthy", "user_error")}
+    assert len(negatives) >= 6
 
 
 def test_the_corpus_has_every_class_in_three_surroundings_and_negatives():
