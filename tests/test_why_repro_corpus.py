@@ -67,7 +67,7 @@ def test_the_corpus_has_every_class_in_three_surroundings_and_negatives():
     assert not dev & test
 
 
-@pytest.mark.parametrize("half", ["dev", "test"])
+@pytest.mark.parametrize("half", ["dev", "test", "dev2"])
 def test_the_fixtures_get_no_wrong_class_and_no_negative_a_class(half: str):
     wrong, right, failures = [], 0, 0
     for rec in _records(half):
