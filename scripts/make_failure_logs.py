@@ -1,8 +1,10 @@
 """Make failures happen for real with the installed torch, and keep their logs.
 
-    python scripts/make_failure_logs.py OUT [--only SCENARIO,...] [--surroundings torchrun,python,batch]
+    python scripts/make_failure_logs.py OUT [--round 1|2] [--only SCENARIO,...] [--surroundings torchrun,python,batch]
 
-Each scenario (scripts/failure_job.py: a small training job and the one call that fails) runs in
+Each scenario (round 1: scripts/failure_job.py, a small training job and the one call that fails;
+round 2: scripts/failure_job2.py, other programs written as frameworks' tutorials write them,
+failing in other ways, for a second frozen test half that no one tuned on) runs in
 three surroundings: ``torchrun`` with 2 gloo ranks (the failing rank first, the other rank's
 secondary errors after it), plain ``python``, and a batch script whose output is a SLURM-style
 ``.out`` file (``set -e``, the shell's own "Killed"/"Terminated" lines, exit codes). The noise
@@ -49,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-JOB = HERE / "failure_job.py"
+JOBS = {1: HERE / "failure_job.py", 2: HERE / "failure_job2.py"}
 SURROUNDINGS = ("torchrun", "python", "batch")
 NOBODY = 65534
 
@@ -67,6 +69,8 @@ class Scenario:
     negative: str | None = None  # healthy | user_error
     expect: str | None = None  # the exception a user_error raises
     note: str = ""
+    round: int = 1  # 1: failure_job.py, 2: failure_job2.py
+    torchrun: str = ""  # round 2: torchrun's options instead of --standalone ({busy}, {dead}, {free}: ports)
 
 
 SCENARIOS: tuple[Scenario, ...] = (
@@ -130,7 +134,76 @@ SCENARIOS: tuple[Scenario, ...] = (
              note="the dataset's own lookup raises in a DataLoader worker"),
     Scenario("own_value", None, negative="user_error", expect="ValueError", note="the program's own check raises"),
 )
-BY_NAME = {s.name: s for s in SCENARIOS}
+
+def _r2(name: str, cls: str | None, note: str, **kw) -> Scenario:
+    return Scenario(name, cls, note=note, round=2, **kw)
+
+
+# Round 2: written before the reader was read again, after round 1's test half had been tuned on.
+# Each is another program (a Hugging Face-style Trainer, PyTorch's DDP tutorial, the DataLoader
+# tutorial, a producer process and a queue) and another way of its class's fault than round 1's.
+SCENARIOS2: tuple[Scenario, ...] = (
+    _r2("st_full", "disk_full", "a Trainer saves model.safetensors onto a full file system", mount="full"),
+    _r2("fobj_full", "disk_full", "rank 0 torch.save()s through an open file object onto a full file system", mount="full"),
+    _r2("ro_makedirs", "read_only_fs", "a Trainer makes its checkpoint-N folder on a read-only file system", mount="ro"),
+    _r2("ro_worker_cache", "read_only_fs", "a DataLoader worker pickles a decoded sample into a read-only cache folder",
+        mount="ro"),
+    _r2("perm_csv", "permission_denied", "a Trainer's CSV logger appends to a metrics file another user owns", mount="perm", user=True),
+    _r2("perm_tmpfile", "permission_denied", "an atomic save's temporary file in a checkpoint folder another user owns",
+        mount="perm", user=True),
+    _r2("shm_queue", "shm_full", "a producer process puts 16 MiB batches on a torch.multiprocessing queue, 4 MiB /dev/shm",
+        mount="shm", limit=40),
+    _r2("shm_spawn_args", "shm_full", "a 16 MiB tensor handed to a spawned process, 4 MiB /dev/shm", mount="shm"),
+    _r2("fd_memmap", "too_many_open_files", "a dataset memory-maps its .npy shards under ulimit -n 128", ulimit="-n 128"),
+    _r2("fd_h5py", "too_many_open_files", "a dataset keeps an h5py handle per shard under ulimit -n 256", ulimit="-n 256"),
+    _r2("mem_cat", "host_oom", "an evaluation keeps every batch's logits under ulimit -v", ulimit="-v 6000000"),
+    _r2("mem_worker", "host_oom", "a DataLoader worker decodes an 8 GiB sample under ulimit -v", ulimit="-v 6000000"),
+    _r2("kill_rank0", "oom_killed", "SIGKILL to rank 0 of the DDP tutorial (mp.spawn under python)", signal="kill_one"),
+    _r2("kill_all", "oom_killed", "SIGKILL to every process of the job step at once, as a cgroup's OOM kill does",
+        signal="kill_all"),
+    _r2("segv_faulthandler", "segfault", "a native write near address 0 with faulthandler enabled"),
+    _r2("segv_recursion", "segfault", "a recursive walk of a tree that loops, recursion limit raised: the C stack overflows"),
+    _r2("term_handler", "job_terminated", "SIGTERM to every process; the Trainer's handler says so and exits 143",
+        signal="term_group"),
+    _r2("term_top", "job_terminated", "SIGTERM to the job's top process only (the launcher, the spawn parent)",
+        signal="term_top"),
+    _r2("missing_config", "file_missing", "the training config json is not there"),
+    _r2("missing_sample", "file_missing", "a DataLoader worker opens a sample file deleted since the index was made"),
+    _r2("import_six", "import_error", "old code imports torch._six"),
+    _r2("import_name", "import_error", "from torch.utils.data import DataLoader2 (a name that moved out)"),
+    _r2("ckpt_mixed", "checkpoint_corrupt", "resume from an optimizer.pt whose first half another writer wrote"),
+    _r2("ckpt_appended", "checkpoint_corrupt", "torch.load of a snapshot two saves appended to (opened 'ab')"),
+    _r2("wo_model", "checkpoint_weights_only", "torch.load (weights_only) of a whole model saved with torch.save(model)"),
+    _r2("wo_dataclass", "checkpoint_weights_only", "torch.load (weights_only) of training args saved as a dataclass"),
+    _r2("cuda_device_obj", "checkpoint_cuda_on_cpu", "torch.load(f, map_location=torch.device('cuda')) on a CPU box"),
+    _r2("cuda_map_dict", "checkpoint_cuda_on_cpu", "the DDP tutorial's map_location={'cuda:0': 'cuda:RANK'} on a CPU box"),
+    _r2("addr_tutorial", "address_in_use", "the DDP tutorial's MASTER_PORT (torchrun: its endpoint) held by another job",
+        torchrun="--nnodes 1 --nproc-per-node 2 --rdzv-backend static --rdzv-endpoint 127.0.0.1:{busy}"),
+    _r2("addr_metrics_port", "address_in_use", "a Trainer's metrics HTTP endpoint on a port another process holds"),
+    _r2("rdzv_env_world", "rendezvous_timeout", "a world size the launch never reaches (env://; torchrun: 2 nodes, 1 came)",
+        torchrun="--nnodes 2 --node-rank 0 --nproc-per-node 2 --rdzv-backend static --master-addr 127.0.0.1 "
+                 "--master-port {free} --rdzv-conf timeout=8"),
+    _r2("rdzv_file", "rendezvous_timeout", "a file:// rendezvous sized for more ranks than were started", limit=60),
+    _r2("coll_barrier", "collective_timeout", "the other ranks wait at a barrier while rank 0 evaluates, timeout 5 s"),
+    _r2("coll_bcast_obj", "collective_timeout", "broadcast_object_list from a rank 0 that is late, timeout 5 s"),
+    _r2("coll_gather_into", "collective_mismatch", "all_gather_into_tensor of predictions, the last rank's batch shorter"),
+    _r2("coll_p2p_shape", "collective_mismatch", "pipeline stages: send of (4, 32) activations, recv into (4, 16)"),
+    _r2("peer_sysexit", "peer_lost", "a rank leaves by sys.exit(1) in the middle of training"),
+    _r2("peer_early_stop", "peer_lost", "one rank stops early and leaves the process group while the other trains on"),
+    _r2("nan_fp16", "loss_nonfinite", "float16 activations overflow under autocast: the Trainer logs loss inf, then nan"),
+    _r2("nan_log0", "loss_nonfinite", "log(0) in a hand-written cross entropy, clip_grad_norm_(error_if_nonfinite=True)"),
+    # negatives
+    _r2("ok_trainer", None, "a healthy Trainer run, with a warning that no checkpoint was found", negative="healthy"),
+    _r2("ok_ddp", None, "the DDP tutorial, healthy", negative="healthy"),
+    _r2("ok_loader_tutorial", None, "the DataLoader tutorial's loop with 2 persistent workers, healthy", negative="healthy"),
+    _r2("own_assert", None, "the data collator's own assert", negative="user_error", expect="AssertionError"),
+    _r2("own_collate_type", None, "a collate_fn builds a tensor from a list with a string in it, in a worker",
+        negative="user_error", expect="TypeError"),
+    _r2("own_loss_shape", None, "cross_entropy of 20 outputs against 40 targets", negative="user_error", expect="ValueError"),
+)
+ROUNDS = {1: SCENARIOS, 2: SCENARIOS2}
+BY_NAME = {s.name: s for s in SCENARIOS + SCENARIOS2}
+assert len(BY_NAME) == len(SCENARIOS) + len(SCENARIOS2), "a scenario's name is its identity across rounds"
 
 # What a log must show for its class to be said in it: the words of the OS, torch, the shell or
 # the launcher that name the fault (not the reader's signs: a labelling rule, written before the
@@ -155,7 +228,8 @@ EVIDENCE = {
     "checkpoint_corrupt": r"PytorchStreamReader|central directory|invalid load key|corrupt|Unsupported operand \d+",
     "checkpoint_weights_only": r"Unsupported global|add_safe_globals|safe_globals",
     "checkpoint_cuda_on_cpu": r"deserialize object on a CUDA device|cuda\.is_available\(\) is False",
-    "address_in_use": r"address already in use|EADDRINUSE|errno: 98\b",
+    # ... and the OS's own words, capitalised, as Python's OSError prints them (round 2)
+    "address_in_use": r"[Aa]ddress already in use|EADDRINUSE|errno: 98\b|Errno 98\b",
     "rendezvous_timeout": r"[Tt]imed out|[Tt]imeout",
     "collective_timeout": r"[Tt]imed out|[Tt]imeout|monitoredBarrier",
     "collective_mismatch": r"[Mm]ismatch|differ",
@@ -215,6 +289,46 @@ def prepare(work: Path) -> None:
         os.chmod(p, 0o755 if p.is_dir() else 0o644)
 
 
+def prepare2(work: Path) -> None:
+    """Round 2's inputs, each made the way the fault makes it: an optimizer.pt whose first half
+    another writer's file overwrote, a snapshot two saves appended to, a whole model and a
+    dataclass pickled by torch.save, checkpoints whose storages say CUDA (a location tag
+    registered on this CPU box, as a GPU box writes them), sample files and h5 shards."""
+    inputs = work / "inputs"
+    code = (
+        "import dataclasses, os, sys, torch, numpy, h5py\n"
+        "d = sys.argv[1]\n"
+        "os.makedirs(d + '/checkpoint-2', exist_ok=True); os.makedirs(d + '/samples', exist_ok=True)\n"
+        "os.makedirs(d + '/shards', exist_ok=True)\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.GELU(), torch.nn.Linear(64, 1))\n"
+        "opt = torch.optim.AdamW(m.parameters()); m(torch.randn(4, 16)).sum().backward(); opt.step()\n"
+        "p = d + '/checkpoint-2/optimizer.pt'; torch.save(opt.state_dict(), p)\n"
+        "torch.save({'ema': torch.randn(200000)}, d + '/other.pt')\n"
+        "mine, other = open(p, 'rb').read(), open(d + '/other.pt', 'rb').read()\n"
+        "open(p, 'wb').write(other[: len(mine) // 2] + mine[len(mine) // 2:]); os.remove(d + '/other.pt')\n"
+        "t = torch.nn.Linear(10, 10); sd = {'module.net1.weight': t.weight.data, 'module.net1.bias': t.bias.data}\n"
+        "with open(d + '/snapshot.pt', 'ab') as f: torch.save({**sd, 'optimizer': {'exp_avg': torch.randn(50000)}}, f)\n"
+        "with open(d + '/snapshot.pt', 'ab') as f: torch.save(sd, f)\n"
+        "torch.save(m, d + '/whole_model.pt')\n"
+        "@dataclasses.dataclass\n"
+        "class TrainingArguments:\n"
+        "    output_dir: str = 'out'\n"
+        "    learning_rate: float = 5e-05\n"
+        "torch.save(TrainingArguments(), d + '/checkpoint-2/training_args.bin')\n"
+        "for i in range(32): numpy.save(f'{d}/samples/sample_{i:05d}.npy', numpy.random.rand(16).astype('float32'))\n"
+        "for i in range(320):\n"
+        "    with h5py.File(f'{d}/shards/shard-{i:03d}.h5', 'w') as f: f['x'] = numpy.zeros((8, 16), 'float32')\n"
+        "torch.serialization.register_package(1, lambda o: 'cuda:0' if o.device.type == 'cpu' else None, lambda o, loc: None)\n"
+        "torch.save(m.state_dict(), d + '/gpu_trained.pt')\n"
+        "t = torch.nn.Linear(10, 10)\n"
+        "torch.save({'module.net1.weight': t.weight.data, 'module.net1.bias': t.bias.data}, d + '/gpu_ddp.checkpoint')\n"
+    )
+    inputs.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-c", code, str(inputs)], check=True)
+    for p in [work, *work.rglob("*")]:
+        os.chmod(p, 0o755 if p.is_dir() else 0o644)
+
+
 def mount_script(sc: Scenario, work: Path) -> str:
     """Shell lines run inside the private mount namespace before the job."""
     mnt = work / "mnt"
@@ -226,7 +340,8 @@ def mount_script(sc: Scenario, work: Path) -> str:
         lines += [f"mount -t tmpfs -o size=8m tmpfs {mnt}", f"mkdir -p {mnt}/ckpt {mnt}/cache",
                   f"mount -o remount,ro {mnt}"]
     elif sc.mount == "perm":
-        lines += [f"mount -t tmpfs -o size=8m,mode=0755 tmpfs {mnt}", f"mkdir -p {mnt}/ckpt {mnt}/cache"]
+        lines += [f"mount -t tmpfs -o size=8m,mode=0755 tmpfs {mnt}", f"mkdir -p {mnt}/ckpt {mnt}/cache",
+                  f"echo step,loss > {mnt}/metrics.csv"]
     elif sc.mount == "shm":
         lines += ["mount -t tmpfs -o size=4m tmpfs /dev/shm"]
     if sc.user:
@@ -242,11 +357,15 @@ def python_of(sc: Scenario, work: Path) -> str:
 
 def job_command(sc: Scenario, surrounding: str, work: Path, ports: dict) -> list[str]:
     py = python_of(sc, work)
-    job = [str(work / "failure_job.py"), sc.name, str(work)]
-    if surrounding == "python" or (surrounding == "batch" and not sc.name.startswith("rdzv_")):
+    job = [str(work / JOBS[sc.round].name), sc.name, str(work)]
+    if surrounding == "python" or (surrounding == "batch" and (sc.round == 2 or not sc.name.startswith("rdzv_"))):
         return [py, *job]
     run = [py, "-m", "torch.distributed.run"]
-    if sc.name == "addr_taken":
+    if sc.torchrun:
+        args = sc.torchrun.format(**ports).split()
+    elif sc.round == 2:
+        args = ["--standalone", "--nproc-per-node", "2"]
+    elif sc.name == "addr_taken":
         args = ["--nnodes", "1", "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(ports["busy"])]
     elif sc.name == "rdzv_alone":
         args = ["--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-id", "job42",
@@ -370,6 +489,17 @@ def send_signal(sc: Scenario, surrounding: str, proc: subprocess.Popen, work: Pa
             if sc.signal in ("kill_one", "kill_worker"):
                 os.kill(pid, signal.SIGKILL)  # the OOM killer kills one process
                 return f"SIGKILL to pid {pid}"
+            if sc.signal == "kill_all":  # a cgroup's OOM kill (memory.oom.group): the whole step at once
+                signal_job(proc.pid, signal.SIGKILL, shell_too=surrounding != "batch")
+                return "SIGKILL to every process of the job step"
+            if sc.signal == "term_top":  # `kill PID` of the launcher (batch: of the script's command)
+                top = proc.pid if surrounding != "batch" else (descendants(proc.pid) or [proc.pid])[0]
+                os.kill(top, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    pass
+                return f"SIGTERM to the job's top process {top}"
             signal_job(proc.pid, signal.SIGTERM, shell_too=surrounding != "batch")
             try:
                 proc.wait(timeout=8)
@@ -424,7 +554,9 @@ def run_one(sc: Scenario, surrounding: str, work: Path, logs: Path) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out", type=Path)
-    p.add_argument("--only", default="", help="comma-separated scenario names (default: all)")
+    p.add_argument("--round", type=int, choices=sorted(ROUNDS), default=1,
+                   help="which scenarios --only picks from by default: 1 (failure_job.py) or 2 (failure_job2.py)")
+    p.add_argument("--only", default="", help="comma-separated scenario names (default: all of --round's)")
     p.add_argument("--surroundings", default=",".join(SURROUNDINGS))
     p.add_argument("--relabel", action="store_true", help="only label OUT's logs again (the scenarios' classes, EVIDENCE)")
     args = p.parse_args()
@@ -438,7 +570,7 @@ def main() -> int:
             e["note"], e["expect"] = sc.note, sc.expect
         path.write_text(json.dumps(manifest, indent=1) + "\n")
         return 0
-    names = [n for n in args.only.split(",") if n] or [s.name for s in SCENARIOS]
+    names = [n for n in args.only.split(",") if n] or [s.name for s in ROUNDS[args.round]]
     unknown = [n for n in names if n not in BY_NAME]
     surroundings = [s for s in args.surroundings.split(",") if s]
     if unknown or not set(surroundings) <= set(SURROUNDINGS):
@@ -460,12 +592,15 @@ def main() -> int:
     work = Path(os.environ.get("TMPDIR", "/tmp")) / f"failure-logs-{os.getpid()}"
     work.mkdir(mode=0o755)
     try:
-        shutil.copy(JOB, work / "failure_job.py")
+        for job in JOBS.values():
+            shutil.copy(job, work / job.name)
         prepare(work)
+        if any(BY_NAME[n].round == 2 for n in names):
+            prepare2(work)
         manifest_path = out / "manifest.json"
         old = json.loads(manifest_path.read_text())["logs"] if manifest_path.exists() else []
         entries = {(e["scenario"], e["surrounding"]): e for e in old}
-        order = {s.name: i for i, s in enumerate(SCENARIOS)}
+        order = {s.name: i for i, s in enumerate(SCENARIOS + SCENARIOS2)}
         for name in names:
             for surrounding in surroundings:
                 entry = run_one(BY_NAME[name], surrounding, work, logs)

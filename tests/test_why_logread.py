@@ -809,6 +809,29 @@ def test_open_mpis_peer_disconnected_box_is_a_peer_lost():
                     + box).name == "segfault"
 
 
+SPAWN_EXIT = ("W1127 14:10:38.752000 31529 site-packages/torch/multiprocessing/spawn.py:165] Terminating process 31640 "
+              "via signal SIGTERM\n"
+              + tb("/home/me/train.py:120:<module>", "/usr/lib/python3.11/site-packages/torch/multiprocessing/spawn.py:192:join",
+                   error="torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with exit code {code}"))
+
+
+def test_a_spawned_process_that_exited_by_itself_without_a_word_is_a_peer_lost():
+    got = read_log(SPAWN_EXIT.format(code=1))
+    assert got.name == "peer_lost" and got.line.endswith("process 1 terminated with exit code 1")
+    # 128 + a signal is the signal's class, and an exit code of 0 is no process gone
+    assert read_log(SPAWN_EXIT.format(code=143)).name == "job_terminated"
+    assert read_log(SPAWN_EXIT.format(code=0)).name is None
+
+
+def test_a_spawned_process_that_said_why_it_went_is_read_by_what_it_said():
+    # how the group ended is the weakest sign: the process's own error, printed before, decides
+    own = tb("/home/me/train.py:88:evaluate", error="ValueError: no validation data for rank 1") + SPAWN_EXIT.format(code=1)
+    got = read_log(own)
+    assert got.kind == "user_code" and got.exception == "ValueError"
+    full = "OSError: [Errno 28] No space left on device: '/ckpt/step_3.pt'\n" + SPAWN_EXIT.format(code=1)
+    assert read_log(full).name == "disk_full"
+
+
 def test_a_failed_system_call_on_nccls_warn_line_is_nccls_system_error():
     warn = ("g148:14937:69361 [0] misc/shmutils.cc:93 NCCL WARN Call to open failed: No such file or directory\n"
             "g148:14937:69361 [0] misc/shmutils.cc:129 NCCL WARN Error while attaching to shared memory segment "

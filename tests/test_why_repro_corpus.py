@@ -22,6 +22,8 @@ from ups.why.logread import BY_NAME, read_log
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "tests" / "data" / "repro_corpus"
 TEST_SHA256 = "43004b855c61e115307c212143cd4afada4f148183bc5b647af7afbbfdb2ae27"
+# round 2 (scripts/failure_job2.py): new programs, split and frozen before the reader was read again
+TEST2_SHA256 = "8b467d404d84710a3c7bf90b1f4c33fec01ee757828b2299fd4ef26b9b9e4503"
 
 
 def _records(name: str) -> list[dict]:
@@ -31,6 +33,23 @@ def _records(name: str) -> list[dict]:
 # -- the committed fixtures ---------------------------------------------------------------------------
 def test_the_test_half_is_frozen():
     assert hashlib.sha256((CORPUS / "test.jsonl").read_bytes()).hexdigest() == TEST_SHA256
+
+
+def test_round_two_test_half_is_frozen():
+    assert hashlib.sha256((CORPUS / "test2.jsonl").read_bytes()).hexdigest() == TEST2_SHA256
+
+
+def test_round_two_is_new_programs_with_every_class_in_its_test_half():
+    round1 = {r["scenario"] for r in _records("dev") + _records("test")}
+    dev2, test2 = _records("dev2"), _records("test2")
+    assert not round1 & {r["scenario"] for r in dev2 + test2}
+    assert not {r["scenario"] for r in dev2} & {r["scenario"] for r in test2}
+    scenarios_of = Counter(c for c, _ in {(r["class"], r["scenario"]) for r in dev2 + test2 if r["class"]})
+    assert len(scenarios_of) >= 20 and set(scenarios_of) <= set(BY_NAME)
+    assert min(scenarios_of.values()) >= 2  # two new ways of each class's fault
+    assert {r["class"] for r in test2 if r["class"]} == set(scenarios_of)
+    negatives = {r["scenario"] for r in dev2 + test2 if r["class"] is None and r["negative"] in ("healthy", "user_error")}
+    assert len(negatives) >= 6
 
 
 def test_the_corpus_has_every_class_in_three_surroundings_and_negatives():
@@ -48,7 +67,7 @@ def test_the_corpus_has_every_class_in_three_surroundings_and_negatives():
     assert not dev & test
 
 
-@pytest.mark.parametrize("half", ["dev", "test"])
+@pytest.mark.parametrize("half", ["dev", "test", "dev2", "test2"])
 def test_the_fixtures_get_no_wrong_class_and_no_negative_a_class(half: str):
     wrong, right, failures = [], 0, 0
     for rec in _records(half):
@@ -67,8 +86,9 @@ def test_the_fixtures_get_no_wrong_class_and_no_negative_a_class(half: str):
 
 
 # -- a torch upgrade that changes a message is caught ------------------------------------------------
-# torch's own messages: weights_only on a checkpoint and on an HTML page, map_location, anomaly mode
-CHEAP = ("ckpt_args", "ckpt_html", "ckpt_cuda", "nan_anomaly")
+# torch's own messages: weights_only on a checkpoint and on an HTML page, map_location, anomaly mode;
+# round 2 (dev2): gloo's size check when ranks all_gather_into_tensor unequal sizes (2 ranks, mp.spawn)
+CHEAP = ("ckpt_args", "ckpt_html", "ckpt_cuda", "nan_anomaly", "coll_gather_into")
 
 
 @pytest.mark.slow

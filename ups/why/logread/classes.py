@@ -404,6 +404,10 @@ SIGNS: tuple[Sign, ...] = (
        # Open MPI's help box when a peer's connection drops ("An MPI communication peer process has
        # unexpectedly disconnected. This usually indicates a failure in the peer process")
        r"MPI communication peer process has unexpectedly disconnected", SYMPTOM),
+    # torch.multiprocessing.spawn's report of a process of the group that exited by itself with a
+    # status of its own (1-127: not 128 + a signal) and left no traceback (one it raised is
+    # "ProcessRaisedException", read on its own lines): how the group ended, when nothing says more
+    _s("peer_lost", r"process \d+ terminated with exit code (?:[1-9]|[1-9]\d|1[01]\d|12[0-7])\b", EXIT),
     # nccl_invalid_usage
     _s("nccl_invalid_usage", r"ncclInvalidUsage|\binvalid usage\b|NCCL version mismatch|"
        r"receiv(?:ing|ed) \d+ bytes instead of \d+|ncclInvalidArgument|Invalid config blocking attribute|"
