@@ -44,66 +44,24 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_soak import cpu_s, fds, read_events, rss_mib, tree_bytes  # noqa: E402 - the soak's own measures
+
 CHURN = REPO / "tests" / "programs" / "churn_train.py"
-TICK = os.sysconf("SC_CLK_TCK")
 NOTIFY = "cmd:cat >/dev/null"
 
 
-def cpu_s(pid: int) -> float | None:
+def _size(path: Path) -> int:
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / TICK
-
-
-def rss_mib(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        pass
-    return None
-
-
-def fds(pid: int) -> int | None:
-    try:
-        return len(os.listdir(f"/proc/{pid}/fd"))
-    except OSError:
-        return None
-
-
-def tree_bytes(path: Path) -> int:
-    total = 0
-    if path.is_file():
         return path.stat().st_size
-    for root, _dirs, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.lstat(os.path.join(root, f)).st_size
-            except OSError:
-                pass
-    return total
+    except OSError:
+        return 0
 
 
 def folder(run: Path) -> dict[str, int]:
-    return {"stacks_bytes": tree_bytes(run / "stacks"), "events_bytes": tree_bytes(run / "events.jsonl"),
+    return {"stacks_bytes": tree_bytes(run / "stacks"), "events_bytes": _size(run / "events.jsonl"),
             "logs_bytes": tree_bytes(run / "logs"), "status_bytes": tree_bytes(run / "status"),
             "status_files": len(os.listdir(run / "status")) if (run / "status").is_dir() else 0}
-
-
-def events(run: Path) -> list[dict]:
-    out = []
-    try:
-        for line in (run / "events.jsonl").read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass
-    except OSError:
-        pass
-    return out
 
 
 # ----------------------------------------------------------------------------- the soak
@@ -136,7 +94,7 @@ def soak(minutes: float, window: float, notify: bool) -> dict:
                 break
             windows.append({"t_s": round(t1 - t_start), "observer_cpu_pct": round(100 * (c1 - c0) / (t1 - t0), 2),
                             "observer_rss_mib": rss_mib(observer), "observer_fds": fds(observer),
-                            "events": len(events(run)), **folder(run)})
+                            "events": len(read_events(run)), **folder(run)})
     finally:
         if observer is not None:
             with contextlib.suppress(OSError):
@@ -154,7 +112,7 @@ def soak(minutes: float, window: float, notify: bool) -> dict:
         out[f"{key}_first"], out[f"{key}_last"] = first[key], last[key]
     for key in ("stacks_bytes", "events_bytes", "logs_bytes", "status_bytes"):
         out[f"{key.removesuffix('_bytes')}_kib_per_hour"] = round((last[key] - first[key]) / 1024 / hours, 1)
-    out["events_by_kind"] = _kinds(events(tmp / "runs" / "soak"))
+    out["events_by_kind"] = _kinds(read_events(tmp / "runs" / "soak"))
     out["notified"] = _notified(tmp / "notified")
     out["run_dir"] = str(tmp / "runs" / "soak")
     return out
@@ -292,7 +250,7 @@ def fast_forward(generations: int, windows: int, workers: int, helpers: int, not
         job.wait()
         log.close()
     first, last = out_windows[0], out_windows[-1]
-    evs = events(run.path)
+    evs = read_events(run.path)
     shutil.rmtree(tmp, ignore_errors=True)
     return {"mode": "fast-forward", "notify": notify, "generations": generations, "workers": workers, "helpers": helpers,
             "processes": generations * (workers + helpers), "wall_s": round(time.monotonic() - wall0, 1),
