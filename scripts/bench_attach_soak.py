@@ -8,7 +8,7 @@ Two modes:
   epochs; its output to a file), started without ups, then ``ups attach`` (with
   ``--notify cmd:cat >/dev/null`` under ``--notify``: the run is judged every 2 s), for
   ``--minutes`` (default 10). Every ``--window`` seconds (default 60): the observer's CPU (% of
-  one core over the window), RSS and open descriptors; the run folder's bytes (``stacks/``,
+  one core over the window, its py-spy dumps included), RSS and open descriptors; the run folder's bytes (``stacks/``,
   ``events.jsonl``, ``logs/``, ``status/``) and the events logged. The growth per hour is
   extrapolated from the last window against the first.
 - fast-forward (``--generations N``): a job of one rank (RANK=0 in its environment, no torch)
@@ -45,7 +45,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_soak import cpu_s, fds, read_events, rss_mib, tree_bytes  # noqa: E402 - the soak's own measures
+from bench_attach import cpu_s  # noqa: E402 - the observer's CPU with its reaped py-spy dumps
+from bench_soak import fds, read_events, rss_mib, tree_bytes  # noqa: E402 - the soak's own measures
 
 CHURN = REPO / "tests" / "programs" / "churn_train.py"
 NOTIFY = "cmd:cat >/dev/null"
@@ -99,8 +100,9 @@ def soak(minutes: float, window: float, notify: bool) -> dict:
         if observer is not None:
             with contextlib.suppress(OSError):
                 os.kill(observer, signal.SIGTERM)
-        with contextlib.suppress(OSError):
-            os.killpg(job.pid, signal.SIGKILL)
+        for pid in [job.pid, *_descendants(job.pid)]:  # torchrun starts each rank in a session of its own
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
         job.wait()
         log.close()
     first, last = windows[0], windows[-1]
@@ -126,6 +128,18 @@ def _notified(path: Path) -> list[str]:
             with contextlib.suppress(ValueError):
                 m = json.loads(line)
                 out.append(f"{m.get('event')}: {m.get('summary')}" if isinstance(m, dict) else line[:80])
+    return out
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        cur = todo.pop()
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{cur}/task"):
+                kids = [int(k) for k in Path(f"/proc/{cur}/task/{task}/children").read_text().split()]
+                out += kids
+                todo += kids
     return out
 
 
