@@ -16,8 +16,9 @@ def test_fast_forward_keeps_the_observers_cost_per_generation_flat(tmp_path):
     """200 generations (2 workers and a helper each: 600 real processes) through the observer,
     judging the run at every pass as --notify does: it holds nothing ended beyond one per name,
     leaves no record of an ended helper in status/, logs every end, and its CPU per generation
-    does not grow (thread CPU time, generous margin on a busy box; before the fix the judge read
-    one more dead helper's record every generation: the last window cost ~1.9x the first)."""
+    does not grow (thread CPU time, generous margin on a busy box). Before the fix it held 204
+    processes here, and the judge read one more dead helper's record every generation: over
+    1,000 generations its CPU per generation rose 5x (docs/benchmarks.md, "A long attach")."""
     res = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_attach_soak.py"), "--generations", "200",
                           "--windows", "4", "--helpers", "1", "--notify"],
                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
