@@ -8,6 +8,8 @@
   shared box a change below it is not measurable, and the two figures below bound the cost
 - observer_cpu_pct: the observer's own CPU while attached, % of one core: all it can take from
   the job, and only when every core is busy
+- ``--notify``: attach with ``--notify cmd:cat >/dev/null`` (a local target): the observer then
+  also judges the run with ``ups why``'s rules every 2 s; the figures above include that
 - dump_wall_ms / blocking_bound_pct_at_10s: median wall time of one *blocking* `py-spy dump`
   (an upper bound on how long it stops the job) and that bound at one dump every 10 s; the
   observer dumps with --nonblocking, which does not stop the job at all
@@ -84,6 +86,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pairs", type=int, default=4)
     ap.add_argument("--window", type=float, default=12.0)
+    ap.add_argument("--notify", action="store_true", help="attach with --notify to a local cmd: target")
     args = ap.parse_args()
     pyspy = shutil.which("py-spy")
     tmp = Path(tempfile.mkdtemp(prefix="bench-attach-"))
@@ -102,7 +105,8 @@ def main() -> None:
             t0 = time.monotonic()
             time.sleep(args.window)
             detached.append(rate(log, t0, time.monotonic()))
-            res = ups("attach", str(job.pid), "--runs-dir", str(tmp / "runs"), "--json", "--run-id", f"bench-{i}")
+            notify = ["--notify", "cmd:cat >/dev/null"] if args.notify else []
+            res = ups("attach", str(job.pid), "--runs-dir", str(tmp / "runs"), "--json", "--run-id", f"bench-{i}", *notify)
             if res.returncode != 0:
                 raise SystemExit(f"ups attach failed: {res.stderr.strip()}")
             m = json.loads((tmp / "runs" / f"bench-{i}" / "run.json").read_text())
@@ -112,7 +116,8 @@ def main() -> None:
             observer_cpu.append(100 * (cpu_s(m["launcher"]["pid"]) - c0) / (time.monotonic() - t0))
             os.kill(m["launcher"]["pid"], signal.SIGTERM)  # watching ends; the job goes on
             time.sleep(1.5)
-        out: dict = {"pairs": args.pairs, "window_s": args.window,
+        out: dict = {"pairs": args.pairs, "window_s": args.window, "notify": args.notify,
+                     "load_avg_1m": round(os.getloadavg()[0], 2),
                      "detached_steps_per_s": round(statistics.median(detached), 1),
                      "attached_steps_per_s": round(statistics.median(attached), 1)}
         base = statistics.median(detached)

@@ -42,7 +42,7 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 
 # ----------------------------------------------------------------------------- the soak
-def _cpu_s(pid: int) -> float | None:
+def cpu_s(pid: int) -> float | None:
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
@@ -50,7 +50,7 @@ def _cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
-def _rss_mib(pid: int) -> float | None:
+def rss_mib(pid: int) -> float | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
@@ -60,7 +60,7 @@ def _rss_mib(pid: int) -> float | None:
     return None
 
 
-def _fds(pid: int) -> int | None:
+def fds(pid: int) -> int | None:
     try:
         return len(os.listdir(f"/proc/{pid}/fd"))
     except OSError:
@@ -81,7 +81,7 @@ def _relay_pid(launcher: int) -> int | None:
     return None
 
 
-def _tree_bytes(path: Path) -> int:
+def tree_bytes(path: Path) -> int:
     total = 0
     for root, _dirs, files in os.walk(path):
         for f in files:
@@ -138,17 +138,17 @@ def soak(minutes: float, window: float) -> dict:
     last = None
     try:
         deadline = time.monotonic() + 180  # torch's import and the rendezvous, on a loaded box
-        while _epochs(run / "logs" / "job.log") < 1 and time.monotonic() < deadline and _cpu_s(launcher) is not None:
+        while _epochs(run / "logs" / "job.log") < 1 and time.monotonic() < deadline and cpu_s(launcher) is not None:
             time.sleep(0.5)  # the windows start once the job trains
         t_start = time.monotonic()
         t_end = t_start + minutes * 60
-        while time.monotonic() + window <= t_end and _cpu_s(launcher) is not None:
+        while time.monotonic() + window <= t_end and cpu_s(launcher) is not None:
             relay = relay or _relay_pid(launcher)
-            t0, c0, r0 = time.monotonic(), _cpu_s(launcher), _cpu_s(relay) if relay else None
+            t0, c0, r0 = time.monotonic(), cpu_s(launcher), cpu_s(relay) if relay else None
             e0 = _epochs(run / "logs" / "job.log")
             lines0 = _lines(run / "events.jsonl")
             time.sleep(window)
-            t1, c1, r1 = time.monotonic(), _cpu_s(launcher), _cpu_s(relay) if relay else None
+            t1, c1, r1 = time.monotonic(), cpu_s(launcher), cpu_s(relay) if relay else None
             if c1 is None or c0 is None:
                 break
             e1 = _epochs(run / "logs" / "job.log")
@@ -158,15 +158,15 @@ def soak(minutes: float, window: float) -> dict:
             last = {
                 "t_s": round(t1 - t_start),
                 "launcher_cpu_pct": round(100 * (c1 - c0) / (t1 - t0), 2),
-                "launcher_rss_mib": _rss_mib(launcher),
-                "launcher_fds": _fds(launcher),
+                "launcher_rss_mib": rss_mib(launcher),
+                "launcher_fds": fds(launcher),
                 "relay_cpu_pct": round(100 * (r1 - r0) / (t1 - t0), 2) if r0 is not None and r1 is not None else None,
                 "epochs": e1,
                 "event_lines": lines1,
                 "event_lines_per_epoch": round((lines1 - lines0) / (e1 - e0), 3) if e1 > e0 else None,
                 "events_bytes": _size(run / "events.jsonl"),
-                "status_bytes": _tree_bytes(run / "status"),
-                "metrics_bytes": _tree_bytes(run / "metrics"),
+                "status_bytes": tree_bytes(run / "status"),
+                "metrics_bytes": tree_bytes(run / "metrics"),
                 "status_json_ms": round(status_ms),
                 "snapshot_ms": round(float(out.strip() or "nan"), 1),
             }
@@ -188,7 +188,7 @@ def soak(minutes: float, window: float) -> dict:
     out["launcher_fds_max_first_half"] = max((w["launcher_fds"] or 0 for w in windows[:half]), default=None)
     out["launcher_fds_max_second_half"] = max((w["launcher_fds"] or 0 for w in windows[half:]), default=None)
     out["epochs"] = (last or {}).get("epochs")
-    out["unclean_worker_exits"] = sum(1 for e in _events(run) if e.get("event") == "process.exit"
+    out["unclean_worker_exits"] = sum(1 for e in read_events(run) if e.get("event") == "process.exit"
                                       and e.get("role") == "worker" and not e.get("clean"))
     out["run_dir"] = str(run)
     return out
@@ -209,7 +209,7 @@ def _size(path: Path) -> int:
         return 0
 
 
-def _events(run: Path) -> list[dict]:
+def read_events(run: Path) -> list[dict]:
     out = []
     try:
         for line in (run / "events.jsonl").read_text().splitlines():
@@ -296,7 +296,7 @@ def fast_forward(generations: int, windows: int = 10, ranks: int = 2, workers: i
                                 "held": watcher.watching()})
             cpu_window = 0.0
     watcher.stop()
-    events = [e for e in _events(run.path) if e.get("event") == "process.exit"]
+    events = [e for e in read_events(run.path) if e.get("event") == "process.exit"]
     first, last = out_windows[0], out_windows[-1]
     return {"mode": "fast-forward", "generations": generations, "processes": generations * len(slots),
             "wall_s": round(time.monotonic() - wall0, 1), "windows": out_windows,

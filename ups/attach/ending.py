@@ -17,14 +17,17 @@ from ups.status.record import StatusRecord
 ACTOR = "attach"
 
 
-def write_end(run: RunDir, seen: Mapping[str, Any], record: Callable[[Any, float, float], StatusRecord]) -> None:
+def write_end(run: RunDir, seen: Mapping[str, Any], record: Callable[[Any, float, float], StatusRecord], *,
+              ended: list[dict[str, Any]] = ()) -> None:
     """Settle ``run`` from its job's log: ``seen`` maps each process's name to what the observer
-    saw of it (``proc``, ``gone_at``, ``inproc``); ``record`` makes its record at a time."""
+    saw of it (``proc``, ``gone_at``, ``inproc``); ``record`` makes its record at a time.
+    ``ended``: processes seen gone earlier and no longer held (name, pid, gone_at)."""
     from ups.status.safeio import try_tail
     from ups.why.logread import read_log
 
     text = try_tail(run.log_path("job"), 200_000) or ""
-    ends = [{"name": n, "pid": s.proc.pid, "gone_at": s.gone_at} for n, s in sorted(seen.items())]
+    ends = sorted([*ended, *({"name": n, "pid": s.proc.pid, "gone_at": s.gone_at} for n, s in seen.items())],
+                  key=lambda e: e["name"])
     reading = read_log(text) if text else None
     seen_end = "every process of the job was seen to end; their exit codes are not visible from outside"
     failure = None

@@ -34,6 +34,7 @@ import os
 import signal
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +63,9 @@ LOG_CHUNK = 1 << 20
 PHASE = "attached"
 WATCHED_ROLES = ("rank", "worker")
 TELL_EVERY_S = 2.0  # with a notifier: how often the run is judged (ups why's verdict) for it
+ENDED_KEPT = 64
+"""Ended processes named by their pid (helpers, which never come back under the same name) kept
+for the end's list: the latest ones; every end is in events.jsonl (``process.gone``)."""
 
 
 @dataclass
@@ -98,6 +102,7 @@ class AttachObserver:
                       and isinstance(r.get("pid"), int)] or [(self.top, self.top_start)]
         self.log_src: str | None = att.get("log")
         self.seen: dict[str, Seen] = {}
+        self.ended: deque[dict[str, Any]] = deque(maxlen=ENDED_KEPT)  # helpers seen gone: name, pid, gone_at
         self.proof = Observer()
         self.lines = LineProgress()
         self.stop: str | None = None
@@ -113,6 +118,7 @@ class AttachObserver:
         self.notifier: Any = None  # ups.notify.Notifier: --notify, or the config file's targets
         self.inject = bool(self.manifest.get("inject"))
         self.told_mono = 0.0
+        self.published: dict[str, Any] = {}  # the last ``observed`` given to the reporter
 
     # -- the process tree ----------------------------------------------------------------
     def refresh(self) -> None:
@@ -140,11 +146,25 @@ class AttachObserver:
                                        phase={"agent": "agent", "helper": "helper"}.get(p.role, PHASE))
             else:
                 s.proc = p
-        for name, s in self.seen.items():
+        for name, s in list(self.seen.items()):
             if s.gone_at is None and name not in live and not same_start(process_start_time(s.proc.pid), s.proc.start):
                 s.gone_at = now
                 self.run.append_event("process.gone", actor=ACTOR, name=name, pid=s.proc.pid,
                                       detail="seen gone from outside; its exit code is not visible to an observer")
+                if is_pid_named(s.proc):
+                    self.forget(s)
+
+    def forget(self, s: Seen) -> None:
+        """An ended process whose name carries its pid (a rank's helper: a compiler, a ``git``,
+        a tracker) is never seen again under that name: over a days-long attach such ends would
+        pile up in memory, and their records in ``status/`` (each "dead", read by every reader,
+        and by the judge every 2 s). Its end stays in events.jsonl and, among the latest
+        :data:`ENDED_KEPT`, in the end's list; its record, ours, goes."""
+        del self.seen[s.proc.name]
+        self.ended.append({"name": s.proc.name, "pid": s.proc.pid, "gone_at": s.gone_at})
+        if not s.inproc:  # a record the process wrote itself (--inject) is its own, and stays
+            with contextlib.suppress(OSError), self.run.folder("status") as status:
+                os.unlink(f"{s.proc.name}.json", dir_fd=status)
 
     def orphaned(self, ranks: list[Seen]) -> None:
         """Ranks seen in the job that live on outside its roots' trees (their agent died while
@@ -324,42 +344,43 @@ class AttachObserver:
     # -- the end -------------------------------------------------------------------------
     def finish(self) -> None:
         self.copy_log()
-        write_end(self.run, self.seen, self.record)
+        write_end(self.run, self.seen, self.record, ended=list(self.ended))
 
     def on_signal(self, signum: int, _frame: Any) -> None:
         self.stop = signal.Signals(signum).name
 
     def loop(self, reporter: Reporter) -> None:
-        published: dict[str, Any] = {}
-        while self.stop is None:
-            t0 = time.monotonic()
-            self.tick_at, self.tick_mono = time.time(), t0
-            if not self.run.manifest_path.is_file():
-                # The run folder was deleted: nothing to write to; the job is the user's and goes on.
-                print(f"ups attach: run folder {self.run.path} is gone; watching ends, the job goes on", flush=True)
-                self.stop = "run folder gone"
-                return
-            self.refresh()
-            if not self.alive():
-                break
-            observed = self.judge()
-            self.dumps()
-            self.copy_log()
-            self.write_records()
-            if self.notifier is not None and t0 - self.told_mono >= TELL_EVERY_S:
-                self.told_mono = t0
-                tell(self.run, self.proof, self.notifier)
-            counter = self.lines.current()
-            changes: dict[str, Any] = {}
-            if observed != published:
-                changes["observed"] = observed
-                published = observed
-            if counter is not None:
-                changes["output_progress"] = counter
-            if changes:
-                reporter.metrics(**changes)
-            time.sleep(max(0.05, TICK_S - (time.monotonic() - t0)))
+        while self.stop is None and self.step(reporter):
+            time.sleep(max(0.05, TICK_S - (time.monotonic() - self.tick_mono)))
 
+    def step(self, reporter: Reporter) -> bool:
+        """One pass of the loop; False once the job (or the run folder) is gone."""
+        t0 = time.monotonic()
+        self.tick_at, self.tick_mono = time.time(), t0
+        if not self.run.manifest_path.is_file():
+            # The run folder was deleted: nothing to write to; the job is the user's and goes on.
+            print(f"ups attach: run folder {self.run.path} is gone; watching ends, the job goes on", flush=True)
+            self.stop = "run folder gone"
+            return False
+        self.refresh()
+        if not self.alive():
+            return False
+        observed = self.judge()
+        self.dumps()
+        self.copy_log()
+        self.write_records()
+        if self.notifier is not None and t0 - self.told_mono >= TELL_EVERY_S:
+            self.told_mono = t0
+            tell(self.run, self.proof, self.notifier)
+        counter = self.lines.current()
+        changes: dict[str, Any] = {}
+        if observed != self.published:
+            changes["observed"] = self.published = observed
+        if counter is not None:
+            changes["output_progress"] = counter
+        if changes:
+            reporter.metrics(**changes)
+        return True
 
 def tell(run: RunDir, proof: Observer, notifier: Any) -> None:
     """The run's verdict, for the notifier: a hang only once this observer proved it (idle
@@ -381,6 +402,11 @@ def tell(run: RunDir, proof: Observer, notifier: Any) -> None:
     if w is not None and w.proven() and past_action_limit(view, who):
         shown = proof_of(w)
     notifier.on_verdict(verdict, hang=hang, proof=shown)
+
+
+def is_pid_named(p: Proc) -> bool:
+    """Its record's name carries its pid (``rank-0-helper-123``, ``rank-1-pid456``)."""
+    return p.role == "helper" or p.name.endswith(f"-pid{p.pid}")
 
 
 def _stdlib(path: str) -> bool:
