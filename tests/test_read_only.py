@@ -9,6 +9,7 @@ copy, and leave that copy byte for byte as it was. Writing the end down is `ups 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -25,6 +26,14 @@ CLOCKS = {"age", "read_at", "heartbeat_age", "progress_age", "eta_s"}
 PLACES = {"path", "run_dir"}  # the two copies live in two folders
 
 
+@functools.cache
+def stack_dump() -> str:
+    """One real faulthandler dump, the same in every copy (its thread address differs from one
+    process to the next, and `ups status --json --follow` sends a stack file's text)."""
+    return subprocess.run([sys.executable, "-c", "import faulthandler, sys\ndef main():\n"
+                           "    faulthandler.dump_traceback(sys.stdout)\nmain()\n"], capture_output=True, text=True).stdout
+
+
 def dead_run(finished_run: Path, root: Path) -> RunDir:
     """A copy of a real finished run whose end was never written: run.json still says
     running, its launcher's pid belongs to nobody now; rank 0 left a stack dump."""
@@ -36,9 +45,7 @@ def dead_run(finished_run: Path, root: Path) -> RunDir:
     m.update(state="running", ended_at=None)
     m["launcher"] = {**m["launcher"], "pid_start": 1.0}  # the pid is someone else's now, or nobody's
     run.manifest_path.write_text(json.dumps(m))
-    dump = subprocess.run([sys.executable, "-c", "import faulthandler, sys\ndef main():\n"
-                           "    faulthandler.dump_traceback(sys.stdout)\nmain()\n"], capture_output=True, text=True)
-    (run.stacks_dir / "rank-0.txt").write_text(f"=== stack dump of rank-0 ===\n{dump.stdout}")
+    (run.stacks_dir / "rank-0.txt").write_text(f"=== stack dump of rank-0 ===\n{stack_dump()}")
     rec = json.loads((run.status_dir / "rank-0.json").read_text())
     (run.status_dir / "rank-0.json").write_text(json.dumps({**rec, "stack_file": "stacks/rank-0.txt"}))
     return run

@@ -140,10 +140,14 @@ class HeartbeatWriter:
 
 
 def name_this_thread(name: bytes) -> None:
-    """The calling thread's name in /proc (prctl PR_SET_NAME; Linux only, best effort)."""
+    """The calling thread's name in /proc (Linux only, best effort), written to its own
+    ``/proc/thread-self/comm``: no import here. This runs first in the heartbeat thread, while
+    the program's main thread may be importing torch, which imports ctypes: on Python < 3.15 two
+    threads importing the same module can hand one of them a partly initialised module (CPython
+    gh-83065), and torchrun's agent once failed with "module 'ctypes' has no attribute 'CDLL'"
+    when this thread imported ctypes to call prctl."""
     try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)
-    except (OSError, AttributeError, ImportError):
+        with open("/proc/thread-self/comm", "wb", buffering=0) as f:
+            f.write(name[:15])
+    except OSError:
         pass

@@ -42,10 +42,14 @@ class Samplers:
         self.run_dir = run_dir
         self.metric_samplers: list[Callable[[], dict[str, Any]]] = []
         self._gpu_sampler = gpu_sampler
-        # A rank's series is started by the heartbeat thread once there is a point to keep (its
-        # module, and the read of an earlier attempt's file, off every process's start-up).
+        # A rank's series is started by the heartbeat thread once there is a point to keep (the
+        # read of an earlier attempt's file off every process's start-up). Its module is
+        # imported here, in the thread that starts the Reporter: an import in the heartbeat
+        # thread could meet the program's own imports (ups.status.heartbeat.name_this_thread).
         self.history: SeriesWriter | None = None
         self.history_wanted = history
+        if history:
+            import ups.status.series  # noqa: F401 - loaded now, on this thread
         self.trace: deque[tuple[int, float]] = deque(maxlen=TRACE_KEPT)  # losses read since the last series tick
 
     def sample_gpu(self, current: Any) -> Any:
