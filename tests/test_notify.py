@@ -79,7 +79,11 @@ def test_webhook_mail_and_command_hear_the_hang_and_the_end(runs_root, tmp_path,
                   HANG, "--hang-step", "3", env=_config(tmp_path, port), timeout=60, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     run = RunDir(json.loads(res.stdout)["run_dir"])
-    wait_for(lambda: len(posts) >= 2 and len(mails) >= 2, 90, interval=0.2, message="two messages at each target")
+    # Each message goes to the targets in turn (the webhook, the mail, then the command), and each
+    # delivery's notify.sent event follows it: wait for all of them.
+    wait_for(lambda: len(posts) >= 2 and len(mails) >= 2
+             and sum(e["event"] == "notify.sent" for e in run.read_events()) >= 6,
+             90, interval=0.2, message="two messages at each target")
     problem, end = posts[0]["body"], posts[1]["body"]
     assert problem["event"] == "problem" and problem["mode"] == "stalled" and problem["run_id"] == run.run_id
     assert problem["text"] == problem["content"] and problem["text"].startswith(f"ups {run.run_id}: rank 0 is stalled")
