@@ -12,7 +12,8 @@
 set -euo pipefail
 prefix=${1:-/opt/py314}
 command -v python3.14 >/dev/null 2>&1 && python3.14 -I -S -c 'import sys; sys.exit(not hasattr(sys, "remote_exec"))' && exit 0
-command -v patchelf >/dev/null 2>&1 || apt-get install -y -qq patchelf >/dev/null
+command -v patchelf >/dev/null 2>&1 || apt-get install -y -qq patchelf >/dev/null 2>&1 \
+  || { apt-get update -qq && apt-get install -y -qq patchelf >/dev/null; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/lists/partial" "$work/archives/partial"
