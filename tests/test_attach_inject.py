@@ -124,6 +124,26 @@ def test_inject_on_an_older_python_is_refused_in_one_line_and_the_job_is_attache
     assert r["metrics"].get("attached") is True and job.poll() is None  # watched from outside; never signalled
 
 
+def test_an_interpreter_others_can_replace_is_never_run(runs_root, start_job, tmp_path):
+    """--inject runs the job's own interpreter (its version, then the call): never one that a
+    user other than root and you could have written. The job's python is a copy in a folder
+    anyone can write (no sticky bit): refused in one line, before anything of it runs."""
+    folder = tmp_path / "shared-bin"
+    folder.mkdir()
+    exe = folder / "python3"
+    shutil.copy2(os.path.realpath(sys.executable), exe)
+    folder.chmod(0o777)
+    job, _ = start_job(str(exe))
+    res = run_ups("attach", str(job.pid), "--inject", "--json")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    (said,) = out["inject"]
+    assert said["sent"] is False and f"others can write the folder {folder}: ups does not run {exe}" in said["reason"], said
+    assert said["reason"].endswith("attached without injection, from outside only")
+    assert not (runs_root / out["run_id"] / "inject").exists()  # no script was written for it either
+    assert job.poll() is None
+
+
 def test_the_script_remote_exec_would_run_starts_the_reporter_inside_the_job(runs_root, start_job, tmp_path):
     """Everything of --inject but the kernel-level delivery: the script written for the job's
     rank, run in its main thread in __main__'s namespace, starts the in-process reporter, and the

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from ups.attach.find import Job, Proc, environ, uid_of
 from ups.runs.rundir import RunDir
+from ups.status.confined import user_name
 
 MIN_VERSION = (3, 14)
 CALL_TIMEOUT_S = 20.0
@@ -128,6 +130,26 @@ def ptrace_refusal(pid: int) -> str | None:
     return None
 
 
+def interpreter_refusal(exe: str) -> str | None:
+    """Why the job's interpreter must not be run by ups (it is run to read its version and to make
+    the call): it, or a folder above it, belongs to a user other than root and you, or others can
+    write it. What another user writes never runs as you (docs/safety.md)."""
+    path = os.path.realpath(exe)
+    here, what = path, "its interpreter"
+    while True:
+        try:
+            st = os.stat(here)
+        except OSError as exc:
+            return f"{what} {here} cannot be read ({exc.strerror})"
+        if st.st_uid not in (0, os.geteuid()):
+            return f"{what} {here} belongs to {user_name(st.st_uid)}: ups does not run {path}"
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not (what != "its interpreter" and st.st_mode & stat.S_ISVTX):
+            return f"others can write {what} {here}: ups does not run {path}"
+        if here == "/":
+            return None
+        here, what = os.path.dirname(here), "the folder"
+
+
 def refusal(p: Proc, version: tuple[tuple[int, ...], str] | None) -> str | None:
     """Why --inject cannot go into process ``p``: one line, with what the user can do; None: it can."""
     if version is None:
@@ -183,10 +205,19 @@ def inject_job(run: RunDir, job: Job, *, actor: str = "cli") -> tuple[list[Outco
     versions: dict[str, tuple[tuple[int, ...], str] | None] = {}
     for p in targets(job):
         exe = executable_of(p.pid)
-        key = exe or f"pid {p.pid}"
-        if key not in versions:
-            versions[key] = python_version(p.pid, exe)
-        why = refusal(p, versions[key]) or (None if exe else f"--inject: {p.label}'s interpreter cannot be found; {AFTER}")
+        # Nothing of the job runs before the kernel would let us trace it, and its interpreter is
+        # run (for its version, then the call) only where no other user can have written it.
+        why = None
+        if (refused := ptrace_refusal(p.pid)) is not None:
+            why = f"--inject: {refused}; {AFTER}"
+        elif exe is None:
+            why = f"--inject: {p.label}'s interpreter cannot be found; {AFTER}"
+        elif (bad := interpreter_refusal(exe)) is not None:
+            why = f"--inject: {p.label} (pid {p.pid}): {bad}; {AFTER}"
+        else:
+            if exe not in versions:
+                versions[exe] = python_version(p.pid, exe)
+            why = refusal(p, versions[exe])
         outcomes.append(Outcome(p.pid, p.name, False, why) if why else inject(run, p, exe or ""))
     sent = [o for o in outcomes if o.sent]
     lines = list(dict.fromkeys(o.reason for o in outcomes if o.reason))

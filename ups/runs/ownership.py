@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ups.errors import Refused, RefusedSignal
+from ups.status.confined import user_name
 from ups.status.procs import process_start_time, same_start
 
 SUPERVISOR_MODULE = "ups.launch.supervise"
@@ -105,15 +106,6 @@ def cmdline(pid: int) -> list[str] | None:
     except OSError:
         return None
     return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
-
-
-def user_name(uid: int) -> str:
-    try:
-        import pwd
-
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except (KeyError, ImportError):
-        return f"uid {uid}"
 
 
 def _same_folder(a: str, b: Path) -> bool:
