@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,42 @@ class PlainJobs:
                                     stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=self.tmp)
         self.procs.append(proc)
         return proc, log
+
+    def start_ready(self, *needles: str, timeout: float = 60, **kwargs) -> tuple[subprocess.Popen, Path]:
+        """Start a job and wait until its log holds every one of ``needles``. A torchrun that ends,
+        or shows none of them by the deadline, before the job under test has even begun (its
+        rendezvous, on a box busy with other tests) is no finding about ups: its log is kept in
+        a warning, its processes are killed, and it is started once more. A second such start
+        fails the test with both logs."""
+        name = kwargs.pop("name", "job")
+        tails = []
+        for attempt in (1, 2):
+            proc, log = self.start(name=name if attempt == 1 else f"{name}-again", **kwargs)
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline and proc.poll() is None:
+                if all(n in log.read_text(errors="replace") for n in needles):
+                    return proc, log
+                time.sleep(0.3)
+            text = log.read_text(errors="replace")
+            if all(n in text for n in needles):
+                return proc, log
+            ended = f"torchrun ended with {proc.returncode}" if proc.poll() is not None else f"no {needles} in {timeout:g} s"
+            tails.append(f"try {attempt}: {ended}; its log ends:\n" + "\n".join(text.splitlines()[-25:]))
+            self._kill(proc)
+            if attempt == 1:
+                warnings.warn("the plain job did not start, started again: " + tails[0], stacklevel=2)
+        raise AssertionError("the plain job never started:\n" + "\n".join(tails))
+
+    def _kill(self, proc: subprocess.Popen) -> None:
+        """SIGKILL one job's processes (its agent's tree: the ranks are its children until it dies)."""
+        pids = set(tree(proc.pid)) if proc.poll() is None else set()
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        proc.wait(timeout=10)
+        self.procs.remove(proc)
 
     def remember(self) -> None:
         for p in self.procs:
@@ -240,8 +277,7 @@ def test_why_on_an_attached_run_that_ended_never_suggests_relaunch(runs_root, st
 @pytest.mark.slow
 @needs_pyspy
 def test_rank_1_asleep_in_its_own_code_is_named_within_30_s_of_attach_and_the_job_runs_on(runs_root, jobs):
-    agent, log = jobs.start("sleep:30")
-    wait_for(lambda: "rank 1 waits at step 30" in log.read_text(), 120, interval=0.3, message="rank 1 asleep")
+    agent, log = jobs.start_ready("rank 1 waits at step 30", fault="sleep:30")
 
     # Found from torchrun's agent and from a rank alike: one job, roles from the environment.
     job = ups_json("attach", str(agent.pid), "--dry-run")
@@ -298,8 +334,7 @@ def test_a_healthy_job_attached_is_healthy_with_no_event_but_the_attach_then_its
     rank 1 raises: the run ends failed with the root cause read from the job's log, and no exit
     code that nobody saw."""
     crash = tmp_path / "crash-now"
-    agent, log = jobs.start(f"raise_when:{crash}")
-    wait_for(lambda: "step 20/" in log.read_text(), 120, interval=0.3, message="training")
+    agent, log = jobs.start_ready("step 20/", fault=f"raise_when:{crash}")
     jobs.remember()
     run_id = attach(agent.pid)
     events = runs_root / run_id / "events.jsonl"
@@ -337,14 +372,11 @@ def test_a_healthy_job_attached_is_healthy_with_no_event_but_the_attach_then_its
 def test_scan_lists_each_plain_job_once_and_leaves_out_the_one_ups_launched(runs_root, jobs, tmp_path):
     idle = tmp_path / "idle_rank.py"
     idle.write_text("import os, time\nprint('rank', os.environ['RANK'], flush=True)\ntime.sleep(120)\n")
-    a, log_a = jobs.start(nproc=2, program=idle, name="a")
-    b, log_b = jobs.start(nproc=1, program=idle, name="b")
+    a, log_a = jobs.start_ready("rank 0", "rank 1", nproc=2, program=idle, name="a")
+    b, log_b = jobs.start_ready("rank 0", nproc=1, program=idle, name="b")
     res = run_ups("launch", "torchrun", "--detach", "--json", "--nproc-per-node", "1", str(idle))
     assert res.returncode == 0, res.stderr
     launched = json.loads(res.stdout)
-    for log in (log_a, log_b):
-        wait_for(lambda log=log: "rank 0" in log.read_text(), 90, interval=0.3, message="the plain jobs' ranks")
-    wait_for(lambda: "rank 1" in log_a.read_text(), 90, interval=0.3, message="job a's rank 1")
     launched_run = runs_root / launched["run_id"]
     wait_for(lambda: (launched_run / "status" / "rank-0.json").exists(), 90, interval=0.3, message="the launched rank")
     jobs.remember()
@@ -492,8 +524,7 @@ def test_the_console_lists_a_plain_job_not_launched_by_ups_and_attaches_it_on_co
 
     idle = tmp_path / "idle_rank.py"
     idle.write_text("import os, time\nprint('rank', os.environ['RANK'], flush=True)\ntime.sleep(120)\n")
-    agent, log = jobs.start(nproc=1, program=idle, name="plain")
-    wait_for(lambda: "rank 0" in log.read_text(), 90, interval=0.3, message="the plain job's rank")
+    agent, log = jobs.start_ready("rank 0", nproc=1, program=idle, name="plain")
     jobs.remember()
 
     async def drive():

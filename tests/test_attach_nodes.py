@@ -153,8 +153,7 @@ def test_two_nodes_attached_into_their_own_runs_folders_read_over_ssh_name_rank_
 @pytest.mark.slow
 @needs_pyspy
 def test_attaching_one_orphaned_rank_watches_every_rank_its_dead_agent_left(runs_root, jobs):
-    agent, log = jobs.start("sleep:3")
-    wait_for(lambda: "rank 1 waits at step 3" in log.read_text(), 120, interval=0.3, message="rank 1 asleep")
+    agent, log = jobs.start_ready("rank 1 waits at step 3", fault="sleep:3")
     ranks = {p["rank"]: p["pid"] for p in ups_json("attach", str(agent.pid), "--dry-run")["processes"] if p["role"] == "rank"}
     jobs.remember()
     os.kill(agent.pid, signal.SIGKILL)  # the agent dies; its ranks, each a session of its own, live on
@@ -192,8 +191,7 @@ def test_ranks_whose_agent_dies_while_attached_stay_watched_and_killable(runs_ro
     `ups kill` proves each by its own session."""
     idle = tmp_path / "idle_rank.py"
     idle.write_text("import os, time\nprint('rank', os.environ['RANK'], flush=True)\ntime.sleep(120)\n")
-    agent, log = jobs.start(program=idle)
-    wait_for(lambda: "rank 0" in log.read_text() and "rank 1" in log.read_text(), 90, interval=0.3, message="both ranks")
+    agent, log = jobs.start_ready("rank 0", "rank 1", program=idle)
     jobs.remember()
     job = ups_json("attach", str(agent.pid))
     ranks = {p["name"]: p["pid"] for p in job["processes"] if p["role"] == "rank"}

@@ -42,8 +42,7 @@ def test_a_bad_notify_target_attaches_nothing(runs_root, procs):
 @needs_pyspy
 def test_an_attached_job_that_crashes_sends_one_end_message_with_the_cause(runs_root, jobs, tmp_path):
     crash, out = tmp_path / "crash-now", tmp_path / "told.jsonl"
-    agent, log = jobs.start(f"raise_when:{crash}")
-    wait_for(lambda: "step 10/" in log.read_text(), 120, interval=0.3, message="training")
+    agent, log = jobs.start_ready("step 10/", fault=f"raise_when:{crash}")
     jobs.remember()
     res = run_ups("attach", str(agent.pid), "--json", "--notify", f"cmd:cat >> {out}; echo >> {out}")
     assert res.returncode == 0, res.stderr
@@ -66,8 +65,7 @@ def test_an_attached_job_that_crashes_sends_one_end_message_with_the_cause(runs_
 def test_a_stuck_rank_is_told_once_proven_with_its_proof_and_a_notifier_that_never_answers_holds_nothing_up(
         runs_root, jobs, tmp_path, never_answers):
     out = tmp_path / "told.jsonl"
-    agent, log = jobs.start("sleep:30")
-    wait_for(lambda: "rank 1 waits at step 30" in log.read_text(), 120, interval=0.3, message="rank 1 asleep")
+    agent, log = jobs.start_ready("rank 1 waits at step 30", fault="sleep:30")
     jobs.remember()
     starts = {pid: process_start_time(pid) for pid in jobs.pids}
     limit = 6.0
