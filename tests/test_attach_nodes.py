@@ -18,7 +18,7 @@ import sys
 
 import pytest
 from helpers import run_ups, wait_for
-from test_attach import PROGRAM, SLEEP_LINE, PlainJobs, needs_pyspy, torchrun
+from test_attach import PROGRAM, SLEEP_LINE, PlainJobs, idle_rank, needs_pyspy, torchrun
 from test_multinode import free_port, sshd  # noqa: F401 - sshd: the fixture
 
 from ups.status.procs import process_start_time, same_start
@@ -189,8 +189,7 @@ def test_ranks_whose_agent_dies_while_attached_stay_watched_and_killable(runs_ro
     """Attached while its agent lives, then the agent is SIGKILLed: its ranks live on under init,
     outside the top's tree; the observer keeps them (each a root of the job in run.json) and
     `ups kill` proves each by its own session."""
-    idle = tmp_path / "idle_rank.py"
-    idle.write_text("import os, time\nprint('rank', os.environ['RANK'], flush=True)\ntime.sleep(120)\n")
+    idle = idle_rank(tmp_path)
     agent, log = jobs.start_ready("rank 0", "rank 1", program=idle)
     jobs.remember()
     job = ups_json("attach", str(agent.pid))

@@ -102,3 +102,23 @@ def test_a_stuck_rank_is_told_once_proven_with_its_proof_and_a_notifier_that_nev
     assert [m["event"] for m in messages(out)] == ["problem"]
     assert not [e for e in events(runs_root, run_id) if e["event"] in ("signal", "hang")]
     assert all(same_start(process_start_time(pid), start) for pid, start in starts.items())
+
+
+@pytest.mark.slow
+def test_an_attached_run_stopped_by_ups_kill_tells_its_end_as_a_launched_one_does(runs_root, jobs, tmp_path):
+    """`ups kill` stops the observer first, then the job: the observer cannot tell that end, so
+    the kill does, once the run is marked killed: one `end` message, as a launcher sends."""
+    idle, out = tmp_path / "idle_rank.py", tmp_path / "told.jsonl"
+    idle.write_text("import os, time\nprint('rank', os.environ['RANK'], flush=True)\ntime.sleep(120)\n")
+    agent, _ = jobs.start_ready("rank 0", "rank 1", program=idle)
+    jobs.remember()
+    res = run_ups("attach", str(agent.pid), "--json", "--notify", f"cmd:cat >> {out}; echo >> {out}")
+    assert res.returncode == 0, res.stderr
+    run_id = json.loads(res.stdout)["run_id"]
+    res = run_ups("kill", run_id, "--reason", "done with it", timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert json.loads((runs_root / run_id / "run.json").read_text())["state"] == "killed"
+    told = messages(out)  # told before `ups kill` returns
+    assert [m["event"] for m in told] == ["end"], told
+    assert told[0]["run_id"] == run_id and told[0]["state"] == "killed" and "done with it" in told[0]["summary"], told[0]
+    assert agent.wait(timeout=30) is not None

@@ -19,13 +19,13 @@ if TYPE_CHECKING:  # the same names, for readers, type checkers and import-linte
     from ups.attach.find import find_job as find_job
     from ups.attach.find import scan as scan
     from ups.attach.start import attach_job as attach_job
+    from ups.attach.stop import kill_run as kill_run
     from ups.doctor.runner import options_from as options_from
     from ups.doctor.runner import run_doctor as run_doctor
     from ups.doctor.runner import select as select
     from ups.launch.reconcile import adopt as adopt
     from ups.launch.relaunch import plan_relaunch as plan_relaunch
     from ups.launch.relaunch import relaunch as relaunch
-    from ups.runs.actions import kill_run as kill_run
     from ups.runs.actions import request_fallback as request_fallback
     from ups.runs.remote import remote_ups as remote_ups
     from ups.runs.signals import dump_stacks as dump_stacks
@@ -34,7 +34,8 @@ if TYPE_CHECKING:  # the same names, for readers, type checkers and import-linte
 # name -> the module that defines it
 _FRONT = {
     # a run of this node: signals (identity-checked, logged) and control requests
-    **dict.fromkeys(("kill_run", "request_fallback"), "ups.runs.actions"),
+    "request_fallback": "ups.runs.actions",
+    "kill_run": "ups.attach.stop",  # ups.runs.actions's, and an attached run's end told as its observer would
     **dict.fromkeys(("terminate", "dump_stacks"), "ups.runs.signals"),
     "remote_ups": "ups.runs.remote",  # another node's ups, over ssh
     # a new launcher, or a new run

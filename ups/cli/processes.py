@@ -82,7 +82,7 @@ def kill_cmd(
                                *(["--worker", str(worker)] if worker is not None else []), *(["--force"] if force else []),
                                "--grace", str(grace), "--reason", reason, *(["--json"] if json else [])])
         return
-    from ups.runs.actions import kill_run
+    from ups.actions import kill_run
     from ups.runs.ownership import JobScope
     from ups.runs.read import open_run
     from ups.runs.rundir import resolve_run
