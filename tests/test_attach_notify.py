@@ -11,7 +11,7 @@ from itertools import pairwise
 
 import pytest
 from helpers import run_ups, wait_for
-from test_attach import SLEEP_LINE, PlainJobs, needs_pyspy
+from test_attach import SLEEP_LINE, PlainJobs, idle_rank, needs_pyspy
 
 from ups.status.procs import process_start_time, same_start
 
@@ -108,8 +108,7 @@ def test_a_stuck_rank_is_told_once_proven_with_its_proof_and_a_notifier_that_nev
 def test_an_attached_run_stopped_by_ups_kill_tells_its_end_as_a_launched_one_does(runs_root, jobs, tmp_path):
     """`ups kill` stops the observer first, then the job: the observer cannot tell that end, so
     the kill does, once the run is marked killed: one `end` message, as a launcher sends."""
-    idle, out = tmp_path / "idle_rank.py", tmp_path / "told.jsonl"
-    idle.write_text("import os, time\nprint('rank', os.environ['RANK'], flush=True)\ntime.sleep(120)\n")
+    idle, out = idle_rank(tmp_path), tmp_path / "told.jsonl"
     agent, _ = jobs.start_ready("rank 0", "rank 1", program=idle)
     jobs.remember()
     res = run_ups("attach", str(agent.pid), "--json", "--notify", f"cmd:cat >> {out}; echo >> {out}")
