@@ -44,9 +44,9 @@ def tree(pid: int) -> list[int]:
 
 
 def idle_rank(folder: Path) -> Path:
-    """A rank that says "rank N" and sleeps. One string, one write: with PYTHONUNBUFFERED (set
-    on many boxes, and by ups launch), ``print("rank", n)`` is four writes (each word, the
-    space, the newline), and two ranks sharing one log interleave them ("rankrank 0 \\n1")."""
+    """A rank that says "rank N" and sleeps. One string, one write: torchrun starts each rank
+    with ``python -u``, where ``print("rank", n)`` is four writes (each word, the space, the
+    newline), and two ranks sharing one log interleave them ("rankrank 0 \\n1")."""
     path = folder / "idle_rank.py"
     path.write_text("import os, time\nprint(f\"rank {os.environ['RANK']}\\n\", end='', flush=True)\ntime.sleep(120)\n")
     return path
