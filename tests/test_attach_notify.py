@@ -105,16 +105,22 @@ def test_a_stuck_rank_is_told_once_proven_with_its_proof_and_a_notifier_that_nev
 
 
 @pytest.mark.slow
-def test_an_attached_run_stopped_by_ups_kill_tells_its_end_as_a_launched_one_does(runs_root, jobs, tmp_path):
+@pytest.mark.parametrize("told_by", ["--notify", "config file"])
+def test_an_attached_run_stopped_by_ups_kill_tells_its_end_as_a_launched_one_does(runs_root, jobs, tmp_path, told_by):
     """`ups kill` stops the observer first, then the job: the observer cannot tell that end, so
-    the kill does, once the run is marked killed: one `end` message, as a launcher sends."""
+    the kill does, once the run is marked killed: one `end` message, as a launcher sends; to
+    --notify's targets, else to the config file's, as the observer would."""
     idle, out = idle_rank(tmp_path), tmp_path / "told.jsonl"
     agent, _ = jobs.start_ready("rank 0", "rank 1", program=idle)
     jobs.remember()
-    res = run_ups("attach", str(agent.pid), "--json", "--notify", f"cmd:cat >> {out}; echo >> {out}")
+    target, env = f"cmd:cat >> {out}; echo >> {out}", {"XDG_CONFIG_HOME": str(tmp_path / "config")}
+    if told_by == "config file":
+        (tmp_path / "config" / "ups").mkdir(parents=True)
+        (tmp_path / "config" / "ups" / "config.toml").write_text(f'[notify]\ntargets = ["{target}"]\n')
+    res = run_ups("attach", str(agent.pid), "--json", *(["--notify", target] if told_by == "--notify" else []), env=env)
     assert res.returncode == 0, res.stderr
     run_id = json.loads(res.stdout)["run_id"]
-    res = run_ups("kill", run_id, "--reason", "done with it", timeout=120)
+    res = run_ups("kill", run_id, "--reason", "done with it", timeout=120, env=env)
     assert res.returncode == 0, res.stdout + res.stderr
     assert json.loads((runs_root / run_id / "run.json").read_text())["state"] == "killed"
     told = messages(out)  # told before `ups kill` returns
