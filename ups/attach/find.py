@@ -89,6 +89,13 @@ def stat_of(pid: int) -> tuple[str, int, int] | None:
         return None
 
 
+def session_led(pid: int) -> int | None:
+    """``pid`` when it leads its own session (torchrun starts each rank so), else None: the
+    session that proves its members are the job's (ups.runs.ownership)."""
+    st = stat_of(pid)
+    return pid if st is not None and st[2] == pid else None
+
+
 def uid_of(pid: int) -> int | None:
     try:
         return os.stat(f"/proc/{pid}").st_uid

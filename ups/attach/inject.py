@@ -151,7 +151,8 @@ def interpreter_refusal(exe: str) -> str | None:
 
 
 def refusal(p: Proc, version: tuple[tuple[int, ...], str] | None) -> str | None:
-    """Why --inject cannot go into process ``p``: one line, with what the user can do; None: it can."""
+    """Why --inject cannot go into process ``p`` (whose ptrace :func:`inject_job` has checked
+    first): its Python, or its owner's refusal; one line, with what the user can do; None: it can."""
     if version is None:
         return f"--inject: which Python {p.label} (pid {p.pid}) runs cannot be read from /proc; {AFTER}"
     if version[0][:2] < MIN_VERSION:
@@ -160,9 +161,6 @@ def refusal(p: Proc, version: tuple[tuple[int, ...], str] | None) -> str | None:
     off = remote_debug_disabled(p.pid)
     if off:
         return f"--inject: {p.label} (pid {p.pid}) refuses remote execution ({off}): honoured; {AFTER}"
-    refused = ptrace_refusal(p.pid)
-    if refused:
-        return f"--inject: {refused}; {AFTER}"
     return None
 
 

@@ -40,7 +40,7 @@ from typing import Any
 
 from ups.attach import pyspy
 from ups.attach.ending import ACTOR, write_end
-from ups.attach.find import Proc, node_names, stat_of, tree_procs
+from ups.attach.find import Proc, node_names, session_led, tree_procs
 from ups.errors import UpsError
 from ups.launch.lineprogress import LineProgress
 from ups.launch.proof import Observer
@@ -176,10 +176,7 @@ class AttachObserver:
             job = dict(self.run.read_own_manifest().get("job") or {})
             entries = [r for r in job.get("roots") or [] if isinstance(r, dict)] or [
                 {"pid": job.get("pid"), "pid_start": job.get("pid_start"), "sid": job.get("sid")}]
-            for s in ranks:
-                st = stat_of(s.proc.pid)
-                entries.append({"pid": s.proc.pid, "pid_start": s.proc.start,
-                                "sid": s.proc.pid if st is not None and st[2] == s.proc.pid else None})
+            entries += [{"pid": s.proc.pid, "pid_start": s.proc.start, "sid": session_led(s.proc.pid)} for s in ranks]
             self.run.update_manifest(job={**job, "roots": entries})
         self.run.append_event("attach.orphaned", actor=ACTOR, ranks=[s.proc.name for s in ranks],
                               pids=[s.proc.pid for s in ranks],
@@ -381,6 +378,7 @@ class AttachObserver:
         if changes:
             reporter.metrics(**changes)
         return True
+
 
 def tell(run: RunDir, proof: Observer, notifier: Any) -> None:
     """The run's verdict, for the notifier: a hang only once this observer proved it (idle

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from ups.attach.find import Job, node_names, stat_of, watched_pids
+from ups.attach.find import Job, node_names, session_led, watched_pids
 from ups.errors import UpsError
 from ups.runs.rundir import RunDir
 
@@ -57,15 +57,13 @@ def multinode_of(job: Job, run_id: str | None) -> dict[str, int | None] | None:
 def create_run(job: Job, runs_root: str | os.PathLike[str], *, run_id: str | None = None,
                fields: dict | None = None) -> RunDir:
     top = job.top_proc
-    st = stat_of(job.top)
     job_entry = {"pid": top.pid, "pid_start": top.start, "command": top.argv}
-    if st is not None and st[2] == top.pid:
+    if session_led(top.pid) is not None:
         job_entry["sid"] = top.pid  # the top leads its session: the session proves its members
     if len(job.root_pids) > 1:
         # Orphaned ranks share no parent: each is a root of the job (and leads its session).
         starts = {p.pid: p.start for p in job.procs}
-        job_entry["roots"] = [{"pid": pid, "pid_start": starts.get(pid),
-                               "sid": pid if (rs := stat_of(pid)) is not None and rs[2] == pid else None}
+        job_entry["roots"] = [{"pid": pid, "pid_start": starts.get(pid), "sid": session_led(pid)}
                               for pid in job.root_pids]
     multinode = multinode_of(job, run_id)
     if multinode is not None:
