@@ -1039,7 +1039,7 @@ def test_the_logs_own_text_is_shown_as_text(tmp_path: Path):
 
 def test_a_signs_words_are_in_every_line_it_matches():
     # The reader tries a sign only on lines holding one of the words every match of it holds
-    # (ups.why.logread.classes.required_words): a word wrongly taken as required would hide a
+    # (ups.why.logread.words.required_words): a word wrongly taken as required would hide a
     # class. Every line of the dev corpus, and this file's texts, say it is not.
     import json
 
@@ -1057,7 +1057,7 @@ def test_a_signs_words_are_in_every_line_it_matches():
 
 
 def test_required_words_of_a_pattern():
-    from ups.why.logread.classes import required_words
+    from ups.why.logread.words import required_words
 
     assert required_words(r"Watchdog caught collective operation timeout|WorkNCCL\([^)]*\) ran for \d+ ms") == (
         "watchdog caught collective operation timeout", ") ran for")

@@ -1,9 +1,10 @@
 """The failure classes a log can name (tests/data/why_corpus/TAXONOMY.md): for each, what it
 means, who did it, where to look, the fix, and the signs that show it in a log.
 
-This file is longer than 600 lines because it is one table: 37 classes, each with its words and
-the signs that name it side by side, so that a sign's wording is reviewed against the class it
-decides. The code that reads the table is elsewhere (decide.py, events.py, lines.py).
+It is one table: 37 classes, each with its words and the signs that name it side by side, so
+that a sign's wording is reviewed against the class it decides. The code that reads the table
+is elsewhere (decide.py, events.py, lines.py), and so are the words a sign's pattern requires
+(words.py) and the signs read in a traceback's frames (frames.py).
 
 A sign is read on one event of the log (an exception with its message, an NCCL WARN line, a
 kernel line, torchrun's report of a child), never on a context line (INFO, warnings, footers:
@@ -28,6 +29,8 @@ from __future__ import annotations
 import pickletools
 import re
 from dataclasses import dataclass
+
+from ups.why.logread.words import required_words
 
 CAUSE, KILLED, SYMPTOM, EXIT = 0, 1, 2, 3
 
@@ -62,97 +65,6 @@ def _s(cls: str, pattern: str, tier: int = CAUSE, *, on_warning: bool = False, u
        in_frames: str | None = None) -> Sign:
     return Sign(cls, re.compile(pattern, re.I), tier, on_warning, re.compile(unless_frames) if unless_frames else None,
                 required_words(pattern), re.compile(in_frames) if in_frames else None)
-
-
-_LITERAL_ESCAPES = set(".()[]{}*+?|^$\\/-'\"`<>:=,;!@#%&~ ")
-
-
-def required_words(pattern: str, shortest: int = 3) -> tuple[str, ...] | None:
-    """For each top-level alternative of ``pattern``, its longest run of literal characters
-    outside any group, class or optional part: every match holds one of them. None when an
-    alternative has no such run of ``shortest`` characters (then the pattern is always tried)."""
-    words: list[str] = []
-    for alt in _split_top(pattern):
-        runs, run, depth, k = [], "", 0, 0
-        while k < len(alt):
-            c = alt[k]
-            nxt = alt[k + 1] if k + 1 < len(alt) else ""
-            if c == "\\" and nxt:
-                lit = nxt if nxt in _LITERAL_ESCAPES else None
-                k += 2
-            elif c == "[":
-                end = alt.find("]", k + 2)
-                k, lit = (end + 1 if end > 0 else len(alt)), None
-                runs.append(run)
-                run = ""
-                continue
-            elif c == "(":
-                depth += 1
-                k, lit = k + 1, None
-            elif c == ")":
-                depth -= 1
-                k, lit = k + 1, None
-            elif c in ".^$|":
-                k, lit = k + 1, None
-            elif c in "?*{":
-                # the character before is optional (or repeated from zero): drop it from the run
-                run = run[:-1]
-                runs.append(run)
-                run = ""
-                if c == "{":
-                    k = alt.find("}", k) + 1 or len(alt)
-                else:
-                    k += 1
-                continue
-            elif c == "+":  # the character before is required, but may repeat: the run ends with it
-                runs.append(run)
-                run = ""
-                k += 1
-                continue
-            else:
-                lit = c
-                k += 1
-            if lit and depth == 0:
-                run += lit
-            elif lit != "":
-                runs.append(run)
-                run = ""
-        runs.append(run)
-        best = max(runs, key=len).strip().lower() if runs else ""
-        if len(best) < shortest:
-            return None
-        words.append(best)
-    return tuple(words)
-
-
-def _split_top(pattern: str) -> list[str]:
-    """``pattern``'s top-level alternatives (the ``|`` outside groups and classes)."""
-    out, cur, depth, k = [], "", 0, 0
-    while k < len(pattern):
-        c = pattern[k]
-        if c == "\\":
-            cur += pattern[k:k + 2]
-            k += 2
-            continue
-        if c == "[":
-            end = pattern.find("]", k + 2)
-            end = len(pattern) - 1 if end < 0 else end
-            cur += pattern[k:end + 1]
-            k = end + 1
-            continue
-        if c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-        elif c == "|" and depth == 0:
-            out.append(cur)
-            cur = ""
-            k += 1
-            continue
-        cur += c
-        k += 1
-    out.append(cur)
-    return out
 
 
 CLASSES: tuple[LogClass, ...] = (
@@ -628,35 +540,6 @@ SIGNS: tuple[Sign, ...] = (
 
 
 
-@dataclass(frozen=True)
-class FrameSign:
-    """A traceback cut off before its exception (a paste that stops early, the message being in
-    the thread's title) is read by where it stopped: a library function whose failures are of
-    one class. Weak (``EXIT``): only when nothing else in the log says more."""
-
-    cls: str
-    path: re.Pattern[str]
-    function: re.Pattern[str]
-    tier: int = EXIT
-
-
-FRAME_SIGNS: tuple[FrameSign, ...] = (
-    # torch.load restoring a storage onto the device it was saved from: the CUDA check
-    # (validate_cuda_device) is what fails in these frames on a machine without CUDA.
-    FrameSign("checkpoint_cuda_on_cpu", re.compile(r"torch[/\\]serialization\.py$"),
-              re.compile(r"^(?:validate_cuda_device|_cuda_deserialize|default_restore_location)$")),
-)
-
-
-# A C++ exception's stack (c10's "frame #N: symbol + 0x..." dump, under a message a paste may
-# have cut) is read by the function that raised it: the first frame past c10's error
-# constructors. Weak (``EXIT``), like a cut Python traceback.
-CPP_FRAME_SIGNS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("collective_timeout", re.compile(r"ProcessGroupNCCL::WorkNCCL::checkTimeout\b")),
-    ("nccl_heartbeat", re.compile(r"ProcessGroupNCCL::(?:HeartbeatMonitor::runLoop|heartbeatMonitor)\b")),
-    ("cuda_oom", re.compile(r"DeviceCachingAllocator::malloc\b")),  # the caching allocator found no block
-    ("rendezvous_timeout", re.compile(r"c10d::TCPStore::doWait\b")),  # a key the store never got
-)
 # NCCL's notice that it retries a connection (INFO: "Call to connect returned Connection
 # refused, retrying", "socketPollConnect: connect returned No route to host, retrying (3/34)"):
 # the network, when the process never got past it (no other NCCL line of it follows).
@@ -683,19 +566,6 @@ NCCL_NET_ERRNO = re.compile(r"-> 2 \((?:Operation now in progress|Connection (?:
 NONFINITE_LOSS = re.compile(r"(?<!best )(?<!min )\b(?!(?:best|min|lowest|prev|previous|init)\w*[_ ]loss)(?:\w+[_ ])?loss\b['\"]?\s*(?:[:=]|is|became|=\s*tensor\()?\s*[-+]?(?:nan|inf)\b", re.I)
 NONFINITE_LOSS_CLASS = "loss_nonfinite"
 STEP_OF = re.compile(r"\b(?:step|iter(?:ation)?|it|batch)\b\s*[:=#]?\s*(\d+)", re.I)
-
-
-def cpp_frame_class(symbol: str) -> str | None:
-    """The class a C++ frame's function shows (the function that raised), if any."""
-    return next((cls for cls, pattern in CPP_FRAME_SIGNS if pattern.search(symbol)), None)
-
-
-def frame_class(frames: list[tuple[str, int, str | None]]) -> FrameSign | None:
-    """The frame sign the innermost frame of a cut traceback shows."""
-    if not frames:
-        return None
-    path, _, fn = frames[-1]
-    return next((f for f in FRAME_SIGNS if fn and f.path.search(path) and f.function.match(fn)), None)
 
 
 # Every word some sign needs: a line with none of them shows no class (most lines of a log).

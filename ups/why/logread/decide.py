@@ -36,10 +36,10 @@ from ups.why.logread.classes import (
     STEP_OF,
     SYMPTOM,
     LogClass,
-    frame_class,
     may_show_a_class,
 )
 from ups.why.logread.events import Event, is_errorish, parse
+from ups.why.logread.frames import frame_class
 from ups.why.logread.lines import Line, read_lines
 from ups.why.logread.ras import ras_summary, read_ras
 

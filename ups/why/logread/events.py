@@ -29,8 +29,8 @@ from ups.why.logread.classes import (
     NCCL_RETRY_CLASS,
     STORE_BARRIER_WAIT,
     STORE_BARRIER_WAIT_CLASS,
-    cpp_frame_class,
 )
+from ups.why.logread.frames import cpp_frame_class
 from ups.why.logread.lines import Line, frame_site, read_lines, return_code
 
 EXCEPTION = re.compile(
