@@ -65,6 +65,30 @@ def test_every_step_is_a_point_and_the_steps_before_the_first_nan_are_kept(tmp_p
     assert set(range(300 - BEFORE_NONFINITE, 301)) <= {s for s, _ in metric_values(data, "loss")}
 
 
+def test_a_tick_before_the_first_step_does_not_cost_the_curve_its_beginning(tmp_path):
+    """Under load the heartbeat may tick before the first loss is read (CI saw it on rank 0):
+    that tick is the series' first point, so the overview's every-stride-th point fell on
+    steps 3, 7, 11 ... once it had been thinned twice. The first loss is kept for good."""
+    w = SeriesWriter(tmp_path, "rank-0")
+    t0 = 1_795_000_000.0
+    w.add({"t": t0, "step": 0, "rate": 0.0, "mem": 1024})  # before training: no loss yet
+    for tick in range(60):  # 20 steps a tick, 1,200 steps: the overview thins twice or more
+        steps = [(s, 1.0 / (s + 1)) for s in range(tick * 20, tick * 20 + 20)]
+        w.add({"t": t0 + 1 + tick, "step": tick * 20 + 20, "rate": 20.0}, steps=steps)
+    w.maybe_write(force=True)
+    data, problem = read_series(series_path(tmp_path, "rank-0"))
+    assert problem is None and data["stride"] >= 4
+    steps = [s for s, _ in metric_values(data, "loss")]
+    assert steps[0] == 0 and steps == sorted(steps) and len(steps) == len(set(steps))
+    assert steps[-RECENT:] == list(range(1200 - RECENT, 1200))
+    # and a relaunch that loads the file keeps attempt 1's beginning
+    w2 = SeriesWriter(tmp_path, "rank-0", attempt=2)
+    w2.add({"t": t0 + 100, "step": 0, "loss": 2.0}, steps=[(0, 2.0)])
+    w2.maybe_write(force=True)
+    data, _ = read_series(series_path(tmp_path, "rank-0"))
+    assert (0, 1.0) in metric_values(data, "loss")
+
+
 @pytest.mark.slow
 def test_a_fast_loop_that_turns_nan_keeps_its_whole_curve_and_ups_plot_draws_it(runs_root, tmp_path):
     res = run_ups("launch", "torchrun", "--detach", "--json", "--nproc-per-node", "2", NAN_DDP, "--steps", str(STEPS),

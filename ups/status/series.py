@@ -9,6 +9,9 @@ keeps a whole-run overview and recent detail in the same few tens of KB:
   per heartbeat in which the process moved;
 * ``overview``: every ``stride``-th point since the process's first attempt; when it holds
   :data:`OVERVIEW` points every second one is dropped and ``stride`` doubles;
+* ``first_loss``: the first point that carried a loss, for good: the overview's thinning
+  keeps every ``stride``-th point counted from the series' first point, which may be a tick
+  from before the first step (no loss yet), so without it a curve could begin a few steps in;
 * ``around_nonfinite``: the points from :data:`BEFORE_NONFINITE` before the first non-finite
   loss to :data:`AFTER_NONFINITE` after it, in full and for good: the curve that led to a NaN
   survives however long the run goes on after it.
@@ -90,6 +93,7 @@ class SeriesWriter:
         self.count = 0  # points ever added (all attempts)
         self.first_nonfinite: dict | None = None
         self.around_nonfinite: list[list] = []
+        self.first_loss: list[list] = []  # [] or [the first row with a loss]
         self._after_left = 0  # points still to keep after the first non-finite loss
         self._stepped = False  # the heartbeat has handed over steps: one point per step from now on
         self._last_key: tuple | None = None
@@ -110,6 +114,7 @@ class SeriesWriter:
         self.count = int(data.get("count") or len(self.recent))
         self.first_nonfinite = data.get("first_nonfinite")
         self.around_nonfinite = data.get("around_nonfinite") or []
+        self.first_loss = data.get("first_loss") or []
 
     def add(self, point: dict, steps: list[tuple[int, float]] | tuple = ()) -> bool:
         """Add a point (a dict of :data:`FIELDS`) unless nothing moved since the last one.
@@ -148,6 +153,8 @@ class SeriesWriter:
                 self.overview = self.overview[::2]
                 self.stride *= 2
         self.count += 1
+        if not self.first_loss and isinstance(loss, int | float) and not isinstance(loss, bool):
+            self.first_loss = [row]
         if self._after_left or (not self.around_nonfinite and isinstance(loss, float) and not math.isfinite(loss)):
             self._keep_around_nonfinite(row)
         self._dirty = True
@@ -171,6 +178,7 @@ class SeriesWriter:
         return {"schema": SERIES_SCHEMA, "name": self.name, "fields": list(FIELDS), "stride": self.stride,
                 "count": self.count, "attempt": self.attempt, "written_at": time.time(),
                 "first_nonfinite": self.first_nonfinite, "around_nonfinite": self.around_nonfinite,
+                "first_loss": self.first_loss,
                 "overview": self.overview, "recent": self.recent}
 
     def maybe_write(self, *, force: bool = False) -> bool:
@@ -228,6 +236,7 @@ def read_series(path: str | os.PathLike[str]) -> tuple[dict | None, str | None]:
         data["overview"] = _valid_rows(data.get("overview", []), len(FIELDS))
         data["recent"] = _valid_rows(data.get("recent", []), len(FIELDS))
         data["around_nonfinite"] = _valid_rows(data.get("around_nonfinite") or [], len(FIELDS))
+        data["first_loss"] = _valid_rows(data.get("first_loss") or [], len(FIELDS))[:1]
     except ValueError as exc:
         return None, str(exc)
     if not isinstance(data.get("first_nonfinite"), dict | None):
@@ -242,16 +251,21 @@ def _order(row: list) -> tuple[float, float]:
 
 def merged_rows(data: dict) -> list[list]:
     """The series' rows in time order: the overview up to where recent detail starts, the
-    points around the first non-finite loss, then the recent rows (a whole-run chart with full
-    detail at its end and where the loss went bad)."""
+    first point with a loss and the points around the first non-finite loss, then the recent
+    rows (a whole-run chart from its first loss, with full detail at its end and where the
+    loss went bad)."""
     recent = data.get("recent") or []
     start = _order(recent[0]) if recent else None
     rows = [r for r in data.get("overview") or [] if start is None or _order(r) < start]
-    around = data.get("around_nonfinite") or []
+    around = [r for r in data.get("first_loss") or [] if start is None or _order(r) < start]
+    around += data.get("around_nonfinite") or []
     if around:
         seen = {(r[0], r[1], r[2]) for r in rows}
         seen.update((r[0], r[1], r[2]) for r in recent)
-        rows += [r for r in around if (r[0], r[1], r[2]) not in seen]
+        for r in around:
+            if (r[0], r[1], r[2]) not in seen:
+                seen.add((r[0], r[1], r[2]))
+                rows.append(r)
         rows.sort(key=_order)
     return rows + recent
 
