@@ -35,10 +35,14 @@ def free_port() -> int:
 
 def launch_node(runs_dir: Path, rank: int, port: int, run_id: str, cwd: Path, *, extra_env: dict | None = None,
                 args: tuple[str, ...] = ()):
+    """Node ``rank`` of a two-node run. c10d's rendezvous ignores --node-rank: it ranks the nodes
+    by (address, agent pid), and on one box the pid alone decides, which wraps (pid_max 32768)
+    on a busy CI box. Each node gets its own loopback address (--local-addr 127.0.0.R+1), as two
+    boxes have their own, so node R holds global rank R."""
     env = {**NODE_ENV, "UPS_HOSTNAME": f"node{rank}", "UPS_RUNS_DIR": str(runs_dir), **(extra_env or {})}
     res = run_ups("launch", "torchrun", "--run-id", run_id, "--unresponsive-after", "3", "--detach", "--json",
                   "--nnodes", "2", "--node-rank", str(rank), "--rdzv-backend", "c10d",
-                  "--rdzv-endpoint", f"127.0.0.1:{port}", "--nproc-per-node", "1",
+                  "--rdzv-endpoint", f"127.0.0.1:{port}", "--nproc-per-node", "1", "--local-addr", f"127.0.0.{rank + 1}",
                   DDP, "--steps", "100000", "--workers", "0", "--step-time", "0.05", *args, env=env, cwd=cwd)
     assert res.returncode == 0, res.stderr
     return RunDir(json.loads(res.stdout)["run_dir"])
