@@ -48,8 +48,8 @@ def kill_launcher(run: RunDir) -> int:
 
 @pytest.mark.slow
 def test_launcher_killed_mid_training_is_unsupervised_then_settled_from_the_records(runs_root, tmp_path):
-    res = run_ups("launch", "torchrun", "--detach", "--json", "--nproc-per-node", "2", DDP, "--steps", "40",
-                  "--workers", "0", "--step-time", "0.1", env=FAST, cwd=tmp_path)
+    res = run_ups("launch", "torchrun", "--detach", "--json", "--nproc-per-node", "2", DDP, "--steps", "150",
+                  "--workers", "0", "--step-time", "0.1", env=FAST, cwd=tmp_path)  # 15 s: the checks below need it running
     run = launched(res)
     wait_for(lambda: training(run), 90, interval=0.3, message="both ranks training")
     pid = kill_launcher(run)
@@ -81,14 +81,19 @@ def test_adopt_gives_the_run_a_new_launcher_that_names_the_root_cause(runs_root,
     leave it) had not yet reaped them. The adopter never saw them end; their records and last
     heartbeats still tell the order."""
     res = run_ups("launch", "torchrun", "--detach", "--json", "--nproc-per-node", "2", DDP, "--steps", "200",
-                  "--workers", "0", "--step-time", "0.1", "--fail", "exit", "--fail-step", "30", env=FAST, cwd=tmp_path)
+                  "--workers", "0", "--step-time", "0.1", "--fail", "exit", "--fail-step", "60", env=FAST, cwd=tmp_path)
     run = launched(res)
     wait_for(lambda: training(run), 90, interval=0.3, message="both ranks training")
+    # Frozen as soon as the launcher is gone: rank 1 leaves ~6 s after training starts, and the
+    # agent must not reap it first. Not before the agent has a new parent: a process group that
+    # becomes orphaned (its launcher reaped) while a member is stopped gets SIGHUP from the
+    # kernel, and torchrun ends on it.
+    agent = next(p["pid"] for p in status_now(run)["processes"] if p["role"] == "agent")
     old = kill_launcher(run)
-    data = wait_for(lambda: (d := status(run))["state"] == "unsupervised" and d, 15, message="unsupervised")
-    agent = next(p["pid"] for p in data["processes"] if p["role"] == "agent")
+    wait_for(lambda: _parent(agent) != old, 10, interval=0.05, message="the agent reparented")
     os.kill(agent, signal.SIGSTOP)
     try:
+        wait_for(lambda: status(run)["state"] == "unsupervised", 15, message="unsupervised")
         wait_for(lambda: {p["name"]: p["health"] for p in status_now(run)["processes"]}.get("rank-0") == "failed"
                  and not _alive(run, "rank-1"), 60, interval=0.3, message="rank 1 gone, rank 0 failed after it")
         adopter = procs.popen([sys.executable, "-m", "ups", "adopt", str(run.path), "--json"],
@@ -105,6 +110,11 @@ def test_adopt_gives_the_run_a_new_launcher_that_names_the_root_cause(runs_root,
     assert "rank 1 ended without a normal interpreter exit" in m["summary"]
     assert any(e["event"] == "adopt" for e in run.read_events())
     assert run_ups("adopt", str(run.path)).returncode == 1  # nothing left to adopt
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
 
 
 def _alive(run: RunDir, name: str) -> bool:
