@@ -48,7 +48,7 @@ def idle_rank(folder: Path) -> Path:
     with ``python -u``, where ``print("rank", n)`` is four writes (each word, the space, the
     newline), and two ranks sharing one log interleave them ("rankrank 0 \\n1")."""
     path = folder / "idle_rank.py"
-    path.write_text("import os, time\nprint(f\"rank {os.environ['RANK']}\\n\", end='', flush=True)\ntime.sleep(120)\n")
+    path.write_text("import os, time\nprint(f\"rank {os.environ['RANK']}\\n\", end='', flush=True)\ntime.sleep(3600)\n")
     return path
 
 
@@ -347,6 +347,10 @@ def test_a_healthy_job_attached_is_healthy_with_no_event_but_the_attach_then_its
     jobs.remember()
     run_id = attach(agent.pid)
     events = runs_root / run_id / "events.jsonl"
+    # `ups attach` returns once its observer runs; the ranks' records follow its first look (a
+    # py-spy dump of each, seconds on a loaded box). From then on, every reading is healthy.
+    wait_for(lambda: all((runs_root / run_id / "status" / f"rank-{r}.json").exists() for r in (0, 1)), 60,
+             interval=0.2, message="the observer's first records of the ranks")
     deadline = time.monotonic() + 20
     seen = []
     while time.monotonic() < deadline:

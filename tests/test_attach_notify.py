@@ -68,7 +68,7 @@ def test_a_stuck_rank_is_told_once_proven_with_its_proof_and_a_notifier_that_nev
     agent, log = jobs.start_ready("rank 1 waits at step 30", fault="sleep:30")
     jobs.remember()
     starts = {pid: process_start_time(pid) for pid in jobs.pids}
-    limit = 6.0
+    limit = 15.0  # a webhook that held the writes would leave a 15 s gap; a slow tick on a loaded box, a few s
     res = run_ups("attach", str(agent.pid), "--json", "--notify", never_answers,
                   "--notify", f"cmd:cat >> {out}; echo >> {out}", env={"UPS_NOTIFY_TIMEOUT": str(limit)})
     assert res.returncode == 0, res.stderr
@@ -96,7 +96,7 @@ def test_a_stuck_rank_is_told_once_proven_with_its_proof_and_a_notifier_that_nev
     failed = wait_for(lambda: [e for e in events(runs_root, run_id) if e["event"] == "notify.failed"], 30,
                       message="the never-answering webhook's failure")
     assert failed[0]["seconds"] >= limit - 1 and "timed out" in failed[0]["error"]
-    assert len(beats) >= 5 and max(b - a for a, b in pairwise(beats)) < limit - 1, beats
+    assert len(beats) >= 5 and max(b - a for a, b in pairwise(beats)) < limit - 5, beats
     # Told once per episode; the job was never signalled and runs on.
     time.sleep(3.0)
     assert [m["event"] for m in messages(out)] == ["problem"]

@@ -208,7 +208,7 @@ def test_hf_trainer_os_exit_says_the_step_and_phase_it_left_in(runs_root, tmp_pa
 @needs("accelerate")
 def test_accelerate_launch_os_exit(runs_root, tmp_path):
     res = run_ups("launch", "accelerate", "--json", "launch", "--multi_gpu", "--num_processes", "2",
-                  "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(ACCEL),
+                  "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0", str(ACCEL),
                   "--fail", "exit", env=FAST, timeout=300, cwd=tmp_path)
     run = launched(res)
     assert res.returncode == 1, run.log_path("job").read_text()[-3000:]
@@ -225,8 +225,10 @@ def test_accelerate_launch_os_exit(runs_root, tmp_path):
 # Every framework x fault on rank 1 at step 5 that the tests above do not already drill, each
 # one run, judged as the ones above are. (Above: mp.spawn raise/hang, Lightning's own ranks
 # os._exit/hang, Lightning under torchrun raise, HF os._exit, accelerate os._exit.)
+# --main_process_port 0: accelerate picks a free port (its default, 29500, is shared by every
+# test that runs beside this one)
 ACCELERATE_2 = ["launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
-                "--dynamo_backend", "no"]
+                "--dynamo_backend", "no", "--main_process_port", "0"]
 LAUNCHERS = {"python": [], "torchrun": ["--nproc-per-node", "2"], "accelerate": ACCELERATE_2}
 NEEDLE = {"raise": 'raise RuntimeError(f"loss is NaN', "exit": "os._exit(0)", "hang": "time.sleep(3600)"}
 
@@ -391,9 +393,13 @@ def test_launchers_that_are_not_installed_are_named(runs_root, tmp_path):
 
 # ------------------------------------------------------------------------ leftovers
 LEAVES = ("import os, subprocess, sys, time\n"
+          "ready = os.path.abspath('leaf-ready')\n"
           "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
-          "subprocess.Popen([sys.executable, '-c', 'import os, time\\nif os.fork() == 0:\\n    os.setsid(); time.sleep(300)'])\n"
-          "time.sleep(1.5)\n")
+          "subprocess.Popen([sys.executable, '-c', 'import os, sys, time\\nif os.fork() == 0:\\n"
+          "    os.setsid(); os.close(os.open(sys.argv[1], os.O_CREAT | os.O_WRONLY)); time.sleep(300)', ready])\n"
+          "deadline = time.monotonic() + 60\n"
+          "while not os.path.exists(ready) and time.monotonic() < deadline:  # the grandchild in its own session\n"
+          "    time.sleep(0.05)\n")
 
 
 def test_processes_left_by_the_job_are_ended_at_the_run_end(runs_root, tmp_path):

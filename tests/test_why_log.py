@@ -60,8 +60,9 @@ def torchrun_log(tmp_path_factory) -> Path:
 
 def test_torchrun_log_names_the_refused_allocation_on_rank_1(torchrun_log: Path):
     text = torchrun_log.read_text()
-    # What makes the log hard to read: the peer's error, torchrun's SIGTERM and its report.
-    assert "Connection closed by peer" in text and "ChildFailedError" in text and "SIGTERM" in text
+    # What makes the log hard to read: the peer's error or torchrun's SIGTERM to it (whichever
+    # came first: rank 0 sees its peer's socket close, the agent polls every 0.1 s), and the report.
+    assert ("Connection closed by peer" in text or "SIGTERM" in text) and "ChildFailedError" in text
     v = why(torchrun_log)
     assert v["class"] == "host_oom" and v["kind"] == "class", v
     assert v["rank"] == 1, v

@@ -20,7 +20,7 @@ for step in range(int(os.environ.get("ATTACH_INJECT_STEPS", "1200"))):
             code = compile(f.read(), script, "exec")
         before = set(globals()) | {"before"}
         exec(code, globals())  # what sys.remote_exec does: the script, in __main__'s namespace
-        print("ran", script, "new globals:", sorted(set(globals()) - before), flush=True)
+        print(f"ran {script} new globals: {sorted(set(globals()) - before)}", flush=True)  # one write: the test reads the line
     if step % 10 == 0:
         print(f"step {step}", flush=True)
     time.sleep(0.1)
