@@ -260,6 +260,38 @@ def test_bad_shards_refuse_the_launch_at_once_naming_every_one(manifest, data_ro
     assert run is None and list(runs_root.iterdir()) == [] and not (tmp_path / "c").exists()
 
 
+SLOW_H5PY = """\
+import sys, time
+
+
+class SlowH5py:  # a cold h5py import on a busy box: seconds before the module is there
+    def find_spec(self, name, path=None, target=None):
+        if name == "h5py":
+            sys.meta_path.remove(self)
+            time.sleep(4)
+        return None
+
+
+sys.meta_path.insert(0, SlowH5py())
+"""
+
+
+def test_a_slow_h5py_import_never_makes_a_good_shard_bad(data_root, tmp_path):
+    """The check's child imports h5py inside its start-up allowance: imported at the first
+    header instead, a 4 s import under a 1 s open timeout named every good shard hung."""
+    import os
+
+    from ups.data.probe import probe_shards
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SLOW_H5PY)
+    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
+    survey = probe_shards(data_root, [("burgers1d", "train")], timeout=1.0, read_sample=True, env={"PYTHONPATH": path})
+    assert not survey.bad and not survey.problems, (survey.bad, survey.problems)
+    assert len(survey.files) == 3 and survey.samples == {"burgers1d/train": 24}
+
+
 def test_a_launch_check_stuck_where_no_signal_reaches_is_killed_and_the_shard_named(data_root, fast_config, tmp_path, runs_root):
     # shard_probe_hang SIGSTOPs the check's process at that file: like an open on a hung
     # mount, nothing inside it can end the wait; the CLI kills it and checks the rest.

@@ -277,6 +277,11 @@ def _read_first_sample(path: str, layout: str, timeout: float) -> None:
 
 
 def child_main() -> int:
+    # h5py (and numpy) first, inside the start-up allowance: imported at the first header
+    # instead, a cold import on a busy box counted against that file's few seconds of
+    # silence, and a good shard could be named hung.
+    import h5py  # noqa: F401
+
     from ups.data.shards import DataError, candidate_files, read_header
     from ups.data.tasks import get_task
     from ups.errors import UpsError
