@@ -279,8 +279,6 @@ sys.meta_path.insert(0, SlowH5py())
 def test_a_slow_h5py_import_never_makes_a_good_shard_bad(data_root, tmp_path):
     """The check's child imports h5py inside its start-up allowance: imported at the first
     header instead, a 4 s import under a 1 s open timeout named every good shard hung."""
-    import os
-
     from ups.data.probe import probe_shards
 
     site = tmp_path / "site"
