@@ -43,6 +43,14 @@ def tree(pid: int) -> list[int]:
     return out
 
 
+def sigkill(pids) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 def idle_rank(folder: Path) -> Path:
     """A rank that says "rank N" and sleeps. One string, one write: torchrun starts each rank
     with ``python -u``, where ``print("rank", n)`` is four writes (each word, the space, the
@@ -98,12 +106,7 @@ class PlainJobs:
 
     def _kill(self, proc: subprocess.Popen) -> None:
         """SIGKILL one job's processes (its agent's tree: the ranks are its children until it dies)."""
-        pids = set(tree(proc.pid)) if proc.poll() is None else set()
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        sigkill(set(tree(proc.pid)) if proc.poll() is None else set())
         proc.wait(timeout=10)
         self.procs.remove(proc)
 
@@ -114,11 +117,7 @@ class PlainJobs:
 
     def cleanup(self) -> None:
         self.remember()
-        for pid in self.pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        sigkill(self.pids)
         for p in self.procs:
             try:
                 p.wait(timeout=10)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import run_ups, status_now, wait_for
 
+from ups.attach.find import stat_of
 from ups.runs.rundir import MANIFEST_SCHEMA, RunDir
 from ups.status.record import StatusRecord
 
@@ -90,7 +91,7 @@ def test_adopt_gives_the_run_a_new_launcher_that_names_the_root_cause(runs_root,
     # kernel, and torchrun ends on it.
     agent = next(p["pid"] for p in status_now(run)["processes"] if p["role"] == "agent")
     old = kill_launcher(run)
-    wait_for(lambda: _parent(agent) != old, 10, interval=0.05, message="the agent reparented")
+    wait_for(lambda: (st := stat_of(agent)) is not None and st[1] != old, 10, interval=0.05, message="the agent reparented")
     os.kill(agent, signal.SIGSTOP)
     try:
         wait_for(lambda: status(run)["state"] == "unsupervised", 15, message="unsupervised")
@@ -110,11 +111,6 @@ def test_adopt_gives_the_run_a_new_launcher_that_names_the_root_cause(runs_root,
     assert "rank 1 ended without a normal interpreter exit" in m["summary"]
     assert any(e["event"] == "adopt" for e in run.read_events())
     assert run_ups("adopt", str(run.path)).returncode == 1  # nothing left to adopt
-
-
-def _parent(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
 
 
 def _alive(run: RunDir, name: str) -> bool:

@@ -257,8 +257,7 @@ def merged_rows(data: dict) -> list[list]:
     recent = data.get("recent") or []
     start = _order(recent[0]) if recent else None
     rows = [r for r in data.get("overview") or [] if start is None or _order(r) < start]
-    around = [r for r in data.get("first_loss") or [] if start is None or _order(r) < start]
-    around += data.get("around_nonfinite") or []
+    around = [*(data.get("first_loss") or []), *(data.get("around_nonfinite") or [])]
     if around:
         seen = {(r[0], r[1], r[2]) for r in rows}
         seen.update((r[0], r[1], r[2]) for r in recent)
