@@ -157,3 +157,31 @@ def record_job(run, proc) -> None:
 
     run.update_manifest(job={"pid": proc.pid, "pid_start": process_start_time(proc.pid), "pgid": proc.pid,
                              "sid": os.getsid(proc.pid)})
+
+
+PYSPY_RELEASES = Path(os.environ.get("UPS_TEST_CACHE", Path.home() / ".cache" / "ups-tests")) / "py-spy"
+
+
+def pyspy_release(version: str) -> Path | None:
+    """The folder holding the ``py-spy`` binary of release ``version``, installed once (pip,
+    ``--no-deps --target``) into a cache shared by the test processes; None when pip cannot
+    get it (no registry). The binary is the real release: each test that reads stacks from
+    outside runs with the newest py-spy (the test extra) and with the older ones it names."""
+    import shutil
+    import tempfile
+
+    final = PYSPY_RELEASES / version
+    if (final / "bin" / "py-spy").exists():
+        return final / "bin"
+    PYSPY_RELEASES.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=PYSPY_RELEASES, prefix=f".{version}-"))
+    res = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(tmp),
+                          f"py-spy=={version}"], capture_output=True, text=True, timeout=300)
+    if res.returncode != 0 or not (tmp / "bin" / "py-spy").exists():
+        shutil.rmtree(tmp, ignore_errors=True)
+        return None
+    try:
+        os.rename(tmp, final)  # another test process may have won the race: its copy is as good
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final / "bin"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import time
 import warnings
 from pathlib import Path
 
+import psutil
 import pytest
 from helpers import run_ups, wait_for
 
@@ -421,35 +423,51 @@ def test_scan_lists_each_plain_job_once_and_leaves_out_the_one_ups_launched(runs
 
 @pytest.mark.slow
 @needs_pyspy
-def test_a_dataloader_worker_hung_in_getitem_is_named_with_its_index(runs_root, jobs, tmp_path):
-    """The DDP tutorial (its own Dataset, two DataLoader workers a rank) under a plain torchrun,
-    a worker of rank 1 asleep in __getitem__: the worker, the index its stack shows, the line."""
+@pytest.mark.parametrize("pyspy", ["newest", "0.4.1"])
+def test_a_dataloader_worker_hung_in_open_behind_tee_is_named_with_its_index(runs_root, jobs, tmp_path, pyspy):
+    """The DDP tutorial (its own Dataset, two DataLoader workers a rank) under a plain
+    ``torchrun ... 2>&1 | tee``, attached by its agent's pid; a sample file of rank 1 is a FIFO (a
+    file on a hung mount: open() never returns). Named within 30 s as that worker of rank 1, at
+    the Dataset's line, with the index in flight, whichever py-spy reads its stacks: the newest
+    (0.4.3 prints ``SampleFiles.__getitem__``) and 0.4.1 (``__getitem__``)."""
+    from helpers import pyspy_release
     from why_drills import TUTORIAL, make_samples, tutorial_index, tutorial_line
 
-    index, _ = tutorial_index()
-    make_samples(tmp_path / "data")
-    log = tmp_path / "tutorial.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("UPS_")}
-    env["DDP_TUTORIAL_FAULT"] = f"sleep:{index}"
-    with open(log, "wb") as out:
-        agent = subprocess.Popen([*torchrun(), "--standalone", "--nproc-per-node", "2", str(TUTORIAL), str(tmp_path / "data"),
-                                  "--epochs", "50"], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    jobs.procs.append(agent)
-    job = wait_for(lambda: (d := ups_json("attach", str(agent.pid), "--dry-run")) and
-                   sum(p["role"] == "worker" for p in d["processes"]) == 4 and d, 120, interval=1.0,
-                   message="two workers a rank")
+    if pyspy != "newest":
+        folder = pyspy_release(pyspy)
+        if folder is None:
+            pytest.skip(f"py-spy {pyspy} could not be installed (no package registry)")
+        env["PATH"] = f"{folder}{os.pathsep}{env['PATH']}"
+    index, _ = tutorial_index()
+    make_samples(tmp_path / "data", fifo_at=index)
+    log = tmp_path / "tutorial.log"
+    line = " ".join(map(shlex.quote, [*torchrun(), "--standalone", "--nproc-per-node", "2", str(TUTORIAL),
+                                       str(tmp_path / "data"), "--epochs", "50"]))
+    shell = subprocess.Popen(["bash", "-c", f"{line} 2>&1 | tee {shlex.quote(str(log))} >/dev/null"], env=env,
+                             start_new_session=True)
+    jobs.procs.append(shell)
+    agent = wait_for(lambda: next((p for p in psutil.Process(shell.pid).children()
+                                   if "torch.distributed.run" in " ".join(p.cmdline()) or "torchrun" in " ".join(p.cmdline())),
+                                  None), 30, message="torchrun's agent")
+    wait_for(lambda: (d := ups_json("attach", str(agent.pid), "--dry-run")) and
+             sum(p["role"] == "worker" for p in d["processes"]) == 4 and d, 120, interval=1.0, message="two workers a rank")
     jobs.remember()
-    worker = next(p for p in job["processes"] if p["role"] == "worker" and p["rank"] == 1)
-    run_id = attach(worker["pid"])  # from a worker's pid: the whole job
+    res = run_ups("attach", str(agent.pid), "--json", env={"PATH": env["PATH"]})
+    assert res.returncode == 0, res.stderr
+    run_id = json.loads(res.stdout)["run_id"]
 
     def named():
         v = ups_json("why", run_id)["verdict"]
-        return v if v["mode"] == "worker_stuck" else None
-    v = wait_for(named, 60, interval=1.0, message="the worker named")
-    assert v["who"]["rank"] == 1 and v["who"]["worker"] is not None
-    assert f"while fetching index {index} " in v["headline"] and "rank 1 waits for the batch" in v["headline"]
-    assert v["where"]["site"] == f"ddp_tutorial.py:{tutorial_line('time.sleep(3600)')}"
-    assert agent.poll() is None
+        return v if v["mode"] in ("worker_stuck", "worker_stuck_in_read") and f"index {index}" in v["headline"] else None
+    v = wait_for(named, 30, interval=1.0, message="the worker named")
+    assert v["who"]["rank"] == 1 and v["who"]["worker"] is not None, v
+    assert v["mode"] == "worker_stuck_in_read" and "is stuck opening" in v["headline"], v
+    assert "rank 1 waits for the batch" in v["headline"], v
+    site = f"ddp_tutorial.py:{tutorial_line('with open(path, ')}"
+    assert v["where"]["site"] == site, v
+    assert v["where"]["function"] == "__getitem__", v
+    assert agent.is_running() and agent.status() != psutil.STATUS_ZOMBIE
 
 
 @pytest.mark.slow

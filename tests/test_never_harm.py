@@ -129,6 +129,45 @@ def test_stacks_refuse_a_process_whose_handler_is_gone(procs, runs_root, pyspy):
     assert not [e for e in run.read_events() if e["event"] == "signal"]
 
 
+# The same teardown, then a hang: the program waits forever at one line, its dump handler gone.
+TRAINING = RESETS_HANDLER.split('print("training done"')[0]
+RESETS_THEN_HANGS = TRAINING + textwrap.dedent(
+    """
+    with open(os.path.join(os.environ["UPS_RUN_DIR"], "status", "rank-0.json")) as fh:
+        signal.signal(json.load(fh)["stack_signal"], signal.SIG_DFL)   # teardown: default action, death
+    print("handler reset", flush=True)
+    while True:
+        time.sleep(0.5)  # the hang: a wait that never ends
+    """
+)
+
+
+@pytest.mark.slow
+def test_on_hang_kill_ends_a_hung_program_whose_dump_handler_is_gone(runs_root, tmp_path):
+    """--on-hang kill needs two identical stacks as proof. The program reset its stack-dump
+    handler, so the launcher reads them with py-spy (never the signal, which would kill it):
+    the proof holds from those two dumps, and the hang is ended as asked."""
+    if shutil.which("py-spy") is None:
+        pytest.skip("py-spy is not installed (pip install 'ups[attach]')")
+    run = launch(tmp_path, "python", RESETS_THEN_HANGS, "--stalled-after", "2", "--on-hang", "kill",
+                 env={"UPS_HEARTBEAT_INTERVAL": "0.3"})
+    m = wait_final(run, 120)
+    assert m["state"] == "failed", (m.get("summary"), run.log_path("job").read_text())
+    assert m["summary"].startswith("ended on hang (--on-hang kill): attempt 1: rank 0 is stalled"), m["summary"]
+    events = run.read_events()
+    dumps = [e for e in events if e["event"] == "stacks.pyspy" and e["target"] == "rank-0"]
+    assert len(dumps) >= 2 and all("not signalled" in e["reason"] for e in dumps), dumps
+    hang = [e for e in events if e["event"] == "hang"]
+    assert hang and hang[0]["action"] == "kill", hang
+    sig = json.loads((run.status_dir / "rank-0.json").read_text())["stack_signal"]
+    from ups.runs.signals import signal_name
+
+    sent = {e.get("signal") for e in events if e["event"] == "signal"}
+    assert signal_name(sig) not in sent, sent  # the kill's SIGTERM, never the dump signal
+    stacks = (run.path / "stacks" / "rank-0.txt").read_text()
+    assert stacks.count("time.sleep(0.5)") == 0 and stacks.count("<module>") >= 2, stacks
+
+
 TRAINS = textwrap.dedent(
     """
     import os

@@ -2,9 +2,10 @@
 
 The supervisor runs this beside the job. When a process of the run turns stalled or
 unresponsive, its stacks are dumped once per episode (the episode ends when it is healthy
-again), only to processes whose record registered the stack-dump handler and whose live
-caught-signal mask still shows it (ups.runs.signals.dump_stacks: the one check that the CLI
-and the console go through too; a program may have reset it), so by the time an
+again): with the stack-dump signal only to processes whose record registered the handler and
+whose live caught-signal mask still shows it, else read from outside with py-spy, which
+cannot kill (ups.runs.signals.dump_stacks: the one check that the CLI and the console go
+through too; a program may have reset its handler), so by the time an
 operator asks ``ups why`` the frames are there. Each dump is an automatic action on a
 process: it is logged as a ``stacks.auto`` event with its evidence (health and reason). In
 observe-only mode (``--observe-only``, run.json ``automatic: observe``) no signal is sent; the
@@ -17,6 +18,7 @@ import threading
 import time
 
 from ups.errors import RefusedSignal
+from ups.runs.pyspy import OUTSIDE
 from ups.runs.rundir import RunDir
 from ups.runs.signals import dump_stacks
 from ups.runs.view import load_run_view, node_view
@@ -74,17 +76,15 @@ class StackCollector:
         rec = p.record
         evidence = {"target": rec.name, "pid": rec.pid, "health": p.verdict.health.value, "reason": p.verdict.reason,
                     "phase": rec.phase}
-        if rec.stack_signal is None or not rec.stack_file:
-            self.run.append_event("stacks.auto", actor=self.actor, result="not signalled: its record names no stack-dump "
-                                  "handler (never registered, or the program reset or replaced it)", **evidence)
-            return
         if self.observe_only:
             self.run.append_event("stacks.auto", actor=self.actor, result="observe-only: not signalled", **evidence)
             return
         started = time.monotonic()
         try:
-            dump_stacks(self.run, rec, actor=self.actor, timeout=3.0)
+            text = dump_stacks(self.run, rec, actor=self.actor, timeout=3.0)
             result = f"dumped in {time.monotonic() - started:.1f} s"
+            if OUTSIDE in text.partition("\n")[0]:  # no handler now: read with py-spy, never signalled
+                result += " with py-spy (not signalled: the process handles no stack-dump signal now)"
         except RefusedSignal as exc:
             result = f"not dumped: {exc}"
         self.run.append_event("stacks.auto", actor=self.actor, result=result, stack_file=rec.stack_file, **evidence)

@@ -268,40 +268,37 @@ def dump_stacks(run: RunDir, record: StatusRecord, *, actor: str, timeout: float
     """Ask a process's faulthandler to write all thread stacks; return what it wrote.
 
     Works while the process is blocked in a C call that holds the GIL (faulthandler writes
-    from the signal handler). Refused for a process whose record does not say that it
-    registered the handler, and for one whose caught-signal mask says the handler is gone
-    now (the program reset it): by default that signal would kill it. Then a dump that
-    cannot kill is tried (py-spy, if installed and allowed), else HandlerGone says why.
+    from the signal handler). Never signalled: a process of an attached job (watched from
+    outside), one whose record names no handler, and one whose caught-signal mask says the
+    handler is gone now (the program reset it; its heartbeat may not have said so yet): by
+    default that signal would kill it. Their stacks are read from outside instead (py-spy,
+    if installed and allowed: the same stack-file format, so a hang is proven from two such
+    dumps as from any other), else HandlerGone says why.
     """
-    if record.stack_signal is None and record.metrics.get("attached") is True and record.role != "launcher":
-        # A process of a job ups attached to (ups attach): read from outside, never signalled.
-        proof = check_identity(run, record, scope)
-        text = read_stacks_outside(record.pid, record.label, actor, timeout)
-        if text is None:
-            raise RefusedSignal(f"{record.label} (pid {record.pid}) is watched from outside (ups attach) and never "
-                                "signalled; no fresh dump: py-spy is not installed or not permitted", exit_code=1)
-        log_event(run, "stacks.pyspy", actor=actor, target=record.name, pid=record.pid,
-                  reason="attached job: read from outside, no signal", proof=proof)
-        return text
-    if record.stack_signal is None or not record.stack_file:
-        raise RefusedSignal(
-            f"{record.label} (pid {record.pid}) registered no stack-dump handler; "
-            "the signal would kill it"
-        )
-    if not is_dump_signal(record.stack_signal):
+    if record.stack_signal is not None and not is_dump_signal(record.stack_signal):
         raise RefusedSignal(f"{record.label} (pid {record.pid}) names {signal_name(record.stack_signal)} as its stack-dump "
                             "signal: ups dumps stacks only with SIGUSR1, SIGUSR2 or a real-time signal", exit_code=1)
     proof = check_identity(run, record, scope)
     sig = signal_name(record.stack_signal)
-    path = run.path / record.stack_file
-    if not catches(record.pid, record.stack_signal):
-        text = _dump_without_signal(record.pid, timeout)
-        note = f"{record.label} (pid {record.pid}) no longer handles {sig} (handler gone; not signalled)"
+    attached = record.stack_signal is None and record.metrics.get("attached") is True and record.role != "launcher"
+    if attached or record.stack_signal is None or not record.stack_file or not catches(record.pid, record.stack_signal):
+        if attached:
+            note, refusal = ("attached job: read from outside, no signal",
+                             f"{record.label} (pid {record.pid}) is watched from outside (ups attach) and never signalled")
+        elif record.stack_signal is not None and record.stack_file:
+            note = refusal = f"{record.label} (pid {record.pid}) no longer handles {sig} (handler gone; not signalled)"
+        else:
+            note = refusal = (f"{record.label} (pid {record.pid}) registered no stack-dump handler (not signalled: the "
+                              "signal would kill it)")
+        text = read_stacks_outside(record.pid, record.label, actor, timeout, note=None if attached else note)
         if text is None:
-            raise HandlerGone(f"{note}; no dump: py-spy is not installed or not permitted", exit_code=1)
-        _append_stack_file(record, path, f"\n=== {note}; py-spy dump requested by {actor} at {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n{text}")
+            raise HandlerGone(f"{refusal}; no {'fresh ' if attached else ''}dump: py-spy is not installed or not "
+                              "permitted", exit_code=1)
+        if record.stack_file and not attached:  # an attached job's stack files are its observer's
+            _append_stack_file(record, run.path / record.stack_file, "\n" + text)
         log_event(run, "stacks.pyspy", actor=actor, target=record.name, pid=record.pid, reason=note, proof=proof)
         return text
+    path = run.path / record.stack_file
     header = f"\n=== stack dump of {record.label} pid {record.pid} requested by {actor} at {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n"
     start = _append_stack_file(record, path, header)
     send_signal(run, record, record.stack_signal, actor=actor, reason="dump stacks", scope=scope)
@@ -335,58 +332,18 @@ def _append_stack_file(record: StatusRecord, path: Path, text: str) -> int:
         os.close(fd)
 
 
-def _dump_without_signal(pid: int, timeout: float) -> str | None:
-    """All threads' stacks read from outside (py-spy: ptrace, the process is paused for the
-    read and never signalled), or None when py-spy is missing or not permitted."""
-    import shutil
-    import subprocess
+def read_stacks_outside(pid: int, label: str, actor: str, timeout: float, note: str | None = None) -> str | None:
+    """Every thread's stack of ``pid`` read by py-spy (:mod:`ups.runs.pyspy`: its memory read
+    while it runs, no pause, no signal), in the stack-file format (faulthandler's, under a
+    ``=== stack dump of ...`` header) that :mod:`ups.why.stacks` reads, so that a hang is proven
+    from two such dumps as from any other; None when py-spy is missing, not permitted or fails."""
+    from ups.runs.pyspy import DumpRefused, as_faulthandler, dump_json
 
-    exe = shutil.which("py-spy")
-    if exe is None:
-        return None
     try:
-        res = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=max(timeout, 1.0))
-    except (OSError, subprocess.TimeoutExpired):
+        threads = dump_json(pid, timeout=max(timeout, 1.0))
+    except DumpRefused:
         return None
-    return res.stdout if res.returncode == 0 and res.stdout.strip() else None
-
-
-def read_stacks_outside(pid: int, label: str, actor: str, timeout: float) -> str | None:
-    """Every thread's stack of ``pid`` read by ``py-spy dump --nonblocking`` (its memory read
-    while it runs: no pause, no signal), in the stack-file format (faulthandler's, under a
-    ``=== stack dump of ...`` header) that :mod:`ups.why.stacks` reads; None when py-spy is
-    missing, not permitted or fails."""
-    import json
-    import shutil
-    import subprocess
-
-    exe = shutil.which("py-spy")
-    if exe is None:
-        return None
-    try:
-        res = subprocess.run([exe, "dump", "--pid", str(pid), "--json", "--nonblocking"], capture_output=True, text=True,
-                             timeout=max(timeout, 1.0))
-        threads = json.loads(res.stdout) if res.returncode == 0 else None
-    except (OSError, subprocess.TimeoutExpired, ValueError):
-        return None
-    return pyspy_as_faulthandler(threads, label, pid, actor) if isinstance(threads, list) else None
-
-
-def pyspy_as_faulthandler(threads: list[dict], label: str, pid: int, actor: str) -> str:
-    """py-spy's JSON dump as faulthandler writes one (innermost frame first), under the header
-    of a requested dump."""
-    lines = [f"=== stack dump of {label} pid {pid} requested by {actor} at {time.strftime('%Y-%m-%d %H:%M:%S')} "
-             "(py-spy, read from outside) ==="]
-    for t in threads:
-        if not isinstance(t, dict):
-            continue
-        tid = t.get("thread_id") or t.get("os_thread_id") or 0
-        current = t.get("os_thread_id") == pid
-        lines.append(f"{'Current thread' if current else 'Thread'} 0x{int(tid):016x} (most recent call first):")
-        for f in t.get("frames") or []:
-            lines.append(f'  File "{f.get("filename")}", line {f.get("line")} in {f.get("name")}')
-        lines.append("")
-    return "\n".join(lines) + "\n"
+    return as_faulthandler(threads, label, pid, actor, note=note)
 
 
 def _wait_for_dump(path: Path, start: int, timeout: float) -> str:

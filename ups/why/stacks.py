@@ -14,6 +14,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from ups.runs.pyspy import function_name
 from ups.status.exceptions import is_library_file
 
 _FAULT_FRAME = re.compile(r'^\s+File "(?P<file>.+)", line (?P<line>\d+) in (?P<func>.+)$')
@@ -22,15 +23,33 @@ _THREAD = re.compile(r"^(?P<current>Current thread|Thread) (?P<id>0x[0-9a-f]+) \
 _REQUEST = re.compile(r"^=== stack dump of (?P<who>.+?) pid (?P<pid>\d+) requested by (?P<actor>\S+) at (?P<at>.+?) ===$")
 _EXCEPTION = re.compile(r"^=== uncaught exception in (?P<who>\S+) \(pid (?P<pid>\d+)\) ===$")
 _FATAL = re.compile(r"^Fatal Python error: (?P<what>.+)$")
+_SHARED_OBJECT = re.compile(r"\.so(\.[0-9.]+)?$")
 # Frames of our own machinery, never "where a program is".
 _OURS = (os.sep + "ups" + os.sep + "status" + os.sep, os.sep + "ups" + os.sep + "launch" + os.sep)
 
 
 @dataclass(frozen=True)
 class Frame:
+    """One frame. ``function`` is its own name, the one rules compare (``_run_epoch``);
+    ``qualname`` the name as its dump printed it, where that says more (py-spy >= 0.4.3 prints
+    ``Trainer._run_epoch``: :func:`ups.runs.pyspy.function_name`). Two frames are the same
+    frame whichever way they were printed."""
+
     file: str
     line: int
     function: str
+    qualname: str = field(default="", compare=False)
+
+    @classmethod
+    def printed(cls, file: str, line: int, name: str) -> Frame:
+        """A frame as a dump or a traceback printed it."""
+        own = function_name(name)
+        return cls(file, line, own, name if name != own else "")
+
+    @property
+    def shown(self) -> str:
+        """The name to show a user: the qualified one where it is known."""
+        return self.qualname or self.function
 
     @property
     def site(self) -> str:
@@ -38,12 +57,14 @@ class Frame:
 
     @property
     def own(self) -> bool:
-        """The program's own code (not torch's, not the standard library's, not ours)."""
-        return not is_library_file(self.file) and not any(m in self.file for m in _OURS)
+        """The program's own code (not torch's, not the standard library's, not ours, and no C
+        frame of a shared library: py-spy's ``--native`` dumps carry libc's and libpython's)."""
+        return (not is_library_file(self.file) and not any(m in self.file for m in _OURS)
+                and not _SHARED_OBJECT.search(self.file))
 
     def __str__(self) -> str:
         short = self.file.split("site-packages" + os.sep)[-1] if "site-packages" in self.file else os.path.basename(self.file)
-        return f"{short}:{self.line} in {self.function}"
+        return f"{short}:{self.line} in {self.shown}"
 
 
 @dataclass(frozen=True)
@@ -112,8 +133,8 @@ class Section:
         if own is None:
             return str(top)
         if top is own:
-            return f"{own.function} at {own.site}"
-        return f"{top.function} at {own.site}"
+            return f"{own.shown} at {own.site}"
+        return f"{top.shown} at {own.site}"
 
 
 @dataclass
@@ -158,7 +179,7 @@ def parse_traceback(text: str) -> Section:
 def _finish(b: _Builder) -> Section:
     text = "\n".join(b.lines).strip("\n")
     if b.kind == "exception":
-        frames = [Frame(m["file"], int(m["line"]), m["func"].strip()) for m in map(_TB_FRAME.match, b.lines) if m]
+        frames = [Frame.printed(m["file"], int(m["line"]), m["func"].strip()) for m in map(_TB_FRAME.match, b.lines) if m]
         last = next((ln.strip() for ln in reversed(b.lines) if ln.strip() and not ln.startswith((" ", "\t"))), "")
         return Section("exception", last, frames=tuple(reversed(frames)), text=text)
     threads: list[Thread] = []
@@ -173,7 +194,7 @@ def _finish(b: _Builder) -> Section:
             continue
         f = _FAULT_FRAME.match(line)
         if f and current is not None:
-            frames.append(Frame(f["file"], int(f["line"]), f["func"].strip()))
+            frames.append(Frame.printed(f["file"], int(f["line"]), f["func"].strip()))
     if current is not None:
         threads.append(Thread(current[0], current[1], tuple(frames)))
     return Section(b.kind, b.title, threads=tuple(threads), at=b.at, text=text)

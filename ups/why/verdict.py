@@ -57,7 +57,7 @@ class Verdict:
         where = self.where or {}
         if where.get("site") or where.get("frame"):
             at = where.get("site") or ""
-            fn = f" in {where['function']}" if where.get("function") else ""
+            fn = f" in {where.get('qualname') or where['function']}" if where.get("function") else ""
             frame = where.get("frame")
             loc = f"{at}{fn}" if at else ""
             if frame and frame != loc:

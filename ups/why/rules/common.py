@@ -28,8 +28,21 @@ def where_of(ev: Evidence, record: StatusRecord, section: stacks.Section | None 
     own = section.own_frame if section else None
     top = section.top if section else None
     site = own.site if own else (record.error_site or None)
-    return {"phase": record.phase, "site": site, "function": own.function if own else None,
+    return {"phase": record.phase, "site": site, **function_of(own),
             "frame": str(top) if top is not None and top is not own else None}
+
+
+def function_of(frame: stacks.Frame | None) -> dict[str, Any]:
+    """A ``where``'s function: its own name (what a script compares, the same for every py-spy
+    version), and its qualified name where the dump printed one (what a user is shown)."""
+    if frame is None:
+        return {"function": None}
+    return {"function": frame.function, **({"qualname": frame.qualname} if frame.qualname else {})}
+
+
+def shown_function(where: dict[str, Any]) -> str | None:
+    """The name of a ``where``'s function to show: the qualified one where it is known."""
+    return where.get("qualname") or where.get("function")
 
 
 def label_list(views: list[ProcessView]) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from ups.runs.view import ProcessView
 from ups.status.health import PAUSE_SAID_AFTER_S, Health
 from ups.why.evidence import Evidence
-from ups.why.rules.common import in_backward, label_list, where_of
+from ups.why.rules.common import in_backward, label_list, shown_function, where_of
 from ups.why.verdict import Verdict, who_of
 
 
@@ -23,7 +23,7 @@ def _for(seconds: float) -> str:
 
 def _at(where: dict) -> str:
     if where.get("function") and where.get("site"):
-        return f" in `{where['function']}` at {where['site']}"
+        return f" in `{shown_function(where)}` at {where['site']}"
     return f" at {where['site']}" if where.get("site") else ""
 
 

@@ -12,7 +12,16 @@ from ups.status.health import Health
 from ups.status.record import StatusRecord
 from ups.why import stacks
 from ups.why.evidence import Evidence
-from ups.why.rules.common import ended_at, first_line, grep_lines, label_list, waits, where_of
+from ups.why.rules.common import (
+    ended_at,
+    first_line,
+    function_of,
+    grep_lines,
+    label_list,
+    shown_function,
+    waits,
+    where_of,
+)
 from ups.why.verdict import Verdict, who_of
 
 # An exception raised in a DataLoader worker reaches the rank as "Caught X in DataLoader
@@ -43,7 +52,7 @@ def worker_exception(ev: Evidence, rank: StatusRecord, text: str) -> Verdict | N
     worker = workers[-1] if workers else None
     said = section.title if section and section.title else m["exc"]
     own = section.own_frame if section else None
-    where = {"phase": "fetch", "site": own.site if own else None, "function": own.function if own else None,
+    where = {"phase": "fetch", "site": own.site if own else None, **function_of(own),
              "frame": str(section.top) if section and section.top is not None and section.top is not own else None}
     if DATALOADER_RESOURCES.search(said):  # out of descriptors or shared memory: the figures and the fix
         return resources_verdict(ev, worker or rank, said, rank=rank)
@@ -220,7 +229,7 @@ def worker_verdict(ev: Evidence, p: ProcessView, peers: list[ProcessView] = ()) 
                        who=who_of(r), where=where, since=since, evidence=ev_lines + ([f"file: {file}"] if file else []),
                        next=f"check the storage of {file or 'the data'} (a hung mount?), then `ups kill {run} {worker_opt}`"
                             f" or `ups relaunch {run} --num-workers 0`")
-    in_fn = f" in {where['function']}" if where.get("function") else ""
+    in_fn = f" in {shown_function(where)}" if where.get("function") else ""
     return Verdict("worker_stuck", f"{r.label} is stuck{in_fn} while fetching {item} ({p.verdict.health.value}){waiting}",
                    who=who_of(r), where=where, since=since, evidence=ev_lines,
                    next=f"ups stacks {run} {worker_opt}" if section is None else

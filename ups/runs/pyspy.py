@@ -1,0 +1,137 @@
+"""py-spy, run and read in one place: ``py-spy dump --json --nonblocking`` and its output.
+
+py-spy is another program's output, a format we do not control. Every reader of a process's
+stacks from outside (``ups attach``'s observer, ``ups stacks`` of an attached run, the dump
+that replaces the stack-dump signal when a program reset its handler, and so the launcher's
+hang proof) runs it through :func:`dump_json` and reads its JSON here:
+
+* :func:`as_faulthandler` writes it as faulthandler writes a dump, under the header of a
+  requested dump, so that :mod:`ups.why.stacks` reads it like any other stack file;
+* :func:`sample_in_flight` reads a DataLoader worker's index from its frames' locals;
+* :func:`function_name` is a frame's own function name. py-spy 0.4.3 prints a frame's
+  qualified name (``co_qualname``: ``Trainer._run_epoch``, ``Outer.<locals>.inner``) where
+  0.4.1 and older printed ``_run_epoch``; a rule compares the last dotted part, and a reader
+  shows the qualified name where it is known. Recorded dumps of one program from each
+  version are in ``tests/data/pyspy/``.
+
+The JSON is read, never the text form (``py-spy dump`` without ``--json``), whose layout
+changed between versions too. ``--nonblocking`` reads the process's memory while it runs: it
+is never paused and never signalled.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+
+DUMP_TIMEOUT_S = 10.0
+MISSING = "py-spy is not installed: no stacks (pip install 'ups[attach]'); watching CPU, I/O and the log only"
+PTRACE_FIX = ("ptrace refused: run ups as the job's user, allow it with `sysctl kernel.yama.ptrace_scope=0` "
+              "(Yama), or give the container CAP_SYS_PTRACE; watching CPU, I/O and the log only")
+INDEX_NAMES = ("idx", "index", "i", "item", "key")
+OUTSIDE = "(py-spy, read from outside)"
+"""Said in the header of every dump read here: not written by the process's own handler."""
+
+
+class DumpRefused(Exception):
+    """No dump: py-spy missing, ptrace refused, or the process went away. ``lasting`` says that
+    retrying will not help (said once, then no more dumps are tried)."""
+
+    def __init__(self, message: str, lasting: bool) -> None:
+        super().__init__(message)
+        self.lasting = lasting
+
+
+def executable() -> str | None:
+    return shutil.which("py-spy")
+
+
+def dump_json(pid: int, *, timeout: float = DUMP_TIMEOUT_S, with_locals: bool = False,
+              exe: str | None = None) -> list[dict]:
+    """Every thread of ``pid`` as py-spy's JSON gives it (a list of thread objects, each with its
+    ``frames``, innermost first); DumpRefused says why not, in one line with the fix.
+    ``with_locals``: the frames' local variables too (a DataLoader worker's index)."""
+    exe = exe or executable()
+    if exe is None:
+        raise DumpRefused(MISSING, True)
+    try:
+        res = subprocess.run([exe, "dump", "--pid", str(pid), "--json", "--nonblocking",
+                              *(["--locals"] if with_locals else [])], capture_output=True, text=True,
+                             timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise DumpRefused(f"py-spy dump of pid {pid} took over {timeout:g} s", False) from None
+    except OSError as exc:
+        raise DumpRefused(f"py-spy could not run: {exc}", True) from None
+    err = (res.stderr or "").strip()
+    if res.returncode != 0:
+        low = err.lower()
+        if "permission denied" in low or "operation not permitted" in low or "ptrace" in low:
+            raise DumpRefused(f"pid {pid}: {PTRACE_FIX}", True)
+        raise DumpRefused(f"py-spy dump of pid {pid} failed: {err.splitlines()[-1] if err else res.returncode}", False)
+    try:
+        threads = json.loads(res.stdout)
+    except ValueError:
+        raise DumpRefused(f"py-spy dump of pid {pid}: unreadable output", False) from None
+    if not isinstance(threads, list):
+        raise DumpRefused(f"py-spy dump of pid {pid}: unreadable output", False)
+    return [t for t in threads if isinstance(t, dict)]
+
+
+def function_name(name: object) -> str:
+    """A frame's own function name, whichever way its tool printed it: ``Trainer._run_epoch``
+    (py-spy >= 0.4.3, ``co_qualname``) and ``_run_epoch`` (older py-spy, faulthandler, a
+    traceback) both give ``_run_epoch``; ``outer.<locals>.inner`` gives ``inner``."""
+    return str(name or "").rsplit(".", 1)[-1]
+
+
+def _frames(thread: dict) -> list[dict]:
+    return [f for f in thread.get("frames") or [] if isinstance(f, dict)]
+
+
+def as_faulthandler(threads: list[dict], label: str, pid: int, actor: str, note: str | None = None) -> str:
+    """py-spy's JSON as faulthandler writes a dump (innermost frame first), under the header of
+    a requested dump that :mod:`ups.why.stacks` reads; ``note`` (why py-spy was used) is a line
+    of its own under the header. The frame's name is kept as py-spy printed it (qualified where
+    it could)."""
+    lines = [f"=== stack dump of {label} pid {pid} requested by {actor} at {time.strftime('%Y-%m-%d %H:%M:%S')} "
+             f"{OUTSIDE} ==="]
+    if note:
+        lines.append(f"({note})")
+    for t in threads:
+        if not isinstance(t, dict):
+            continue
+        tid = t.get("thread_id") or t.get("os_thread_id") or 0
+        try:
+            tid = int(tid)
+        except (TypeError, ValueError):
+            tid = 0
+        current = t.get("os_thread_id") == pid
+        lines.append(f"{'Current thread' if current else 'Thread'} 0x{tid:016x} (most recent call first):")
+        for f in _frames(t):
+            lines.append(f'  File "{f.get("filename")}", line {f.get("line")} in {f.get("name")}')
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def sample_in_flight(threads: list[dict], pid: int) -> str | None:
+    """The index a DataLoader worker's main thread is fetching, from its frames' locals: the
+    ``__getitem__`` argument, and the batch torch's ``fetch`` was given (None when not fetching)."""
+    main = next((t for t in threads if isinstance(t, dict) and t.get("os_thread_id") == pid), None)
+    if main is None:
+        return None
+    index = batch = None
+    for f in _frames(main):
+        found = {v.get("name"): v.get("repr") for v in f.get("locals") or [] if isinstance(v, dict)}
+        name = function_name(f.get("name"))
+        if name == "__getitem__" and index is None:
+            index = next((found[n] for n in INDEX_NAMES if found.get(n) is not None), None)
+        if name == "fetch" and "_utils" in str(f.get("filename")) and batch is None:
+            batch = found.get("possibly_batched_index")
+    if index is None and batch is None:
+        return None
+    text = f"index {index}" if index is not None else ""
+    if batch is not None:
+        text += f" (batch {batch})" if text else f"batch {batch}"
+    return text[:200]
