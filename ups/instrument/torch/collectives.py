@@ -22,8 +22,7 @@ import sys
 from ups.instrument import flight, patching, process
 from ups.instrument.torch.phases import AUTO_PHASES, phase_call
 from ups.instrument.torch.state import get_ident, track
-from ups.status.exceptions import is_library_file
-from ups.status.vocabulary import C10D_COLLECTIVES, FUNCTIONAL_COLLECTIVES
+from ups.status.vocabulary import C10D_COLLECTIVES, FUNCTIONAL_COLLECTIVES, is_library_file
 
 PENDING_KEPT = 64  # async works issued and not yet waited (bounded: a program that never waits; each keeps its buffers alive)
 
