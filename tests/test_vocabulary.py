@@ -53,7 +53,7 @@ spec = importlib.util.spec_from_file_location("ops", sys.argv[1])
 lib = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(lib)
 ns = {"lib": lib}
-exec(compile(%r, "<eval_with_key>.0", "exec"), ns)
+exec(compile(GENERATED, "<eval_with_key>.0", "exec"), ns)
 
 
 def step(x):
@@ -61,7 +61,7 @@ def step(x):
 
 
 step(3)
-''' % GENERATED
+'''.replace("GENERATED", repr(GENERATED), 1)
 
 
 def test_a_run_and_its_log_name_the_same_own_frame(runs_root, tmp_path):
@@ -78,7 +78,8 @@ def test_a_run_and_its_log_name_the_same_own_frame(runs_root, tmp_path):
     ops.write_text(LIBRARY_OPS)
     main = tmp_path / "main.py"
     main.write_text(MAIN)
-    own = "main.py:%d" % (MAIN.splitlines().index('    return lib.call(ns["forward"], x)') + 1)
+    call = '    return lib.call(ns["forward"], x)'
+    own = f"main.py:{MAIN.splitlines().index(call) + 1}"
     res = run_ups("launch", "python", "--json", str(main), str(ops), cwd=tmp_path)
     assert res.returncode in (0, 1) and res.stdout.strip(), res.stderr
     run = RunDir(json.loads(res.stdout)["run_dir"])
