@@ -112,3 +112,13 @@ def test_an_attached_runs_end_names_the_global_rank_and_the_error_without_prefix
     write_end(run, {}, lambda *a: None)
     failure = run.read_manifest()["failure"]
     assert failure["rank"] == 3 and failure["error"].startswith("ValueError: shard 3 has 0 rows"), failure
+
+
+def test_a_programs_own_bracketed_counter_and_another_launchers_label_are_not_torchruns_ranks():
+    from ups.why.logread.lines import read_lines
+
+    assert read_prefixes("[epoch3]: loss 0.5") is None and read_lines("[epoch3]: loss 0.5\n")[0].rank is None
+    # srun --label over torchrun: the label is the node's task; torch's [rank5]: is the rank
+    line = read_lines("1: [default1]:[rank5]: ValueError: bad\n")[0]
+    assert line.rank == 5 and line.body == "ValueError: bad"
+    assert read_lines("1: ValueError: bad\n")[0].rank == 1  # srun --label alone: its task is the rank

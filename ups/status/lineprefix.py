@@ -10,16 +10,18 @@ tests/data/torchrun_prefixes/):
   line with ``--tee`` (torchrun's template ``[${role_name}${local_rank}]:``). On one node it is
   the global rank too; on several nodes every node has a ``[default0]:``.
 
-A bare number (``[1]:``) is never taken: torchrun's failure report numbers its entries so.
+A bare number (``[1]:``) is never taken: torchrun's failure report numbers its entries so; nor
+another word's (``[epoch3]:`` is a program's own print), so a job started with torchrun's
+``--role NAME`` has its ``[NAME1]:`` lines read as no rank's.
 """
 
 from __future__ import annotations
 
 import re
 
-# One prefix: a word (the role, or "rank") and a number, in brackets, a colon, at most one space
-# (the line's own indentation, a traceback's frame, is the line's).
-PATTERN = r"\[(?P<role>[A-Za-z_][A-Za-z_-]*?)(?P<n>\d+)\]:[ \t]?"
+# One prefix: "rank" or the role, a number, in brackets, a colon, at most one space (the line's
+# own indentation, a traceback's frame, is the line's).
+PATTERN = r"\[(?P<role>rank|default)(?P<n>\d+)\]:[ \t]?"
 _PREFIX = re.compile(PATTERN)
 GLOBAL_ROLE = "rank"
 

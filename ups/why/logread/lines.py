@@ -197,8 +197,9 @@ def _strip_prefixes(text: str) -> tuple[str, int | None, str | None]:
 
 def _read_prefixes(text: str) -> tuple[str, int | None, int | None, str | None]:
     """The line's text without its prefixes, the global rank they name (torchrun's
-    ``[rankN]:``, another launcher's), torchrun's local rank (``[defaultN]:``), the timestamp."""
-    rank = local = ts = None
+    ``[rankN]:`` first: under ``srun --label`` the label is the node's task, not the rank;
+    else another launcher's), torchrun's local rank (``[defaultN]:``), the timestamp."""
+    rank = other = local = ts = None
     t = TIMESTAMP.search(text, 0, 60)
     if t:
         ts = (t.group("date") or t.group("md") or "") + " " + t.group("time").replace(",", ".")
@@ -211,14 +212,14 @@ def _read_prefixes(text: str) -> tuple[str, int | None, int | None, str | None]:
             continue
         m = _RANK_PREFIX.match(text)
         if m:
-            if rank is None:
-                rank = int(next(g for g in m.groups() if g is not None))
+            if other is None:
+                other = int(next(g for g in m.groups() if g is not None))
         else:
             m = _OTHER_PREFIX.match(text)
         if not m or m.end() == 0:
             break
         text = text[m.end():]
-    return text, rank, local, ts
+    return text, rank if rank is not None else other, None if other is not None and rank is None else local, ts
 
 
 def _level(body: str) -> tuple[str | None, str | None, str | None, str]:
