@@ -194,3 +194,14 @@ HTML_UNDER_WEIGHTS_ONLY = (
 ])
 def test_a_file_that_is_no_pickle_is_corrupt_and_a_short_write_is_a_full_disk(text: str, name: str | None):
     assert read_log(text).name == name
+
+
+# -- several nodes: the global rank, never --tee's local one ---------------------------------------------
+def test_a_two_node_log_names_the_global_rank_that_raised():
+    """Two torchrun agents, 2 ranks each (tests/data/repro_corpus/nodes.jsonl): rank 3 raised.
+    With --tee 3 its lines read "[default1]:[rank3]:": the local rank 1 is not who failed."""
+    records = _records("nodes")
+    assert {r["nodes"] for r in records} == {2} and any("--tee 3" in r["note"] for r in records)
+    for rec in records:
+        got = read_log(rec["text"])
+        assert (got.kind, got.exception, got.rank) == ("user_code", rec["expect"], rec["rank"]), (rec["scenario"], got)

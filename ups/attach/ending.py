@@ -6,7 +6,6 @@ outside and are never invented."""
 from __future__ import annotations
 
 import contextlib
-import re
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -22,6 +21,7 @@ def write_end(run: RunDir, seen: Mapping[str, Any], record: Callable[[Any, float
     """Settle ``run`` from its job's log: ``seen`` maps each process's name to what the observer
     saw of it (``proc``, ``gone_at``, ``inproc``); ``record`` makes its record at a time.
     ``ended``: processes seen gone earlier and no longer held (name, pid, gone_at)."""
+    from ups.status.lineprefix import strip_prefixes
     from ups.status.safeio import try_tail
     from ups.why.logread import read_log
 
@@ -35,7 +35,7 @@ def write_end(run: RunDir, seen: Mapping[str, Any], record: Callable[[Any, float
         state = "failed"
         who = f"rank {reading.rank}: " if reading.rank is not None else ""
         summary = f"{who}{reading.summary} (read from the job's log: {reading.line.strip()[:200]})"
-        line = re.sub(r"^\[(?:default)?rank\d+\]:\s*", "", reading.line.strip())  # torchrun's prefix
+        line = strip_prefixes(reading.line.strip()).strip()
         failure = {"rank": reading.rank, "error": line[:500] or reading.summary,
                    "error_site": reading.site, "clean": None}
     elif text:

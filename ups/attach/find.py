@@ -33,6 +33,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ups.errors import UpsError
+from ups.status import procfs
+from ups.status.procfs import comm, environ
 from ups.status.procs import process_start_time
 
 DIST_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "MASTER_ADDR",
@@ -54,39 +56,14 @@ def _read(path: str, limit: int = 1 << 20) -> bytes | None:
 
 
 def cmdline(pid: int) -> list[str]:
-    data = _read(f"/proc/{pid}/cmdline") or b""
-    return [a.decode(errors="replace") for a in data.split(b"\0")[:-1]] if data else []
-
-
-def environ(pid: int) -> dict[str, str] | None:
-    """The environment the process started with; None where it cannot be read (another user's)."""
-    data = _read(f"/proc/{pid}/environ")
-    if data is None:
-        return None
-    out = {}
-    for item in data.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep:
-            out[key.decode(errors="replace")] = value.decode(errors="replace")
-    return out
-
-
-def comm(pid: int) -> str:
-    return (_read(f"/proc/{pid}/comm") or b"").decode(errors="replace").strip()
+    """The process's arguments; [] when gone."""
+    return procfs.cmdline(pid) or []
 
 
 def stat_of(pid: int) -> tuple[str, int, int] | None:
     """(state, ppid, session id) of a live process; None when gone or a zombie."""
-    data = _read(f"/proc/{pid}/stat", 4096)
-    if not data:
-        return None
-    try:
-        rest = data[data.rindex(b")") + 2:].split()
-        if rest[0] in (b"Z", b"X"):
-            return None
-        return rest[0].decode(), int(rest[1]), int(rest[3])
-    except (ValueError, IndexError):
-        return None
+    st = procfs.stat(pid)
+    return None if st is None or st.gone else (st.state, st.ppid, st.session)
 
 
 def session_led(pid: int) -> int | None:

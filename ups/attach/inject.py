@@ -29,6 +29,7 @@ from pathlib import Path
 
 from ups.attach.find import Job, Proc, environ, uid_of
 from ups.runs.rundir import RunDir
+from ups.status import procfs
 from ups.status.confined import user_name
 
 MIN_VERSION = (3, 14)
@@ -100,7 +101,7 @@ def remote_debug_disabled(pid: int) -> str | None:
     env = environ(pid) or {}
     if env.get("PYTHON_DISABLE_REMOTE_DEBUG"):
         return "PYTHON_DISABLE_REMOTE_DEBUG is set in its environment"
-    args = (_read(f"/proc/{pid}/cmdline") or "").split("\0")
+    args = procfs.cmdline(pid) or []
     if any(a == "-Xdisable_remote_debug" or (a == "disable_remote_debug" and i and args[i - 1] == "-X")
            for i, a in enumerate(args)):
         return "it runs with -X disable_remote_debug"
@@ -108,10 +109,8 @@ def remote_debug_disabled(pid: int) -> str | None:
 
 
 def has_cap_sys_ptrace() -> bool:
-    for line in (_read("/proc/self/status") or "").splitlines():
-        if line.startswith("CapEff:"):
-            return bool(int(line.split()[1], 16) >> CAP_SYS_PTRACE & 1)
-    return False
+    eff = (procfs.status("self") or {}).get("CapEff")
+    return bool(eff) and bool(int(eff, 16) >> CAP_SYS_PTRACE & 1)
 
 
 def ptrace_refusal(pid: int) -> str | None:

@@ -14,23 +14,22 @@ Where no line of the log names the rank, one line says what is available instead
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 
 from ups.errors import UpsError
 from ups.runs.rundir import RunDir
+from ups.status.lineprefix import global_rank, read_prefixes
 
-PREFIX = re.compile(rb"^\[([A-Za-z_][A-Za-z_]*?)(\d+)\]:")  # never "[1]:": torchrun's failure report numbers its entries so
 SCAN_BYTES = 4 << 20  # how much of the log's end is read to find the rank's prefix
+PREFIX_BYTES = 64  # torchrun's prefixes fit in a line's first bytes
 
 
 def rank_of_line(line: bytes, local_to_rank: dict[int, int]) -> int | None:
-    """The rank a line's torchrun prefix names, or None."""
-    m = PREFIX.match(line)
-    if not m:
-        return None
-    n = int(m.group(2))
-    return n if m.group(1) == b"rank" else local_to_rank.get(n, n)
+    """The rank a line's torchrun prefixes name (ups.status.lineprefix), or None. A local rank
+    the attach did not record a rank for is taken as the rank (one node)."""
+    found = read_prefixes(line[:PREFIX_BYTES].decode("latin-1"))
+    rank = global_rank(found, local_to_rank)
+    return found.local_rank if rank is None and found is not None else rank
 
 
 def local_ranks(run: RunDir) -> dict[int, int]:

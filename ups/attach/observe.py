@@ -50,6 +50,7 @@ from ups.status.procs import process_start_time, same_start, this_process_start
 from ups.status.record import SCHEMA_VERSION, StatusRecord
 from ups.status.reporter import Reporter
 from ups.status.schema import process_name
+from ups.status.vocabulary import is_stdlib_file
 from ups.why.rules.collectives import SEEN_FROM_OUTSIDE
 
 TICK_S = 1.0
@@ -407,17 +408,13 @@ def is_pid_named(p: Proc) -> bool:
     return p.role == "helper" or p.name.endswith(f"-pid{p.pid}")
 
 
-def _stdlib(path: str) -> bool:
-    return "site-packages" not in path and "dist-packages" not in path and "/lib/python3" in path
-
-
 def phase_of(role: str, d: pyspy.Dump) -> str:
     """What a stack says a process is doing, in the phases the health rules know: a DataLoader
     worker waits for its next index (``idle``: never stalled) or fetches one (``fetch``); a rank
     waits for a batch in its DataLoader (``data``) or is anywhere else (``attached``)."""
     frames = d.section.stack if d.section else ()
     if role == "worker":
-        first = next((f for f in frames if not _stdlib(f.file)), None)
+        first = next((f for f in frames if not is_stdlib_file(f.file)), None)
         return "idle" if first is not None and first.function == "_worker_loop" else "fetch"
     if role == "rank" and any("torch/utils/data/dataloader.py" in f.file.replace("\\", "/")
                               and f.function in ("__next__", "_next_data", "_get_data", "_try_get_data")

@@ -31,6 +31,7 @@ from ups.runs.manifest_spec import RUN_STATES
 from ups.runs.view import ProcessView, RunView
 from ups.status.health import Health
 from ups.status.printable import printable
+from ups.status.vocabulary import COLLECTIVE_OPS, COLLECTIVE_WAITS
 from ups.why.verdict import MODES, Verdict
 
 HEALTH_STATES = tuple(h.value for h in Health)
@@ -45,13 +46,9 @@ WORKER_LABELS = ("run", "kind", "node", "rank", "worker")
 ROLES_EXPORTED = ("launcher", "agent", "rank", "worker", "helper")
 HEADLINE_MAX = 200
 LABEL_MAX = 120
-COLLECTIVE_OPS = frozenset({
-    "all_reduce", "allreduce", "all_gather", "allgather", "all_gather_into_tensor", "all_gather_object",
-    "reduce_scatter", "reduce_scatter_tensor", "reduce", "broadcast", "broadcast_object_list", "barrier",
-    "monitored_barrier", "all_to_all", "all_to_all_single", "alltoall", "gather", "gather_object", "scatter",
-    "scatter_object_list", "send", "recv", "isend", "irecv", "batch_isend_irecv", "new_group", "init_process_group",
-    "destroy_process_group", "ddp.sync", "ddp_sync", "fsdp", "store.get", "store.wait", "rendezvous",
-})
+EXPORTED_OPS = COLLECTIVE_OPS | COLLECTIVE_WAITS
+"""``op`` label values: torch.distributed's collectives (ups.status.vocabulary), the waits on
+them an attached job's stacks show; any other op is ``other``."""
 
 # name -> (help, kind, labels); kind: gauge | counter | stateset | info
 SPEC: dict[str, tuple[str, str, tuple[str, ...]]] = {
@@ -164,7 +161,7 @@ def label(value: Any) -> str:
 
 def collective_op(op: Any) -> str:
     """A collective's op as a label value: one of the known ops, else ``other``."""
-    return op if isinstance(op, str) and op in COLLECTIVE_OPS else "other"
+    return op if isinstance(op, str) and op in EXPORTED_OPS else "other"
 
 
 class Families:

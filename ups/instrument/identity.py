@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import os
 
+from ups.status import procfs
+
 ENV_RANK_ENV = "UPS_RANK_ENV"  # the rank an instrumented parent's environment named ("-": none)
 
 _GLOBAL = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
@@ -103,10 +105,8 @@ def _single_process_launcher(pid: int) -> bool:
     """``accelerate launch`` with one process runs the script as a plain child, no rank in its
     environment (it starts torchrun's machinery only for more): that child is the job's only
     rank. Read from the parent's command line, on this rare path only."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            argv = [a.decode(errors="replace") for a in fh.read(65536).split(b"\0") if a]
-    except OSError:
+    argv = procfs.cmdline(pid)
+    if not argv:
         return False
     return is_launcher_program(argv) and any("accelerate" in os.path.basename(a) for a in argv[:4])
 

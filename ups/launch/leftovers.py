@@ -28,6 +28,7 @@ from collections.abc import Collection
 from dataclasses import asdict, dataclass
 
 from ups.runs.rundir import RunDir
+from ups.status import procfs
 from ups.status.procs import process_start_time, same_start
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -56,25 +57,14 @@ class Leftover:
 
 
 def _stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, ppid, session) of a live process, None if gone or unreadable."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            raw = fh.read().decode(errors="replace")
-    except OSError:
-        return None
-    fields = raw[raw.rfind(")") + 2 :].split()
-    try:
-        return fields[0], int(fields[1]), int(fields[3])
-    except (IndexError, ValueError):
-        return None
+    """(state, ppid, session) of a process (a zombie's too), None if gone or unreadable."""
+    st = procfs.stat(pid)
+    return None if st is None else (st.state, st.ppid, st.session)
 
 
 def _command(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return fh.read().replace(b"\0", b" ").decode(errors="replace").strip()[:200]
-    except OSError:
-        return "?"
+    argv = procfs.cmdline(pid)
+    return "?" if argv is None else " ".join(argv).strip()[:200]
 
 
 def find(me: int | None = None, keep: Collection[int] = ()) -> list[Leftover]:

@@ -39,6 +39,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ups.status import procfs
+
 WINDOW_S = 5.0
 SHORT_WINDOW_S = 1.0  # a process that stepped regularly: its silence is judged second by second
 PROOF_IDLE_S = 2 * WINDOW_S  # idle this long in a row (every window of it idle) for an action
@@ -68,11 +70,6 @@ def _read(path: str) -> bytes | None:
         os.close(fd)
 
 
-def _stat_fields(data: bytes) -> tuple[str, list[bytes]]:
-    rp = data.rindex(b")")
-    return data[data.index(b"(") + 1 : rp].decode(errors="replace"), data[rp + 2 :].split()
-
-
 @dataclass(frozen=True)
 class ThreadSample:
     cpu_ns: int
@@ -98,27 +95,20 @@ class TreeSample:
 
 def _thread(pid: int, tid: int) -> ThreadSample | None:
     base = f"/proc/{pid}/task/{tid}"
-    stat = _read(f"{base}/stat")
-    if stat is None:
+    st = procfs.stat(pid, tid)
+    if st is None:
         return None
-    try:
-        comm, f = _stat_fields(stat)
-        ticks = (int(f[11]) + int(f[12])) * (1_000_000_000 // os.sysconf("SC_CLK_TCK"))
-    except (ValueError, IndexError):
-        return None
+    ticks = (st.utime + st.stime) * (1_000_000_000 // procfs.clock_ticks())
     sched = (_read(f"{base}/schedstat") or b"").split()
     cpu_ns, wait_ns = (int(sched[0]), int(sched[1])) if len(sched) >= 2 else (ticks, 0)
-    vcsw = 0
-    for line in (_read(f"{base}/status") or b"").splitlines():
-        if line.startswith(b"voluntary_ctxt_switches:"):
-            vcsw = int(line.split()[1])
+    vcsw = int((procfs.status(pid, tid) or {}).get("voluntary_ctxt_switches") or 0)
     io = 0
     for line in (_read(f"{base}/io") or b"").splitlines():
         key, _, value = line.partition(b":")
         if key.decode() in IO_KEYS:
             io += int(value)
     wchan = (_read(f"{base}/wchan") or b"").decode(errors="replace").strip()
-    return ThreadSample(cpu_ns, wait_ns, vcsw, io, f[0].decode(), wchan if wchan not in ("", "0") else None, comm)
+    return ThreadSample(cpu_ns, wait_ns, vcsw, io, st.state, wchan if wchan not in ("", "0") else None, st.comm)
 
 
 def children_of(pids: set[int]) -> dict[int, list[int]]:
@@ -127,14 +117,9 @@ def children_of(pids: set[int]) -> dict[int, list[int]]:
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
-        stat = _read(f"/proc/{name}/stat")
-        if stat is None:
-            continue
-        try:
-            ppid = int(_stat_fields(stat)[1][1])
-        except (ValueError, IndexError):
-            continue
-        kids.setdefault(ppid, []).append(int(name))
+        st = procfs.stat(int(name))
+        if st is not None:
+            kids.setdefault(st.ppid, []).append(int(name))
     return kids
 
 

@@ -38,7 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from ups.errors import Refused, RefusedSignal
+from ups.status import procfs
 from ups.status.confined import user_name
+from ups.status.procfs import cmdline
 from ups.status.procs import process_start_time, same_start
 
 SUPERVISOR_MODULE = "ups.launch.supervise"
@@ -63,49 +65,29 @@ def proc_info(pid: int) -> ProcInfo | None:
     """The process's parent, group, session and owner; None when it is gone (or a zombie)."""
     if pid <= 0:
         return None
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            data = fh.read(4096)
-        with open(f"/proc/{pid}/status", "rb") as fh:
-            status = fh.read(8192)
-    except OSError:
+    st = procfs.stat(pid)
+    status = procfs.status(pid)
+    if st is None or st.gone or status is None:
         return None
     try:
-        rest = data[data.rindex(b")") + 2:].split()
-        if rest[0] in (b"Z", b"X"):
-            return None
-        ppid, pgid, sid = int(rest[1]), int(rest[2]), int(rest[3])
-        uids = next(line for line in status.splitlines() if line.startswith(b"Uid:")).split()[1:3]
-        return ProcInfo(pid, ppid, pgid, sid, int(uids[0]), int(uids[1]), process_start_time(pid))
-    except (ValueError, IndexError, StopIteration):
+        uids = status["Uid"].split()[:2]
+        return ProcInfo(pid, st.ppid, st.pgrp, st.session, int(uids[0]), int(uids[1]), process_start_time(pid))
+    except (KeyError, ValueError, IndexError):
         return None
 
 
 def caught_signals(pid: int) -> int | None:
     """The process's caught-signal mask (``SigCgt``: bit N-1 set when signal N has a handler)."""
     try:
-        with open(f"/proc/{pid}/status", "rb") as fh:
-            for line in fh.read(8192).splitlines():
-                if line.startswith(b"SigCgt:"):
-                    return int(line.split()[1], 16)
-    except (OSError, ValueError, IndexError):
+        return int((procfs.status(pid) or {})["SigCgt"], 16)
+    except (KeyError, ValueError):
         return None
-    return None
 
 
 def catches(pid: int, signum: int) -> bool | None:
     """Whether the process has a handler for ``signum`` now (None: cannot tell)."""
     mask = caught_signals(pid)
     return None if mask is None else bool(mask >> (int(signum) - 1) & 1)
-
-
-def cmdline(pid: int) -> list[str] | None:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            raw = fh.read(65536)
-    except OSError:
-        return None
-    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
 
 
 def _same_folder(a: str, b: Path) -> bool:

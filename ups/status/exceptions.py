@@ -7,14 +7,7 @@ from __future__ import annotations
 
 import os
 
-# Frames of these packages are never "the program's own code" when naming where an error was.
-_LIBRARY_MARKERS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep,
-                    os.sep + "lib" + os.sep + "python3", os.sep + "ups" + os.sep + "instrument" + os.sep)
-
-
-def is_library_file(filename: str) -> bool:
-    return filename.startswith("<") or any(m in filename for m in _LIBRARY_MARKERS)
-
+from ups.status.vocabulary import is_library_file  # what is never "the program's own code"
 
 MAX_ERROR_CHARS = 300
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+from ups.status import procfs
+
 TYPE_CHECKING = False  # every instrumented process imports this module: no typing at run time
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
@@ -27,45 +29,16 @@ else:
 START_TIME_TOLERANCE = 0.015
 
 
-def _boot_time() -> float | None:
-    global _BOOT_TIME
-    if _BOOT_TIME is None:
-        try:
-            with open("/proc/stat", "rb") as fh:
-                for line in fh:
-                    if line.startswith(b"btime"):
-                        _BOOT_TIME = float(line.split()[1])
-                        break
-        except OSError:
-            return None
-    return _BOOT_TIME
-
-
-_BOOT_TIME: float | None = None
-_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
 def _proc_start_time(pid: int) -> float | None | bool:
     """Start time from /proc/<pid>/stat as psutil computes it (boot time + start ticks), None
     for a gone or zombie process, False when /proc cannot tell (not Linux)."""
-    boot = _boot_time()
+    boot = procfs.boot_time()
     if boot is None:
         return False
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            data = fh.read()
-    except FileNotFoundError:
+    st = procfs.stat(pid)
+    if st is None or st.gone:  # exited, not yet reaped (or being reaped): gone for us
         return None
-    except OSError:
-        return False
-    try:
-        rest = data[data.rindex(b")") + 2 :].split()
-    except ValueError:
-        return False
-    if rest[0] in (b"Z", b"X"):  # exited, not yet reaped (or being reaped): gone for us
-        return None
-    # Field 22 of stat is starttime in clock ticks; rest[0] is field 3.
-    return round(boot + int(rest[19]) / _CLK_TCK, 2)
+    return round(boot + st.starttime / procfs.clock_ticks(), 2)
 
 
 def process_start_time(pid: int) -> float | None:
@@ -110,12 +83,8 @@ class StaticProcessTable:
 
 def is_zombie(pid: int) -> bool:
     """True when the pid is a zombie (exited, not yet reaped): dead for our purposes."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            data = fh.read()
-        return data[data.rindex(b")") + 2 : data.rindex(b")") + 3] == b"Z"
-    except (OSError, ValueError):
-        return False
+    st = procfs.stat(pid)
+    return st is not None and st.state == "Z"
 
 
 def this_process_start() -> float:

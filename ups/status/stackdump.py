@@ -20,6 +20,7 @@ import faulthandler
 import os
 import threading
 
+from ups.status import procfs
 from ups.status.confined import make_dirs, open_append
 
 ENV_STACK_SIGNAL = "UPS_STACK_SIGNAL"
@@ -32,20 +33,11 @@ if TYPE_CHECKING:
 
 def catches_self(signum: int) -> bool | None:
     """Whether this process has a handler for ``signum`` (its SigCgt mask), None if unknown."""
-    # os.open, not builtins.open: the heartbeat thread calls this, and in a DataLoader worker
-    # the instrumentation's open() hook would take /proc/self/status for the sample's file.
+    mask = (procfs.status("self") or {}).get("SigCgt")  # read past the open() hook (procfs)
     try:
-        fd = os.open("/proc/self/status", os.O_RDONLY)
-        try:
-            data = os.read(fd, 1 << 16)
-        finally:
-            os.close(fd)
-        for line in data.splitlines():
-            if line.startswith(b"SigCgt:"):
-                return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
-    except (OSError, ValueError, IndexError):
+        return None if mask is None else bool(int(mask, 16) >> (signum - 1) & 1)
+    except ValueError:
         return None
-    return None
 
 
 class StackDumps:

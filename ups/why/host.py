@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING
 
+from ups.status import procfs
 from ups.status.host import hostname
 
 if TYPE_CHECKING:
@@ -136,12 +137,10 @@ class GivenHost(HostFacts):
 # ----------------------------------------------------------------- reading this machine
 def proc_facts(pid: int) -> ProcFacts | None:
     base = f"/proc/{pid}"
-    try:
-        with open(f"{base}/stat", "rb") as fh:
-            data = fh.read()
-        state = data[data.rindex(b")") + 2 : data.rindex(b")") + 3].decode()
-    except (OSError, ValueError):
+    st = procfs.stat(pid)
+    if st is None:
         return None
+    state = st.state
     wchan = _read(f"{base}/wchan")
     syscall = fd_path = None
     raw = _read(f"{base}/syscall")

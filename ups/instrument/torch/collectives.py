@@ -22,26 +22,8 @@ import sys
 from ups.instrument import flight, patching, process
 from ups.instrument.torch.phases import AUTO_PHASES, phase_call
 from ups.instrument.torch.state import get_ident, track
-from ups.status.exceptions import is_library_file
+from ups.status.vocabulary import C10D_COLLECTIVES, FUNCTIONAL_COLLECTIVES, is_library_file
 
-_COLLECTIVES = (
-    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
-    "all_to_all_single", "barrier", "broadcast", "broadcast_object_list", "gather", "gather_object",
-    "monitored_barrier", "recv", "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter",
-    "scatter_object_list", "send",
-    # what FSDP2 (all_gather_single, reduce_scatter_single: their names in torch 2.13), FSDP1
-    # and older callers (_all_gather_base, _reduce_scatter_base) and pipelining (isend, irecv,
-    # one call per op of batch_isend_irecv on a backend without coalescing) call
-    "all_gather_single", "reduce_scatter_single", "_all_gather_base", "_reduce_scatter_base", "isend", "irecv",
-    "all_reduce_coalesced", "all_gather_coalesced",
-)
-# torch.distributed._functional_collectives (DTensor redistribution, tensor parallel, FSDP2's
-# DTensor clip_grad_norm_): issued here, waited in wait_tensor when the result is first used.
-_FUNCTIONAL = (
-    "all_reduce", "all_gather_tensor", "all_gather_single", "reduce_scatter_tensor", "reduce_scatter_single",
-    "all_to_all_single", "broadcast", "all_reduce_coalesced", "all_gather_into_tensor_coalesced",
-    "reduce_scatter_tensor_coalesced",
-)
 PENDING_KEPT = 64  # async works issued and not yet waited (bounded: a program that never waits; each keeps its buffers alive)
 
 
@@ -163,7 +145,7 @@ def patch_distributed(torch) -> None:
         return wrapper
 
     work_type = getattr(getattr(torch._C, "_distributed_c10d", None), "Work", None)
-    collectives = ((op, _collective(op, work_type)) for op in _COLLECTIVES)
+    collectives = ((op, _collective(op, work_type)) for op in C10D_COLLECTIVES)
     for name, make in (("init_process_group", make_init), *collectives):
         original = getattr(c10d, name, None)
         if original is None:
@@ -421,7 +403,7 @@ def _waiting(what: str, *, tensors: bool = False):
 
 def patch_functional(module) -> None:
     """torch.distributed._functional_collectives: DTensor and tensor parallel issue here."""
-    for name in _FUNCTIONAL:
+    for name in FUNCTIONAL_COLLECTIVES:
         if callable(getattr(module, name, None)):
             patching.patch(module, name, _collective(name, functional=True))
     patching.patch(module, "wait_tensor", _waiting("wait_tensor", tensors=True))

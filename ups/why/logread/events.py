@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from ups.status.vocabulary import is_library_file
 from ups.why.logread.classes import (
     NCCL_NET_ERRNO,
     NCCL_RETRY,
@@ -45,9 +46,6 @@ WORKER_WRAPPER = re.compile(r"Caught (?P<type>\w+) in DataLoader worker process 
 ELASTIC_FAILED = re.compile(r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<rank>\d+)")
 ERRORISH = re.compile(r"^(?:[\w./-]+: )?(?:error|fatal|ERROR|FATAL|CRITICAL)\b|\bError:|\bERROR\b|^Error\b|\bFAILED\b|"
                       r"Traceback|\berror:|\bfailed\b|\bException\b")
-# A library's frame (not the program's own): installed packages, the standard library, torch.
-LIBRARY = re.compile(r"site-packages|dist-packages|[/\\]lib[/\\]python\d|[/\\]Lib[/\\]|<frozen|\.egg[/\\]|"
-                     r"[/\\]torch[/\\]|^/usr/lib/|[/\\]python\d\.\d+[/\\]|\\[Ll]ib\\|runpy\.py$|threading\.py$")
 MAX_CONTINUATION = 12
 
 
@@ -86,7 +84,7 @@ class Event:
         the innermost; else a file:line its text or prefix names."""
         frames = self.frames
         if own:
-            mine = [f for f in frames if not LIBRARY.search(f[0])]
+            mine = [f for f in frames if not is_library_file(f[0])]
             if mine:
                 return _short(mine[-1])
         if frames:
@@ -101,7 +99,7 @@ class Event:
 
     @property
     def raised_in_own_code(self) -> bool:
-        return bool(self.frames) and not LIBRARY.search(self.frames[-1][0])
+        return bool(self.frames) and not is_library_file(self.frames[-1][0])
 
 
 def _short(frame: tuple[str, int, str | None]) -> str:

@@ -24,13 +24,15 @@ from __future__ import annotations
 import html
 import itertools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from ups.status.lineprefix import PATTERN as TORCHRUN_PREFIX
+from ups.status.lineprefix import read_prefixes
 
 # -- prefixes: who printed the line ---------------------------------------------------------------
 # Each is tried at the start of the line, again and again, until none matches.
+# torchrun's ("[default1]:[rank3]: ") are read by ups.status.lineprefix; these are other launchers'.
 _RANK_PREFIXES = (
-    re.compile(r"\[rank(?P<rank>\d+)\]:\s?"),  # torchrun's per-rank output (torch >= 2.2)
-    re.compile(r"\[default(?P<rank>\d+)\]:\s?"),  # torchrun --tee (older)
     re.compile(r"\[\d+,(?P<rank>\d+)\]<(?:stdout|stderr)>:\s?"),  # mpirun --tag-output
     re.compile(r"\[\d+,mpirank:(?P<rank>\d+),[^\]\s]*\]<(?:stdout|stderr)>:\s?"),  # ... as SageMaker's mpirun tags it
     re.compile(r"\[RANK (?P<rank>\d+)\]\s?"),
@@ -42,7 +44,7 @@ _OTHER_PREFIXES = (
     # pdsh / DeepSpeed's multi-node launcher / mpirun with a host label ("worker-1: "): taken as
     # a prefix only before another prefix a log line starts with (NCCL's host:pid:tid, a rank's,
     # a timestamp, a traceback), never before words ("Error: ...").
-    re.compile(r"[A-Za-z][\w.-]*: (?=\S+:\d+:\d+ \[\d+\] |\[rank\d+\]|\[default\d+\]|\[\d{4}-\d\d-\d\d|"
+    re.compile(r"[A-Za-z][\w.-]*: (?=\S+:\d+:\d+ \[\d+\] |" + TORCHRUN_PREFIX + r"|\[\d{4}-\d\d-\d\d|"
                r"\d{4}-\d\d-\d\d[ T]|Traceback \(|\s*File \")"),
     re.compile(r"\[(?:stderr|stdout)\]\s?|(?:stderr|stdout|STDERR|STDOUT):\s?"),
     re.compile(r"(?:stdout|stderr) [FP] "),  # a container runtime's log file (CRI): "<time> stderr F <line>"
@@ -189,21 +191,35 @@ _OTHER_PREFIX = re.compile("|".join(f"(?:{p.pattern})" for p in _OTHER_PREFIXES)
 
 
 def _strip_prefixes(text: str) -> tuple[str, int | None, str | None]:
-    rank, ts = None, None
+    text, rank, local, ts = _read_prefixes(text)
+    return text, rank if rank is not None else local, ts
+
+
+def _read_prefixes(text: str) -> tuple[str, int | None, int | None, str | None]:
+    """The line's text without its prefixes, the global rank they name (torchrun's
+    ``[rankN]:`` first: under ``srun --label`` the label is the node's task, not the rank;
+    else another launcher's), torchrun's local rank (``[defaultN]:``), the timestamp."""
+    rank = other = local = ts = None
     t = TIMESTAMP.search(text, 0, 60)
     if t:
         ts = (t.group("date") or t.group("md") or "") + " " + t.group("time").replace(",", ".")
     while text:
+        torchrun = read_prefixes(text)
+        if torchrun is not None:
+            rank = torchrun.rank if rank is None else rank
+            local = torchrun.local_rank if local is None else local
+            text = text[torchrun.end:]
+            continue
         m = _RANK_PREFIX.match(text)
         if m:
-            if rank is None:
-                rank = int(next(g for g in m.groups() if g is not None))
+            if other is None:
+                other = int(next(g for g in m.groups() if g is not None))
         else:
             m = _OTHER_PREFIX.match(text)
         if not m or m.end() == 0:
             break
         text = text[m.end():]
-    return text, rank, ts
+    return text, rank if rank is not None else other, None if other is not None and rank is None else local, ts
 
 
 def _level(body: str) -> tuple[str | None, str | None, str | None, str]:
@@ -359,6 +375,8 @@ def read_lines(text: str) -> list[Line]:
     end lines too; a hard-wrapped line is one line (:func:`unwrap`), numbered by its first."""
     roles = _Roles()
     out: list[Line] = []
+    local_only: set[int] = set()  # lines whose only rank is torchrun's local one ("[default1]:")
+    several_nodes = False
     text = _ANSI.sub("", text) if "\x1b" in text else text
     if _ENTITY.search(text):  # a paste taken from a web page's HTML: "&lt;/torch_1234&gt;", "&#39;"
         text = html.unescape(text)
@@ -366,7 +384,12 @@ def read_lines(text: str) -> list[Line]:
         text = text.replace('\\"', '"')
     for n, raw in _join_rich_frames(_join_cut_frames(unwrap(_dedent(re.split(r"\r\n|\r|\n", text))))):
         raw = raw.rstrip()
-        body, rank, ts = _strip_prefixes(raw.strip())
+        body, rank, local, ts = _read_prefixes(raw.strip())
+        if rank is None and local is not None:
+            rank = local  # the global rank on one node; read_lines takes it back on several
+            local_only.add(len(out))
+        elif local is not None and local != rank:
+            several_nodes = True  # "[default0]:[rank2]:": local ranks are not global ranks here
         stream = f"rank{rank}" if rank is not None else ""
         emphasis = _EMPHASIS.match(body)
         if emphasis:
@@ -381,6 +404,10 @@ def read_lines(text: str) -> list[Line]:
         if role in ("content", "warning") and out and _rest_of_quiet_line(out[-1], raw):
             role, stream, rank = "context", out[-1].stream, out[-1].rank
         out.append(Line(n, raw, body, role, level, rank, stream, ts, site, nccl))
+    if several_nodes:  # a local rank names a process of each node: no rank, a stream of its own
+        for i in local_only:
+            if out[i].rank is not None and out[i].stream == f"rank{out[i].rank}":
+                out[i] = replace(out[i], rank=None, stream=f"local{out[i].rank}")
     return out
 
 

@@ -9,6 +9,7 @@ import re
 from ups.runs.view import ProcessView
 from ups.status.health import Health
 from ups.status.record import StatusRecord
+from ups.status.vocabulary import COLLECTIVE_OPS
 from ups.why.evidence import Evidence
 from ups.why.rules.common import (
     ended_at,
@@ -172,17 +173,11 @@ def _collective_of(ev: Evidence, p: ProcessView) -> tuple[str, str | None] | Non
         section = ev.stack(r, kind)
         if section is None:
             continue
-        op = next((f.function for f in section.stack if "distributed" in f.file and f.function in _COLLECTIVE_OPS), None)
+        op = next((f.function for f in section.stack if "distributed" in f.file and f.function in COLLECTIVE_OPS), None)
         if op is not None:
             own = section.own_frame
             return op, own.site if own else None
     return None
-
-
-_COLLECTIVE_OPS = frozenset(("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
-                             "all_to_all_single", "barrier", "broadcast", "broadcast_object_list", "gather", "gather_object",
-                             "monitored_barrier", "recv", "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter",
-                             "scatter_object_list", "send"))
 
 
 def collective_mismatch(ev: Evidence, record: StatusRecord, text: str) -> Verdict | None:
