@@ -23,15 +23,14 @@ from ups.runs.pyspy import (
     executable,
     sample_in_flight,
 )
+from ups.status import vocabulary
 from ups.why import stacks
 
 __all__ = ["DUMP_TIMEOUT_S", "MISSING", "PTRACE_FIX", "Dump", "DumpRefused", "dump", "executable", "format_dump",
            "gone", "sample_in_flight"]
 
-COLLECTIVE_OPS = frozenset(("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
-                            "all_to_all_single", "barrier", "broadcast", "broadcast_object_list", "gather",
-                            "gather_object", "monitored_barrier", "recv", "reduce", "reduce_scatter",
-                            "reduce_scatter_tensor", "scatter", "scatter_object_list", "send", "wait"))
+COLLECTIVE_OPS = vocabulary.COLLECTIVE_OPS | vocabulary.COLLECTIVE_WAITS
+"""A frame in one of these (its own name) is the process inside a collective or waiting for one."""
 
 
 @dataclass(frozen=True)

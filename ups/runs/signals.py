@@ -28,6 +28,7 @@ from pathlib import Path
 from ups.errors import RefusedSignal
 from ups.runs.ownership import JobScope, catches, check_record_owner, cmdline, proc_info
 from ups.runs.rundir import RunDir
+from ups.status import procfs
 from ups.status.host import hostname
 from ups.status.procs import process_start_time, same_start
 from ups.status.record import StatusRecord
@@ -52,12 +53,10 @@ def own_lineage() -> set[int]:
     pids, pid = set(), os.getpid()
     while pid > 1 and pid not in pids:
         pids.add(pid)
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as fh:
-                data = fh.read()
-            pid = int(data[data.rindex(b")") + 2 :].split()[1])
-        except (OSError, ValueError, IndexError):
+        st = procfs.stat(pid)
+        if st is None:
             break
+        pid = st.ppid
     return pids
 
 

@@ -43,7 +43,9 @@ COLLECTIVE_WAITS = frozenset(("wait", "wait_tensor"))
 _LIBRARY = re.compile(
     r"site-packages|dist-packages|[/\\]lib[/\\]python\d|[/\\]Lib[/\\]|\\[Ll]ib\\|\.egg[/\\]|[/\\]torch[/\\]|^/usr/lib/"
     r"|[/\\]python\d\.\d+[/\\]|(?:^|[/\\])runpy\.py$|(?:^|[/\\])threading\.py$"
-    r"|[/\\]ups[/\\](?:instrument|status|launch)[/\\]")
+    r"|[/\\]ups[/\\](?:instrument|status|launch)[/\\]"
+    # a C frame's shared object (py-spy --native: libc.so.6, libpython3.11.so.1.0, libtorch_cpu.so)
+    r"|\.so(?:\.\d+)*$")
 # Code with no file: ``<frozen runpy>``, torch.fx's ``<eval_with_key>.3``, ``<decorator-gen-12>``
 # are libraries'; the program's own has these names (``python -c``, stdin, a notebook's cell).
 _OWN_PSEUDO_FILES = re.compile(r"<(?:string|stdin|console|input|ipython-input-[^>]*)>$|^Cell In\[\d+\]")

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 
 from ups.runs.pyspy import function_name
-from ups.status.exceptions import is_library_file
+from ups.status.vocabulary import is_library_file
 
 _FAULT_FRAME = re.compile(r'^\s+File "(?P<file>.+)", line (?P<line>\d+) in (?P<func>.+)$')
 _TB_FRAME = re.compile(r'^\s+File "(?P<file>.+)", line (?P<line>\d+), in (?P<func>.+)$')
@@ -23,8 +23,7 @@ _THREAD = re.compile(r"^(?P<current>Current thread|Thread) (?P<id>0x[0-9a-f]+) \
 _REQUEST = re.compile(r"^=== stack dump of (?P<who>.+?) pid (?P<pid>\d+) requested by (?P<actor>\S+) at (?P<at>.+?) ===$")
 _EXCEPTION = re.compile(r"^=== uncaught exception in (?P<who>\S+) \(pid (?P<pid>\d+)\) ===$")
 _FATAL = re.compile(r"^Fatal Python error: (?P<what>.+)$")
-_SHARED_OBJECT = re.compile(r"\.so(\.[0-9.]+)?$")
-# Frames of our own machinery, never "where a program is".
+# Our own background threads' frames (the Reporter's heartbeat, the exit watcher).
 _OURS = (os.sep + "ups" + os.sep + "status" + os.sep, os.sep + "ups" + os.sep + "launch" + os.sep)
 
 
@@ -58,9 +57,9 @@ class Frame:
     @property
     def own(self) -> bool:
         """The program's own code (not torch's, not the standard library's, not ours, and no C
-        frame of a shared library: py-spy's ``--native`` dumps carry libc's and libpython's)."""
-        return (not is_library_file(self.file) and not any(m in self.file for m in _OURS)
-                and not _SHARED_OBJECT.search(self.file))
+        frame of a shared library: py-spy's ``--native`` dumps carry libc's and libpython's):
+        :func:`ups.status.vocabulary.is_library_file`, the one definition."""
+        return not is_library_file(self.file)
 
     def __str__(self) -> str:
         short = self.file.split("site-packages" + os.sep)[-1] if "site-packages" in self.file else os.path.basename(self.file)
