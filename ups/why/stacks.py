@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 
 from ups.runs.pyspy import function_name
 from ups.status.vocabulary import is_library_file
+from ups.why.tracebacks import frame_site
 
-_FAULT_FRAME = re.compile(r'^\s+File "(?P<file>.+)", line (?P<line>\d+) in (?P<func>.+)$')
-_TB_FRAME = re.compile(r'^\s+File "(?P<file>.+)", line (?P<line>\d+), in (?P<func>.+)$')
 _THREAD = re.compile(r"^(?P<current>Current thread|Thread) (?P<id>0x[0-9a-f]+) \(most recent call first\):$")
 _REQUEST = re.compile(r"^=== stack dump of (?P<who>.+?) pid (?P<pid>\d+) requested by (?P<actor>\S+) at (?P<at>.+?) ===$")
 _EXCEPTION = re.compile(r"^=== uncaught exception in (?P<who>\S+) \(pid (?P<pid>\d+)\) ===$")
@@ -178,7 +177,7 @@ def parse_traceback(text: str) -> Section:
 def _finish(b: _Builder) -> Section:
     text = "\n".join(b.lines).strip("\n")
     if b.kind == "exception":
-        frames = [Frame.printed(m["file"], int(m["line"]), m["func"].strip()) for m in map(_TB_FRAME.match, b.lines) if m]
+        frames = [Frame.printed(*site) for site in map(_frame, b.lines) if site]
         last = next((ln.strip() for ln in reversed(b.lines) if ln.strip() and not ln.startswith((" ", "\t"))), "")
         return Section("exception", last, frames=tuple(reversed(frames)), text=text)
     threads: list[Thread] = []
@@ -191,12 +190,18 @@ def _finish(b: _Builder) -> Section:
                 threads.append(Thread(current[0], current[1], tuple(frames)))
             current, frames = (m["id"], m["current"] == "Current thread"), []
             continue
-        f = _FAULT_FRAME.match(line)
-        if f and current is not None:
-            frames.append(Frame.printed(f["file"], int(f["line"]), f["func"].strip()))
+        site = _frame(line)
+        if site and current is not None:
+            frames.append(Frame.printed(*site))
     if current is not None:
         threads.append(Thread(current[0], current[1], tuple(frames)))
     return Section(b.kind, b.title, threads=tuple(threads), at=b.at, text=text)
+
+
+def _frame(line: str) -> tuple[str, int, str] | None:
+    """A frame line of a dump or a traceback (:mod:`ups.why.tracebacks`), with its function."""
+    site = frame_site(line)
+    return site if site is not None and site[2] else None
 
 
 def latest(text: str | None, kind: str | None = None) -> Section | None:

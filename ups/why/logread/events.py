@@ -32,7 +32,8 @@ from ups.why.logread.classes import (
     STORE_BARRIER_WAIT_CLASS,
 )
 from ups.why.logread.frames import cpp_frame_class
-from ups.why.logread.lines import Line, frame_site, read_lines, return_code
+from ups.why.logread.lines import Line, read_lines, return_code
+from ups.why.tracebacks import frame_site
 
 EXCEPTION = re.compile(
     r"^(?P<type>(?:[A-Za-z_][\w]*\.)*_?[A-Z]\w*?(?:Error|Exception|Exit|Interrupt|Failure|Fault|WouldBlock)(?:_\w+)?)"

@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 
 from ups.status.lineprefix import PATTERN as TORCHRUN_PREFIX
 from ups.status.lineprefix import read_prefixes
+from ups.why.tracebacks import CHAIN, FRAME, HEADER
 
 # -- prefixes: who printed the line ---------------------------------------------------------------
 # Each is tried at the start of the line, again and again, until none matches.
@@ -144,18 +145,6 @@ _CARETS = re.compile(r"^[\s^~]+$")
 _PROMPT = re.compile(r"^(?:[\w.-]+@[\w.-]+(?::\S*)?\s?)?[$#] (?:sudo )?[a-z][\w.-]*(?: |$)")
 
 # -- tracebacks ----------------------------------------------------------------------------------
-HEADER = re.compile(r"Traceback \(most recent call last\):?")
-CHAIN = re.compile(r"During handling of the above exception, another exception occurred|"
-                   r"The above exception was the direct cause of the following exception")
-FRAME = re.compile(
-    r'^\s*File "(?P<path>[^"]*)", line (?P<line>\d+)(?:,? in (?P<fn>\S+))?'  # CPython (faulthandler: no comma)
-    r"|^\s*File (?P<jpath>[^,\s]+\.py):(?P<jline>\d+)(?:, in (?P<jfn>\S+?)\(\))?"  # IPython
-    r"|^\s*(?P<cpath>\S+\.py):(?P<cline>\d+) \((?P<cfn>\w+)\)\s*$"
-    r"|^\s*at (?P<apath>\S+\.py):(?P<aline>\d+) in (?P<afn>\w+)\s*$"  # cleo / pretty tracebacks
-    r"|^\s*(?P<kpath>Cell In\[\d+\]), line (?P<kline>\d+)"  # Jupyter's cell (the program's own code)
-    r"|^\s*(?P<ipath><ipython-input-[^>]+>|Cell In\[\d+\]) in <?\w+>?"
-    r"|^\s*│\s*(?P<rpath>[^\s│]+\.py):(?P<rline>\d+) in (?P<rfn>[^\s│]+)"  # Rich's boxed traceback
-)
 _IPYTHON_CODE = re.compile(r"^\s*(?:-*>\s*)?\d+\s")
 
 
@@ -171,18 +160,6 @@ class Line:
     ts: str | None = None  # a timestamp printed on the line
     site: str | None = None  # file:line the line's prefix names (glog, c10d, NCCL)
     nccl: str | None = None  # NCCL's level (INFO, WARN) when NCCL printed the line
-
-
-def frame_site(body: str) -> tuple[str, int, str | None] | None:
-    """(path, line, function) of a traceback frame line."""
-    m = FRAME.match(body)
-    if not m:
-        return None
-    for p, n, f in (("path", "line", "fn"), ("jpath", "jline", "jfn"), ("cpath", "cline", "cfn"), ("apath", "aline", "afn"),
-                    ("kpath", "kline", None), ("rpath", "rline", "rfn")):
-        if m.group(n) is not None:
-            return m.group(p), int(m.group(n)), m.group(f) if f else None
-    return None
 
 
 _RANK_PREFIX = re.compile("|".join(f"(?:{p.pattern.replace('?P<rank>', f'?P<rank{k}>')})"

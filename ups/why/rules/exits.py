@@ -28,6 +28,7 @@ from ups.why.rules.workers import (
     starved_lines,
     worker_exception,
 )
+from ups.why.tracebacks import frames_in
 from ups.why.verdict import Verdict, who_of
 
 # A skipped step's note in the job's log (ups.jobs.train): CUDA's words, or the CPU allocator's.
@@ -39,7 +40,6 @@ DISK_FULL = re.compile(r"No space left on device|ENOSPC|\[Errno 28\]|file write 
 # The process's own words (its error, its exception) read as ups.why.logread reads a log.
 OUT_OF_MEMORY = ("cuda_oom", "host_oom")
 WRITE_FAILED = ("disk_full", "disk_quota")
-TRACEBACK_FILE = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)')
 RENDEZVOUS = re.compile(
     r"address already in use|EADDRINUSE|Connection refused|ECONNREFUSED|Rendezvous\w*Error|rendezvous|"
     r"server socket has failed to listen|failed to connect|Name or service not known|No route to host|"
@@ -298,7 +298,7 @@ def disk_full_verdict(ev: Evidence, record: StatusRecord, text: str) -> Verdict:
 
 
 def rendezvous_verdict(ev: Evidence, record: StatusRecord, text: str) -> Verdict | None:
-    lines = [ln for ln in grep_lines(text, RENDEZVOUS, 8) if not TRACEBACK_FILE.search(ln)][-4:]
+    lines = [ln for ln in grep_lines(text, RENDEZVOUS, 8) if not frames_in(ln)][-4:]
     if not lines:
         return None
     endpoint = _endpoint(ev, text)
@@ -313,8 +313,8 @@ def rendezvous_verdict(ev: Evidence, record: StatusRecord, text: str) -> Verdict
     # A rank fails inside init_process_group; torchrun's agent fails before any rank starts,
     # in its own rendezvous: its site is torchrun's frame that raised, not the `torchrun` script.
     agent = record.role == "agent"
-    frames = list(TRACEBACK_FILE.finditer(text)) if agent else []
-    frame = f"{os.path.basename(frames[-1]['path'])}:{frames[-1]['line']} in {frames[-1]['fn']}" if frames else None
+    frames = frames_in(text) if agent else []
+    frame = f"{os.path.basename(frames[-1][0])}:{frames[-1][1]} in {frames[-1][2]}" if frames else None
     stage = "dist.init" if record.phase == "dist.init" else "rendezvous"
     who = "torchrun's agent" if agent else record.label
     return Verdict("rendezvous_failed", f"{who} could not rendezvous at {at}" + (" in dist.init" if stage == "dist.init" else "") + f": {reason}",
