@@ -72,9 +72,12 @@ def rate(log: Path, t0: float, t1: float) -> float:
 
 def cpu_s(pid: int) -> float:
     """utime + stime of a process and its reaped children (py-spy), in seconds."""
-    with open(f"/proc/{pid}/stat") as fh:
-        f = fh.read().rsplit(")", 1)[1].split()
-    return sum(int(x) for x in f[11:15]) / os.sysconf("SC_CLK_TCK")
+    from ups.status import procfs  # the one reader of /proc
+
+    st = procfs.stat(pid)
+    if st is None:
+        raise OSError(f"no process {pid}")
+    return st.cpu_s(children=True)
 
 
 def ups(*args: str) -> subprocess.CompletedProcess:

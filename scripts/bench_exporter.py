@@ -60,8 +60,12 @@ def generate(run: Path, ranks: int, workers: int) -> None:
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    from ups.status import procfs  # the one reader of /proc
+
+    st = procfs.stat(pid)
+    if st is None:
+        raise OSError(f"no process {pid}")
+    return st.cpu_s()
 
 
 def scrape(url: str) -> tuple[float, bytes]:

@@ -38,16 +38,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 CHURN = REPO / "tests" / "programs" / "churn_train.py"
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 # ----------------------------------------------------------------------------- the soak
 def cpu_s(pid: int) -> float | None:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / TICK
+    from ups.status import procfs  # the one reader of /proc
+
+    st = procfs.stat(pid)
+    return st.cpu_s() if st is not None else None
 
 
 def rss_mib(pid: int) -> float | None:
@@ -73,11 +71,10 @@ def _relay_pid(launcher: int) -> int | None:
     except OSError:
         return None
     for c in children:
-        try:
-            if b"ups.launch.logrelay" in Path(f"/proc/{c}/cmdline").read_bytes():
-                return int(c)
-        except OSError:
-            continue
+        from ups.status import procfs
+
+        if "ups.launch.logrelay" in (procfs.cmdline(int(c)) or []):
+            return int(c)
     return None
 
 

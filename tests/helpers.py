@@ -101,12 +101,15 @@ def live_processes(match: Callable[[bytes, bytes], bool]) -> list[str]:
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
+        from ups.status import procfs
+
         try:
             env = Path(f"/proc/{entry}/environ").read_bytes()
-            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
             cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
         except OSError:
             continue
+        st = procfs.stat(int(entry))
+        state = st.state if st is not None else "Z"
         if state != "Z" and match(env, cmd):
             found.append(entry + " " + cmd.replace(b"\0", b" ").decode(errors="replace")[:160])
     return found

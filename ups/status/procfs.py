@@ -59,12 +59,18 @@ def boot_time() -> float | None:
 class Stat:
     """``/proc/PID/stat``'s fields ups reads (proc(5)): times in clock ticks."""
 
-    __slots__ = ("comm", "pgrp", "ppid", "session", "starttime", "state", "stime", "utime")
+    __slots__ = ("comm", "cstime", "cutime", "pgrp", "ppid", "session", "starttime", "state", "stime", "utime")
 
     def __init__(self, comm: str, state: str, ppid: int, pgrp: int, session: int, utime: int, stime: int,
-                 starttime: int) -> None:
+                 starttime: int, cutime: int = 0, cstime: int = 0) -> None:
         self.comm, self.state, self.ppid, self.pgrp, self.session = comm, state, ppid, pgrp, session
         self.utime, self.stime, self.starttime = utime, stime, starttime
+        self.cutime, self.cstime = cutime, cstime  # its reaped children's
+
+    def cpu_s(self, children: bool = False) -> float:
+        """CPU seconds (user + system), with its reaped children's when asked."""
+        ticks = self.utime + self.stime + ((self.cutime + self.cstime) if children else 0)
+        return ticks / clock_ticks()
 
     @property
     def gone(self) -> bool:
@@ -82,7 +88,7 @@ def parse_stat(data: bytes) -> Stat | None:
         close = data.rindex(b")")
         f = data[close + 2:].split()
         return Stat(data[data.index(b"(") + 1: close].decode(errors="replace"), f[0].decode(), int(f[1]), int(f[2]),
-                    int(f[3]), int(f[11]), int(f[12]), int(f[19]))
+                    int(f[3]), int(f[11]), int(f[12]), int(f[19]), int(f[13]), int(f[14]))
     except (ValueError, IndexError):
         return None
 
