@@ -42,6 +42,15 @@ for i in itertools.count():
     sys.stdout.flush()
     time.sleep(0.1)
 """
+REOPENS = """\
+import itertools, os, sys, time
+for i in itertools.count():
+    if i == 30:  # the job itself turns its stdout to another file of its own
+        os.dup2(os.open("other.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), 1)
+    sys.stdout.write(f"tick {i}\\n")
+    sys.stdout.flush()
+    time.sleep(0.1)
+"""
 FLOOD = """\
 import sys, time
 block = "".join(f"flood {i} {'x' * 57}\\n" for i in range(1000))
@@ -232,6 +241,17 @@ def test_a_log_in_a_folder_its_owner_renames_is_read_through_the_job_not_the_pat
     run, _ = swapped(procs, home, home / "out" / "train.log",
                      f"mv out out.old && mkdir out && ln -s {secret} out/train.log")
     assert len(events(run, "attach.log_moved")) == 1
+
+
+def test_a_job_that_turns_its_stdout_to_another_file_is_said_once_and_that_file_not_read(runs_root, procs, home):
+    job = start_job(procs, home, home / "train.log", REOPENS)
+    run = attach(job.pid)
+    changed = wait_for(lambda: events(run, "attach.log_changed"), 30, message="the change said")
+    assert changed[0]["pid"] == job.pid and changed[0]["fd"] == 1, changed
+    wait_for(lambda: last_tick((home / "other.log").read_bytes()) >= 45, 30, message="the job's lines in its new file")
+    assert last_tick(copy(run)) == 29, copy(run)[-100:]  # what it wrote to the proven file, and nothing after
+    assert len(events(run, "attach.log_changed")) == 1
+    assert job.poll() is None
 
 
 def test_a_log_file_of_roots_handed_to_the_jobs_stdout_is_not_read(runs_root, procs, home, secret):

@@ -290,8 +290,3 @@ class JobLog:
                         os.close(out)
         except OSError:
             pass
-
-    def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
