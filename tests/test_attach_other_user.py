@@ -106,9 +106,9 @@ def secret(tmp_path: Path) -> Path:
     return path
 
 
-def start_job(procs, folder: Path, log: Path, program: str = TICKS, *, owner: int = NOBODY) -> Job:
+def start_job(procs, folder: Path, log: Path, program: str = TICKS, *, owner: int = NOBODY, mode: int = 0o600) -> Job:
     """nobody's job, a rank by its environment, writing its stdout to ``log`` (made ``owner``'s,
-    mode 0600, when it does not exist), in ``folder``; started from a shell of theirs, as a user
+    ``mode``, when it does not exist), in ``folder``; started from a shell of theirs, as a user
     starts it (the shell stays its parent: a job's top is found below a shell, never in the
     test runner)."""
     from ups.attach.find import children_map
@@ -116,7 +116,7 @@ def start_job(procs, folder: Path, log: Path, program: str = TICKS, *, owner: in
     if not log.exists():
         log.touch()
         os.chown(log, owner, owner)
-        log.chmod(0o600)
+        log.chmod(mode)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UPS_", "PYTHON"))}
     env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29977")
     with open(log, "ab") as out:
@@ -282,6 +282,16 @@ def test_a_writer_without_end_fills_no_more_than_the_cap(runs_root, procs, home)
     assert sizes["job.log"] <= 1 << 20 and sizes["job.log.1"] <= 1 << 20, sizes
     assert json.loads((run / "run.json").read_text())["attached"]["log_cap"] == 1 << 20
     no_wider_than_the_source(run)
+
+
+def test_the_copy_is_never_wider_than_its_source_as_its_owner_narrows_it(runs_root, procs, home):
+    job = start_job(procs, home, home / "train.log", mode=0o644)
+    run = attach(job.pid)
+    out = run / "logs" / "job.log"
+    wait_for(lambda: last_tick(copy(run)) >= 0, 30, message="the log copied")
+    assert stat.S_IMODE(out.stat().st_mode) == 0o644  # others could read the job's file: the copy too
+    as_nobody(home, "chmod", "600", "train.log")
+    wait_for(lambda: stat.S_IMODE(out.stat().st_mode) == 0o600, 10, interval=0.2, message="the copy narrowed too")
 
 
 def test_shared_on_request_the_copy_still_no_wider_and_others_see_a_private_run_closed(runs_root, procs, home, tmp_path):

@@ -28,6 +28,7 @@ path (docs/safety.md, "Another user's job, attached"):
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -237,7 +238,11 @@ class JobLog:
         assert self.fd is not None
         try:
             self.watch()
-            size = os.fstat(self.fd).st_size
+            st = os.fstat(self.fd)
+            size = st.st_size
+            if copy_mode(st.st_mode) != self.mode:  # its owner changed who may read it: so does the copy
+                self.mode = copy_mode(st.st_mode)
+                self.apply_mode()
             backlog = self.pos is None
             if self.pos is None:
                 self.pos = max(0, size - LOG_BACKLOG)
@@ -264,6 +269,19 @@ class JobLog:
             return max(pos, os.lseek(self.fd, pos, os.SEEK_DATA))  # type: ignore[arg-type]
         except OSError as exc:
             return size if exc.errno == errno.ENXIO else pos  # ENXIO: nothing but a hole to its end
+
+    def apply_mode(self) -> None:
+        """The copy and its rotated part made :attr:`mode` (opened relative to the run folder,
+        no link followed, nothing blocking)."""
+        name = self.run.log_path("job").name
+        with contextlib.suppress(OSError), self.run.folder("logs") as logs:
+            for each in (name, f"{name}.1"):
+                with contextlib.suppress(OSError):
+                    fd = os.open(each, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=logs)
+                    try:
+                        os.fchmod(fd, self.mode)
+                    finally:
+                        os.close(fd)
 
     def append(self, data: bytes) -> None:
         """``data`` appended to the copy, in the run folder opened again (never through a link),
