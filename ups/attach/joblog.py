@@ -22,8 +22,8 @@ path (docs/safety.md, "Another user's job, attached"):
   faster than the copy) is skipped to its last :data:`LOG_BACKLOG`, said once; the copy
   ``logs/job.log`` is rotated to ``job.log.1`` past the cap (``attached.log_cap`` in
   ``run.json``), so the copy never takes more than twice the cap.
-* **No wider than the source**: the copy is readable by others only where the job's file was
-  (mode 0644 for a file others could read, else 0600).
+* **No wider than the source**: the copy is readable by others only while the job's file is
+  (mode 0644 for a file others can read, else 0600; ``job.log.1`` too).
 """
 
 from __future__ import annotations
