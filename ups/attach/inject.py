@@ -207,6 +207,9 @@ def inject_job(run: RunDir, job: Job, *, actor: str = "cli") -> tuple[list[Outco
         why = None
         if (refused := ptrace_refusal(p.pid)) is not None:
             why = f"--inject: {refused}; {AFTER}"
+        elif (owner := uid_of(p.pid)) not in (None, os.geteuid()):
+            why = (f"--inject: {p.label} (pid {p.pid}) runs as another user (uid {owner}): its in-process reporter "
+                   f"could neither read its script in your run folder nor write its record there; {AFTER}")
         elif exe is None:
             why = f"--inject: {p.label}'s interpreter cannot be found; {AFTER}"
         elif (bad := interpreter_refusal(exe)) is not None:

@@ -10,7 +10,8 @@ it. Once a second it:
 * every :data:`STACK_EVERY_S` reads each one's stacks with ``py-spy dump`` (ptrace, no
   signal), into ``stacks/<name>.txt`` in the format ``ups why`` reads;
 * copies what the job writes to its log into ``logs/job.log`` (the last 64 KiB before the
-  attach, then everything after), and reads its progress counter there
+  attach, then everything after), read through the job's own open file, never its path, and
+  capped (:mod:`ups.attach.joblog`), and reads its progress counter there
   (:class:`ups.launch.lineprogress.LineProgress`: tqdm, k/n, "step 3 of 9");
 * writes a status record for each process (``ups.status.record``), on its behalf: progress
   moves when the process was seen working (a busy window, or a different stack than the last
@@ -41,6 +42,7 @@ from typing import Any
 from ups.attach import pyspy
 from ups.attach.ending import ACTOR, write_end
 from ups.attach.find import Proc, node_names, session_led, tree_procs
+from ups.attach.joblog import JobLog
 from ups.errors import UpsError
 from ups.launch.lineprogress import LineProgress
 from ups.launch.proof import Observer
@@ -59,8 +61,6 @@ STACK_EVERY_S = 10.0
 scripts/bench_attach.py), far below 1 % of the job's time."""
 STACK_KEEP_S = 60.0  # an unchanged stack is appended again at most this often
 STACK_FILE_MAX = 1 << 20
-LOG_BACKLOG = 64 << 10
-LOG_CHUNK = 1 << 20
 PHASE = "attached"
 WATCHED_ROLES = ("rank", "worker")
 TELL_EVERY_S = 2.0  # with a notifier: how often the run is judged (ups why's verdict) for it
@@ -101,15 +101,13 @@ class AttachObserver:
         # The job's roots: its top, or each of its orphaned ranks (they share no parent).
         self.roots = [(r["pid"], r.get("pid_start")) for r in job.get("roots") or [] if isinstance(r, dict)
                       and isinstance(r.get("pid"), int)] or [(self.top, self.top_start)]
-        self.log_src: str | None = att.get("log")
+        self.log = JobLog(run, att, lambda what, **f: run.append_event(what, actor=ACTOR, **f))
         self.seen: dict[str, Seen] = {}
         self.ended: deque[dict[str, Any]] = deque(maxlen=ENDED_KEPT)  # helpers seen gone: name, pid, gone_at
         self.proof = Observer()
         self.lines = LineProgress()
         self.stop: str | None = None
         self.no_dumps: str | None = None  # said once: py-spy missing, ptrace refused
-        self.log_pos: int | None = None
-        self.log_ino: int | None = None
         self.pending = b""
         self.boot = boot_id()
         self.host = hostname()
@@ -246,33 +244,12 @@ class AttachObserver:
 
     # -- the log -------------------------------------------------------------------------
     def copy_log(self) -> None:
-        if not self.log_src:
-            return
-        try:
-            fd = os.open(self.log_src, os.O_RDONLY | os.O_NONBLOCK)
-        except OSError:
-            return
-        try:
-            st = os.fstat(fd)
-            backlog = self.log_pos is None
-            if self.log_pos is None or st.st_ino != self.log_ino or st.st_size < self.log_pos:
-                self.log_pos = max(0, st.st_size - LOG_BACKLOG) if self.log_pos is None else 0
-                self.log_ino = st.st_ino
-            os.lseek(fd, self.log_pos, os.SEEK_SET)
-            data = os.read(fd, LOG_CHUNK)
-        except OSError:
-            return
-        finally:
-            os.close(fd)
+        """New output of the job copied into ``logs/job.log`` (read through the job's own open
+        file, bounded: :mod:`ups.attach.joblog`), its new lines fed to the progress reader."""
+        data, backlog = self.log.read()
         if not data:
             return
-        self.log_pos += len(data)
-        with contextlib.suppress(OSError):
-            out = self.run.open_log("job")  # relative to the run folder, never through a link
-            try:
-                os.write(out, data)
-            finally:
-                os.close(out)
+        self.log.append(data)
         if backlog:
             return  # what it printed before the attach has no times: no rate to read from it
         text = (self.pending + data).decode(errors="replace")

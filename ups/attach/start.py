@@ -3,8 +3,10 @@
 The folder is an ordinary run folder (:class:`ups.runs.rundir.RunDir`) of kind ``attached``:
 its manifest names the job's top process (``job``: pid, start time, command; the anchor of
 the ownership proofs every action takes, :class:`ups.runs.ownership.JobScope`), and under
-``attached`` the processes found with their start times, who attached it and when, and the
-log read. One observer process (:mod:`ups.attach.observe`) is its only writer from then on.
+``attached`` the processes found with their start times, who attached it and when, the log
+read (``log_file``: the file as the job holds it, :func:`ups.attach.joblog.held_log`) and its
+copy's cap (``log_cap``), and whether the folder is private (another user's job: mode 0700,
+unless ``--share``). One observer process (:mod:`ups.attach.observe`) is its only writer from then on.
 """
 
 from __future__ import annotations
@@ -16,13 +18,15 @@ import sys
 import time
 from pathlib import Path
 
-from ups.attach.find import Job, node_names, session_led, watched_pids
+from ups.attach.find import Job, node_names, session_led, uid_of, watched_pids
+from ups.attach.joblog import LOG_CAP, held_log
 from ups.errors import UpsError
 from ups.runs.rundir import RunDir
 
 KIND = "attached"
 OBSERVER_MODULE = "ups.attach.observe"
 START_WAIT_S = 20.0
+PRIVATE_MODE = 0o700  # the run folder of another user's job, unless --share
 THRESHOLDS = {"stalled_after": 15.0, "startup_grace": 0.0}
 """Seen from outside, a process makes progress when it is seen working (a busy window, or a
 different stack than the last dump); 15 s without (three idle windows and a stack read twice
@@ -55,7 +59,7 @@ def multinode_of(job: Job, run_id: str | None) -> dict[str, int | None] | None:
 
 
 def create_run(job: Job, runs_root: str | os.PathLike[str], *, run_id: str | None = None,
-               fields: dict | None = None) -> RunDir:
+               fields: dict | None = None, share: bool = False, log_cap: int = LOG_CAP) -> RunDir:
     top = job.top_proc
     job_entry = {"pid": top.pid, "pid_start": top.start, "command": top.argv}
     if session_led(top.pid) is not None:
@@ -79,6 +83,7 @@ def create_run(job: Job, runs_root: str | os.PathLike[str], *, run_id: str | Non
         "world_size": job.world_size,
         "thresholds": THRESHOLDS,
         "attached": {"by": who(), "at": time.time(), "given_pid": job.given, "log": job.log,
+                     "log_file": held_log(job), "log_cap": log_cap,
                      "processes": [{"pid": p.pid, "start": p.start, "role": p.role, "name": p.name, "rank": p.rank,
                                     "local_rank": p.local_rank}
                                    for p in job.procs]},
@@ -86,8 +91,22 @@ def create_run(job: Job, runs_root: str | os.PathLike[str], *, run_id: str | Non
     }
     if job.orphan:
         extra["attached"]["orphan"] = True
-    return RunDir.create(runs_root, KIND, argv=list(top.argv), extra=extra, name=name, run_id=run_id,
-                         multinode=multinode)
+    private = not share and others_job(job)
+    extra["attached"]["private"] = private
+    run = RunDir.create(runs_root, KIND, argv=list(top.argv), extra=extra, name=name, run_id=run_id,
+                        multinode=multinode)
+    if private:
+        # Its stacks (and a worker's locals) and log come from a process others cannot read:
+        # the run folder is this user's alone (docs/safety.md), unless --share.
+        with run.folder() as fd:
+            os.fchmod(fd, PRIVATE_MODE)
+    return run
+
+
+def others_job(job: Job) -> bool:
+    """Some process of the job runs as another user than ups (root attaching a user's job)."""
+    me = os.geteuid()
+    return any(uid not in (None, me) for uid in (uid_of(p.pid) for p in job.procs))
 
 
 def start_observer(run: RunDir) -> subprocess.Popen[bytes]:
@@ -121,14 +140,16 @@ def wait_started(run: RunDir, proc: subprocess.Popen[bytes], timeout: float = ST
     raise UpsError(f"the observer of run {run.run_id} wrote nothing within {timeout:g} s: see {run.log_path('launcher')}")
 
 
-def attach_job(job: Job, runs_root: str | os.PathLike[str], *, actor: str,
-               run_id: str | None = None, fields: dict | None = None) -> tuple[RunDir, subprocess.Popen[bytes]]:
+def attach_job(job: Job, runs_root: str | os.PathLike[str], *, actor: str, run_id: str | None = None,
+               fields: dict | None = None, share: bool = False,
+               log_cap: int = LOG_CAP) -> tuple[RunDir, subprocess.Popen[bytes]]:
     """Make ``job`` an attached run and start its observer (``ups attach`` and the console's
     attach key): refused in one line (UpsError) when ups already watches it; the ``attach``
     event names who attached it and what was found. ``fields``: more of run.json (``notify``,
-    ``inject``)."""
+    ``inject``). ``share``: another user's job's run folder readable by all (else private);
+    ``log_cap``: the log copy's cap in bytes."""
     check_attachable(job, runs_root)
-    run = create_run(job, runs_root, run_id=run_id, fields=fields)
+    run = create_run(job, runs_root, run_id=run_id, fields=fields, share=share, log_cap=log_cap)
     proc = start_observer(run)
     wait_started(run, proc)
     more: dict[str, object] = {}

@@ -28,6 +28,13 @@ def attach_cmd(
                                                           "(Python >= 3.14 in the job: PEP 768 sys.remote_exec). It runs "
                                                           "code in the program and stays until it ends: see docs/attach.md. "
                                                           "Where it cannot, one line says why; the job is attached anyway.")] = False,
+    share: Annotated[bool, typer.Option("--share", help="Another user's job: leave its run folder readable by every "
+                                                        "user (as a run of yours). By default it is yours alone (mode "
+                                                        "700): its stacks and log come from a job others cannot read. "
+                                                        "The log copy is never wider than the job's own file.")] = False,
+    log_cap: Annotated[int | None, typer.Option("--log-cap", min=1, metavar="MIB", show_default=False,
+                                                help="Cap of the job's log copy (logs/job.log) in MiB, default 64; "
+                                                     "past it the copy becomes job.log.1 (one kept).")] = None,
     runs_dir: RunsDirOption = default_runs_dir(),
     json: JsonOption = False,
 ) -> None:
@@ -116,12 +123,14 @@ def attach_cmd(
             return
         _show(job)
         return
+    from ups.attach.joblog import LOG_CAP
     from ups.attach.start import attach_job, who
     from ups.cli.launch_options import notify_fields
 
     try:
         fields = {**notify_fields(notify), **({"inject": True} if inject else {})}  # a bad target: one line, nothing attached
-        run, proc = attach_job(job, runs_dir, actor=f"cli:{who()}", run_id=run_id, fields=fields)
+        run, proc = attach_job(job, runs_dir, actor=f"cli:{who()}", run_id=run_id, fields=fields, share=share,
+                               log_cap=log_cap << 20 if log_cap else LOG_CAP)
     except UpsError as exc:
         raise fail(str(exc)) from None
     injected, lines = [], []

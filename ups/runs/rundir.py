@@ -40,6 +40,7 @@ from ups.runs.events import EVENTS_TAIL_BYTES
 from ups.runs.manifest import FINAL_RUN_STATES, NODE_STATE_ORDER, ManifestFile, merge_node_states
 from ups.runs.manifest_spec import MANIFEST_SCHEMA
 from ups.runs.runpaths import DIR_MODE, NODES_DIR, SUBDIRS, TORCHRUN_LOGS
+from ups.status.confined import user_name
 from ups.status.printable import printable
 
 __all__ = [
@@ -99,6 +100,16 @@ def summarize(path: Path) -> RunSummary:
     )
 
 
+def _closed(path: Path) -> RunSummary:
+    """A folder this user may not enter: listed with whose it is, never read."""
+    try:
+        st = path.stat()
+        why = f"not readable by you (a folder of {user_name(st.st_uid)}, mode {st.st_mode & 0o7777:o})"
+    except OSError as exc:
+        st, why = None, f"not readable by you ({exc.strerror or exc})"
+    return RunSummary(printable(path.name), path, None, None, st.st_mtime if st else None, None, None, why)
+
+
 def _check_root(root: Path) -> None:
     if not root.exists():
         raise UpsError(f"runs folder {root} does not exist (set --runs-dir or UPS_RUNS_DIR)")
@@ -121,8 +132,11 @@ def list_runs(runs_root: str | os.PathLike[str], *, missing_ok: bool = False) ->
         if not entry.is_dir() or entry.name.startswith("."):
             continue
         p = Path(entry.path)
-        if (p / "run.json").exists() or any((p / s).is_dir() for s in SUBDIRS):
-            out.append(summarize(p))
+        try:
+            if (p / "run.json").exists() or any((p / s).is_dir() for s in SUBDIRS):
+                out.append(summarize(p))
+        except PermissionError:  # another user's private run (an attached job's of theirs: docs/safety.md)
+            out.append(_closed(p))
     out.sort(key=lambda s: (s.created_at or 0.0, s.run_id), reverse=True)
     return out
 
