@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ups.status.health import Health, Thresholds, classify_health, classify_run, peer_median_rates
 from ups.status.procs import StaticProcessTable
 from ups.status.record import StatusRecord
+
+pytestmark = pytest.mark.notorch  # also run on each other Python, without torch (tests/test_pythons.py)
 
 T0 = 1_800_000_000.0
 PID, START = 4242, 1_799_999_000.0

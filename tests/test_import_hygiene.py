@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -10,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from ups.runs.rundir import RunDir
+
+pytestmark = pytest.mark.notorch  # also run on each other Python, without torch (tests/test_pythons.py)
 
 # pynvml is allowed: `ups status` asks NVML for per-process GPU memory (lazily, ~10 ms).
 HEAVY = ("torch", "textual", "wandb", "h5py", "prometheus_client")
@@ -48,6 +51,10 @@ def test_ruff_bans_module_level_heavy_imports():
     assert res.returncode == 0, res.stdout + res.stderr
 
 
+# The job entry points and the models import torch at the top (docs/testing.md): only they may
+# fail to import, and only for torch, where ups is installed without it.
+NEED_TORCH = ("ups.jobs.", "ups.models.")
+
 EACH_FIRST = """
 import importlib, pkgutil, sys, traceback
 import ups, console
@@ -72,4 +79,8 @@ def test_every_module_imports_first_on_its_own():
     import cycle that `ups`'s own order hides: `from ups.cli.runs import render_status` did."""
     res = subprocess.run([sys.executable, "-c", EACH_FIRST], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert res.stdout.strip() == "", res.stdout
+    failed = [line for line in res.stdout.splitlines() if line.strip()]
+    if importlib.util.find_spec("torch") is None:  # ups installed without torch (tests/test_pythons.py)
+        failed = [line for line in failed
+                  if not (line.startswith(NEED_TORCH) and line.endswith("ModuleNotFoundError: No module named 'torch'"))]
+    assert failed == [], "\n".join(failed)

@@ -15,6 +15,8 @@ from ups.launch.policy import (
     same_hang,
 )
 
+pytestmark = pytest.mark.notorch  # also run on each other Python, without torch (tests/test_pythons.py)
+
 NOW = 10_000.0
 HANG = HangFacts("stalled", "rank 1 is stalled in phase train", role="rank", name="rank-1", site="train.py:54",
                  step=69, phase="train", since=NOW - 20, gpu=1)

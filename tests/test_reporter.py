@@ -11,6 +11,7 @@ import sys
 import textwrap
 import time
 
+import pytest
 from helpers import wait_for
 
 from ups.runs.rundir import RunDir
@@ -23,6 +24,7 @@ def _read(run: RunDir, name: str = "rank-0") -> dict:
     return json.loads((run.status_dir / f"{name}.json").read_text())
 
 
+@pytest.mark.notorch
 def test_record_tracks_phase_progress_and_final_state(runs_root):
     run = RunDir.create(runs_root, "test")
     with Reporter(run.path, rank=0, world_size=1, total=10, unit="samples", interval=0.05) as rep:
@@ -41,6 +43,7 @@ def test_record_tracks_phase_progress_and_final_state(runs_root):
     assert final["state"] == "done" and final["exit_code"] == 0
 
 
+@pytest.mark.notorch
 def test_a_failed_record_carries_the_metrics_of_its_last_steps(runs_root):
     """fail() may be a process's last write (its launcher kills it after a peer failed): what
     its samplers hold now is in it, whether or not a heartbeat sampled since."""
@@ -54,6 +57,7 @@ def test_a_failed_record_carries_the_metrics_of_its_last_steps(runs_root):
         rep.close()
 
 
+@pytest.mark.notorch
 def test_exception_marks_record_failed_with_text(runs_root):
     run = RunDir.create(runs_root, "test")
     try:
@@ -67,6 +71,7 @@ def test_exception_marks_record_failed_with_text(runs_root):
     assert "test_reporter.py" in rec["error"]
 
 
+@pytest.mark.notorch
 def test_heartbeats_continue_while_main_thread_sleeps(runs_root):
     run = RunDir.create(runs_root, "test")
     with Reporter(run.path, rank=0, interval=0.05):
@@ -75,6 +80,7 @@ def test_heartbeats_continue_while_main_thread_sleeps(runs_root):
         assert _read(run)["progress_at"] <= first + 0.01
 
 
+@pytest.mark.notorch
 def test_vanished_run_dir_warns_once_and_job_goes_on(tmp_path):
     """A real job whose run folder is deleted under it keeps running and finishes."""
     run = RunDir.create(tmp_path / "runs", "test")
@@ -104,6 +110,7 @@ def test_vanished_run_dir_warns_once_and_job_goes_on(tmp_path):
     assert not run.path.exists()  # the reporter never resurrects a deleted run
 
 
+@pytest.mark.notorch
 def test_disk_full_is_survived_and_retried(runs_root, monkeypatch):
     run = RunDir.create(runs_root, "test")
     stderr = io.StringIO()
@@ -129,6 +136,7 @@ def test_disk_full_is_survived_and_retried(runs_root, monkeypatch):
     assert not list(run.status_dir.glob(".*tmp"))
 
 
+@pytest.mark.notorch
 def test_from_env_reads_torchrun_variables(runs_root, monkeypatch):
     run = RunDir.create(runs_root, "test")
     monkeypatch.setenv("UPS_RUN_DIR", str(run.path))

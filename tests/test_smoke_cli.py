@@ -1,4 +1,7 @@
+import pytest
 from helpers import run_ups
+
+pytestmark = pytest.mark.notorch  # also run on each other Python, without torch (tests/test_pythons.py)
 
 
 def test_help_lists_core_commands():

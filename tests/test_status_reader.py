@@ -11,6 +11,8 @@ import pytest
 from ups.status.reader import read_status_dir
 from ups.status.record import SCHEMA_VERSION, StatusRecord
 
+pytestmark = pytest.mark.notorch  # also run on each other Python, without torch (tests/test_pythons.py)
+
 
 def _record(**kw) -> StatusRecord:
     base = dict(run_id="r", role="rank", name="rank-0", pid=os.getpid(), pid_start=1.0, host="h", rank=0)

@@ -17,6 +17,8 @@ import pytest
 
 from ups.why.logread import BY_NAME, read_log
 
+pytestmark = pytest.mark.notorch  # also run on each other Python, without torch (tests/test_pythons.py)
+
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = json.loads((REPO / "tests" / "data" / "failure_corpus.json").read_text())["excerpts"]
 

@@ -18,6 +18,8 @@ from helpers import run_ups
 
 from ups.why.logread import BY_NAME, CLASSES, read_log
 
+pytestmark = pytest.mark.notorch  # also run on each other Python, without torch (tests/test_pythons.py)
+
 FOOTER = """CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.
 For debugging consider passing CUDA_LAUNCH_BLOCKING=1
 Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.

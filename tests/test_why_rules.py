@@ -38,6 +38,8 @@ from ups.why.rules.processes import dead, healthy, hung
 from ups.why.rules.workers import starved_loader, stuck_workers
 from ups.why.verdict import MODES, Verdict
 
+pytestmark = pytest.mark.notorch  # also run on each other Python, without torch (tests/test_pythons.py)
+
 NOW = 1_800_000_000.0
 HERE = "node-a"
 THERE = "node-b"

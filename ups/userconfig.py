@@ -20,6 +20,7 @@ A missing file is an empty config; a broken one is one line naming the file and 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,10 @@ def load_user_config() -> dict[str, Any]:
         try:
             text = path.read_text(encoding="utf-8")
             if name.endswith(".toml"):
-                import tomllib
+                if sys.version_info >= (3, 11):
+                    import tomllib
+                else:  # the same module before it joined the standard library (a 3.10-only dependency)
+                    import tomli as tomllib
 
                 data = tomllib.loads(text)
             else:
