@@ -14,8 +14,10 @@ The suite runs on the Python whose torch wheel is on disk (3.11). For each other
   with DeprecationWarnings as errors.
 
 The venvs are kept between runs under ``$UPS_TEST_VENVS`` (default: the temp folder's
-``ups-test-venvs``), one per Python, pyproject.toml and checkout: a first run builds them
-(about a minute each on a busy 2-core box), later ones reuse them. A Python that is not on the machine is skipped, saying
+``ups-test-venvs``), one per Python and pyproject.toml, shared by every checkout (a fresh
+clone's CI run included): a first run builds them (about a minute each on a busy 2-core box),
+later ones reuse them. The code under test is always this checkout's: every process in the venv
+runs with it first on ``PYTHONPATH``, as conftest.py does for the suite's own subprocesses. A Python that is not on the machine is skipped, saying
 where it was looked for.
 """
 
@@ -43,7 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 OTHERS = [minor for minor in (10, 12, 13, 14) if (3, minor) != sys.version_info[:2]]
 TEST_TOOLS = ("pytest", "pytest-timeout", "hypothesis")  # what the torch-free tests use, from the test extra
 CACHE = Path(os.environ.get("UPS_TEST_VENVS") or Path(tempfile.gettempdir()) / "ups-test-venvs")
-RECIPE = "1"  # bump when venv_for builds a venv differently: every cached one is then built again
+RECIPE = "2"  # bump when venv_for builds a venv differently: every cached one is then built again
 KEEP_DAYS = 7  # a venv no run has used for this long is removed when another is built
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -75,9 +77,11 @@ def find_python(minor: int) -> tuple[str | None, list[str]]:
 
 def _clean_env(**extra: str) -> dict[str, str]:
     """This session's environment without what points at the suite's own Python and pytest
-    (conftest.py's PYTHONPATH, xdist's worker variables)."""
+    (conftest.py's PYTHONPATH, xdist's worker variables), with this checkout first on PYTHONPATH:
+    the venv is shared, its editable ups may be another checkout's."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV") and not k.startswith(("PYTEST_", "UPS_RUN"))}
+    env["PYTHONPATH"] = str(REPO)
     env.update(extra)
     return env
 
@@ -102,12 +106,12 @@ def _requirements() -> list[str]:
 
 
 def venv_for(python: str) -> Path:
-    """A venv of ``python`` holding ups without torch: built once per Python, pyproject.toml and
-    checkout, under a lock (the suite's workers and other checkouts share the cache)."""
+    """A venv of ``python`` holding ups without torch: built once per Python and pyproject.toml,
+    under a lock (the suite's workers and other checkouts share the cache)."""
     version = _run([python, "-c", "import sys; print(sys.version)"], 30).stdout.strip()
-    key = hashlib.sha256("\0".join([RECIPE, version, str(REPO), (REPO / "pyproject.toml").read_text()]).encode())
+    key = hashlib.sha256("\0".join([RECIPE, version, (REPO / "pyproject.toml").read_text()]).encode())
     minor = ".".join(version.split(".")[:2])
-    mine = f"py{minor}-{hashlib.sha256(str(REPO).encode()).hexdigest()[:8]}-"  # this Python, this checkout
+    mine = f"py{minor}-"  # this Python
     venv = CACHE / f"{mine}{key.hexdigest()[:12]}"
     ready = venv / "ups-test-ready"
     CACHE.mkdir(parents=True, exist_ok=True)
@@ -130,8 +134,8 @@ def venv_for(python: str) -> Path:
 
 
 def _prune(mine: str) -> None:
-    """Removes this checkout's venvs of the same Python built from another pyproject.toml or
-    recipe, and any venv unused for KEEP_DAYS."""
+    """Removes the venvs of the same Python built from another pyproject.toml or recipe, and any
+    venv unused for KEEP_DAYS."""
     for old in CACHE.glob("py*/ups-test-ready"):
         if old.parent.name.startswith(mine) or time.time() - old.stat().st_mtime > KEEP_DAYS * 86400:
             with contextlib.suppress(OSError):
