@@ -243,3 +243,28 @@ def loop_line(before: tuple, now: tuple) -> tuple | None:
     if not shared:
         return None
     return shared[0]  # the innermost of them (faulthandler's order: most recent call first)
+
+
+def rank_counter(logged: dict | None, turns: int, turned_at: float | None) -> dict | None:
+    """A rank's counter: its log's, else the stacks' rhythm (how many stack reads found it back
+    at its own loop line, after going inside it: a lower bound of its steps, with no rate)."""
+    if logged is not None:
+        return logged
+    if turns and turned_at is not None:
+        return {"k": turns, "n": None, "unit": "loop turns seen", "at": turned_at, "rate": None, "text": None,
+                "epoch": None, "source": "stacks: back at its own loop line between stack reads"}
+    return None
+
+
+def progress_fields(c: dict | None) -> dict:
+    """A status record's progress fields from a counter (none: no step, as before)."""
+    if c is None:
+        return {"step": 0, "unit": "steps"}
+    return {"step": c["k"], "total": c["n"], "unit": c["unit"], "rate": c["rate"]}
+
+
+def progress_metrics(c: dict | None) -> dict:
+    """Where the counter came from (``progress_from``: ``log: <form>`` or ``stacks: ...``), and the epoch."""
+    if c is None:
+        return {}
+    return {"progress_from": c["source"], **({"epoch": c["epoch"]} if c.get("epoch") is not None else {})}
