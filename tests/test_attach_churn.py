@@ -100,3 +100,40 @@ def test_the_tutorial_job_attached_shows_epochs_and_a_rate_no_dead_worker_throug
     said = json.dumps(m) + json.dumps(gone) + json.dumps(ups_json("why", run_id)["verdict"])
     assert text in said or (gone and "killed by signal: Killed" in gone[0]["detail"]), said
     assert m["state"] == "failed", m
+
+
+FRAMEWORKS = Path(__file__).parent / "programs" / "frameworks"
+
+
+def healthy_with_progress(run_id: str, source: str, seconds: float) -> dict:
+    """Progress with a rate from ``source`` within 15 s of the attach, then ``seconds`` of
+    readings: no process dead, the verdict healthy with its rate."""
+    def counting():
+        st = ups_json("status", run_id)
+        p = st["progress"]
+        return st if p["step"] > 0 and p["rate"] and p["unit"] == "steps" else None
+    st = wait_for(counting, 15, interval=0.5, message="progress and a rate within 15 s of the attach")
+    assert {p["metrics"].get("progress_from") for p in st["processes"] if p["role"] == "rank"} == {source}, st["processes"]
+    deadline, modes = time.monotonic() + seconds, []
+    while time.monotonic() < deadline:
+        for p in ups_json("status", run_id)["processes"]:
+            assert p["health"] != "dead", json.dumps(p)
+        v = ups_json("why", run_id)["verdict"]
+        modes.append(v["mode"])
+        assert v["mode"] == "healthy" and "steps/s" in v["headline"], v
+    assert len(modes) >= 3
+    return st
+
+
+@pytest.mark.slow
+@needs_pyspy
+@pytest.mark.timeout(400)  # transformers' import in each rank, on a busy box
+def test_an_hf_trainer_job_under_torchrun_attached_shows_its_bar_as_progress_and_is_healthy(runs_root, jobs, tmp_path):
+    """HF Trainer (tests/programs/frameworks/hf_trainer.py), its tqdm bar on, under a plain torchrun."""
+    agent, log = jobs.start_ready("/1000000 [", program=FRAMEWORKS / "hf_trainer.py", timeout=180,
+                                  args=("--bar", "--steps", "1000000", "--step-time", "0.02"), name="hf")
+    jobs.remember()
+    run_id = attach(agent.pid)
+    st = healthy_with_progress(run_id, "log: tqdm progress bar", 20)
+    assert st["progress"]["total"] == 1000000
+    assert agent.poll() is None

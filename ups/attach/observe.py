@@ -166,8 +166,10 @@ class AttachObserver:
                 if s.proc.role == "worker" and rank_lives(s.proc, live.values()):
                     self.worker_gone(s, list(live.values()))
                     continue
+                how = self.worker_ends.how(s.proc.pid) if s.proc.role == "worker" else None
                 self.run.append_event("process.gone", actor=ACTOR, name=name, pid=s.proc.pid,
-                                      detail="seen gone from outside; its exit code is not visible to an observer")
+                                      detail=f"DataLoader worker {how} (the job's log)" if how else
+                                      "seen gone from outside; its exit code is not visible to an observer")
                 if is_pid_named(s.proc):
                     self.forget(s)
 
