@@ -39,15 +39,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ups.attach import pyspy
-from ups.attach.churn import LOG_WORD_S, WorkerEnds, ended_alone, rank_lives
+from ups.attach.churn import WorkerChurn, rank_lives
 from ups.attach.ending import ACTOR, write_end
 from ups.attach.find import Proc, node_names, session_led, tree_procs
 from ups.attach.progress import (
     LogProgress,
-    loop_line,
+    note_turn,
     progress_fields,
     progress_metrics,
-    rank_counter,
+    take_progress,
 )
 from ups.errors import UpsError
 from ups.launch.lineprogress import LineProgress
@@ -114,8 +114,7 @@ class AttachObserver:
         self.proof = Observer()
         self.lines = LineProgress()
         self.progress = LogProgress()  # each rank's steps and epochs, from the log's lines (ups.attach.progress)
-        self.worker_ends = WorkerEnds()  # the log's word on a DataLoader worker's death
-        self.churned: list[tuple[Seen, float]] = []  # workers whose end looked normal: (it, until when the log may still say)
+        self.churn = WorkerChurn(run, self.record)  # DataLoader workers' ends: a generation's, or a death
         self.stop: str | None = None
         self.no_dumps: str | None = None  # said once: py-spy missing, ptrace refused
         self.log_pos: int | None = None
@@ -154,8 +153,7 @@ class AttachObserver:
             s = self.seen.get(name)
             if s is None or s.proc.pid != p.pid or s.gone_at is not None:
                 if s is not None and s.gone_at is None and s.proc.role == "worker" and s.proc.pid != p.pid:
-                    s.gone_at = now  # the next generation took its slot before it was seen gone
-                    self.worker_gone(s, list(live.values()))
+                    self.churn.gone(s, self.seen, now, self.tick_mono)  # the next generation took its slot first
                 self.seen[name] = Seen(p, mono, now, mono, phase_at=now, phase_mono=mono,
                                        phase={"agent": "agent", "helper": "helper"}.get(p.role, PHASE))
             else:
@@ -164,12 +162,10 @@ class AttachObserver:
             if s.gone_at is None and name not in live and not same_start(process_start_time(s.proc.pid), s.proc.start):
                 s.gone_at = now
                 if s.proc.role == "worker" and rank_lives(s.proc, live.values()):
-                    self.worker_gone(s, list(live.values()))
+                    self.churn.gone(s, self.seen, now, self.tick_mono)
                     continue
-                how = self.worker_ends.how(s.proc.pid) if s.proc.role == "worker" else None
                 self.run.append_event("process.gone", actor=ACTOR, name=name, pid=s.proc.pid,
-                                      detail=f"DataLoader worker {how} (the job's log)" if how else
-                                      "seen gone from outside; its exit code is not visible to an observer")
+                                      detail=self.churn.gone_detail(s.proc))
                 if is_pid_named(s.proc):
                     self.forget(s)
 
@@ -226,9 +222,7 @@ class AttachObserver:
             s.dump = d
             if before is not None and d.frames != before:
                 self.moved(s)
-                if s.proc.role == "rank" and loop_line(before, d.frames) is not None:
-                    s.extra["turns"] = s.extra.get("turns", 0) + 1  # the stacks' rhythm: back at its loop line
-                    s.extra["turned_at"] = self.tick_at
+                note_turn(s, before, d.frames, self.tick_at)  # the stacks' rhythm
                 w = self.proof.watched.get(name)
                 if w is not None:
                     w.stacks.clear()  # it moved: "the same stack twice" starts again from this one
@@ -298,9 +292,8 @@ class AttachObserver:
         *lines, rest = text.replace("\r", "\n").split("\n")
         self.pending = rest.encode()[-4096:]
         for line in lines:
-            # what it printed before the attach has no times: a count, no rate
-            self.progress.feed(line, None if backlog else self.tick_at, self.tick_at)
-            self.worker_ends.feed(line)
+            self.progress.feed(line, None if backlog else self.tick_at, self.tick_at)  # the backlog: no times, no rate
+            self.churn.ends.feed(line)
             if not backlog:
                 self.lines.feed(line)
 
@@ -363,64 +356,6 @@ class AttachObserver:
             with contextlib.suppress(OSError):
                 self.run.write_file(f"status/{rec.name}.json", rec.to_json().encode())  # never through a link
 
-    # -- progress and worker generations (ups.attach.progress, ups.attach.churn) -------------
-    def take_progress(self) -> None:
-        """Each rank's counter: its log lines' (its own, else the job's), else its stacks' rhythm.
-        A counter that advanced is progress, at the time its line was read."""
-        for s in self.seen.values():
-            if s.gone_at is not None or s.proc.role != "rank":
-                continue
-            c = rank_counter(self.progress.counter(s.proc.rank), s.extra.get("turns", 0), s.extra.get("turned_at"))
-            before = s.extra.get("counter")
-            s.extra["counter"] = c
-            if c is not None and (before is None or c["k"] != before["k"]) and c["at"] > s.progress_at:
-                s.progress_at, s.progress_mono = c["at"], self.tick_mono - max(0.0, self.tick_at - c["at"])
-
-    def worker_gone(self, s: Seen, live: list[Proc]) -> None:
-        """A DataLoader worker ended while its rank lives: churn (its final record says done, no
-        event) unless the log says it died; the log's word, or its generation outliving it, may
-        still come (:meth:`settle_churn`)."""
-        how = self.worker_ends.how(s.proc.pid)
-        if how is not None:
-            self.worker_died(s, how, "the job's log")
-            return
-        self.write_final(s, "done")
-        s.extra["peers"] = [x.proc.pid for x in self.seen.values() if x is not s and x.proc.role == "worker"
-                            and x.proc.rank == s.proc.rank and x.started_mono < self.tick_mono]  # seen before this look
-        self.churned.append((s, self.tick_mono + LOG_WORD_S))
-
-    def settle_churn(self) -> None:
-        live = [x.proc for x in self.seen.values() if x.gone_at is None]
-        keep = []
-        for s, until in self.churned:
-            how, said = self.worker_ends.how(s.proc.pid), "the job's log"
-            if how is None and not s.extra.get("alone_checked") and self.tick_at - (s.gone_at or 0) >= TICK_S:
-                s.extra["alone_checked"] = True  # a tick after its end: its generation's ends are all in by now
-                if ended_alone(s.extra.get("peers") or (), live):
-                    how, said = "ended while its rank's other DataLoader workers of the same generation went on", "from outside"
-            if how is not None:
-                self.worker_died(s, how, said)
-            elif self.tick_mono < until:
-                keep.append((s, until))
-        self.churned = keep
-
-    def worker_died(self, s: Seen, how: str, said: str) -> None:
-        self.run.append_event("process.gone", actor=ACTOR, name=s.proc.name, pid=s.proc.pid,
-                              detail=f"DataLoader worker {how} ({said}); its rank goes on")
-        self.write_final(s, "failed", error=f"DataLoader worker (pid {s.proc.pid}) {how} ({said})")
-
-    def write_final(self, s: Seen, state: str, error: str | None = None) -> None:
-        """Its last record, in its slot's file while no newer worker holds the slot."""
-        if self.seen.get(s.proc.name) is not s or s.inproc:
-            return
-        import dataclasses
-
-        now, mono = time.time(), time.monotonic()
-        rec = dataclasses.replace(self.record(s, now, mono), state=state, phase="done" if state == "done" else s.phase,
-                                  error=error)
-        with contextlib.suppress(OSError):
-            self.run.write_file(f"status/{rec.name}.json", rec.to_json().encode())
-
     # -- the end -------------------------------------------------------------------------
     def finish(self) -> None:
         self.copy_log()
@@ -448,8 +383,8 @@ class AttachObserver:
         observed = self.judge()
         self.dumps()
         self.copy_log()
-        self.take_progress()
-        self.settle_churn()
+        take_progress(self.seen.values(), self.progress, self.tick_at, self.tick_mono)
+        self.churn.settle(self.seen, self.tick_at, self.tick_mono)
         self.write_records()
         if self.notifier is not None and t0 - self.told_mono >= TELL_EVERY_S:
             self.told_mono = t0

@@ -25,33 +25,47 @@ from __future__ import annotations
 
 import re
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
+from types import SimpleNamespace
+from typing import Any
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|#033\[[0-9;]*[A-Za-z]")
 MAX_LINE = 600
 
-EXAMPLES = re.compile(r"\[GPU(\d+)\] Epoch (\d+) \| Batchsize: \d+ \| Steps: (\d+)")
-MINGPT = re.compile(r"\[GPU(\d+)\] Epoch (\d+) \| Iter (\d+) \| Train Loss")
-# tqdm: "desc: 45%|####5 | 18/40 [00:12<00:15, 1.45it/s, ...]", or without a terminal "desc: 45% 18/40 [..."
-TQDM = re.compile(r"(?:^|(?<=[\s:]))(\d{1,3})%(?:\s*\|[^|]*\||\s)\s*(\d+)/(\d+) \[(?:\d+:)?\d+:\d+(?:<|\])")
-TQDM_NO_TOTAL = re.compile(r"(?:^|(?<=[\s:]))(\d+)it \[(?:\d+:)?\d+:\d+,")
-RICH = re.compile(r"Epoch (\d+)/(\d+)\s+[━╸╺─ ]+\s*(\d+)/(\d+)")
-RATE = re.compile(r"(\d+(?:\.\d+)?)\s?(it|s)/(s|it)\b")
-NOT_TRAINING = re.compile(r"(?i)valid|sanity|test|eval|predict|load|sav|download|map\b|token|shard|class\s+images|"
-                          r"\bval\b|infer")
-EPOCH_IN_DESC = re.compile(r"(?i)\bepoch\s*(\d+)(?:\s*/\s*(\d+))?")
-BRACKETED = re.compile(r"\bEpoch(?:\(train\))?:?\s*\[\s*(\d+)(?:\s*/\s*(\d+))?\s*\]\s*\[\s*(\d+)\s*/\s*(\d+)\s*\]")
-MNIST = re.compile(r"\bTrain Epoch: (\d+) \[(\d+)/(\d+) \(")
-FAIRSEQ = re.compile(r"\| epoch (\d+):?\s+(\d+) / (\d+) ")
-ITER_BRACKET = re.compile(r"\bIter \[(\d+)/(\d+)\]")
-TITAN = re.compile(r"\bstep:\s*(\d+)\s+loss:")
-STEP = re.compile(r"(?i)(?<![\w.])(?:global_step|step|iter|iteration)['\"]?\s*[:=]?\s*(\d+)(?:\s*/\s*(\d+))?(?![\w(.])")
-EPOCH = re.compile(r"(?i)(?<![\w.])epoch['\"]?\s*[:=]?\s*(\d+)(?:\s*/\s*(\d+))?(?![\w(.])")
-EPOCH_ONLY = re.compile(r"(?i)(?:^|\s-\s)epoch (\d+):(?:\s|$)|^Epoch (\d+)/(\d+)$|^epoch (\d+)\b(?! \|)|\bend of epoch (\d+)\b")
-JSON_EPOCH = re.compile(r"^\{[\"']epoch[\"']:\s*(\d+)(?![.\d])")
-NOT_PROGRESS = re.compile(r"(?i)\bstart(?:s|ing|ed)?\s|\bsav|\bload|\bnum\b|accumulation|per epoch|\beval|valid|\btest|"
-                          r"^#|^\s*(?:for|if|while|def)\b|line \d+|\)$|\bwarmup\b")
-RANK = re.compile(r"\[(?:GPU|rank\s?)(\d+)\]|^\[default(\d+)\]:|^rank (\d+)\b")
+# The forms, one pattern each (their samples: tests/data/progress_lines/); tqdm's is
+# "desc: 45%|####5 | 18/40 [00:12<00:15, 1.45it/s, ...]", or without a terminal "desc: 45% 18/40 [...".
+FORMS = (
+    dict(  # pytorch/examples' own lines, which name the rank
+        EXAMPLES=r"\[GPU(\d+)\] Epoch (\d+) \| Batchsize: \d+ \| Steps: (\d+)",
+        MINGPT=r"\[GPU(\d+)\] Epoch (\d+) \| Iter (\d+) \| Train Loss",
+    ), dict(  # progress bars: tqdm's (HF Trainer, Lightning), Lightning's rich bar, the rate they print
+        TQDM=r"(?:^|(?<=[\s:]))(\d{1,3})%(?:\s*\|[^|]*\||\s)\s*(\d+)/(\d+) \[(?:\d+:)?\d+:\d+(?:<|\])",
+        TQDM_NO_TOTAL=r"(?:^|(?<=[\s:]))(\d+)it \[(?:\d+:)?\d+:\d+,",
+        RICH=r"Epoch (\d+)/(\d+)\s+[━╸╺─ ]+\s*(\d+)/(\d+)",
+        RATE=r"(\d+(?:\.\d+)?)\s?(it|s)/(s|it)\b",
+    ), dict(  # a bar that is not the training's; the epoch in a bar's description
+        NOT_TRAINING=r"(?i)valid|sanity|test|eval|predict|load|sav|download|map\b|token|shard|class\s+images|"
+            r"\bval\b|infer",
+        EPOCH_IN_DESC=r"(?i)\bepoch\s*(\d+)(?:\s*/\s*(\d+))?",
+    ), dict(  # epoch-and-batch logs (mmdet, mmengine, ppdet; pytorch/examples mnist; fairseq; mmseg)
+        BRACKETED=r"\bEpoch(?:\(train\))?:?\s*\[\s*(\d+)(?:\s*/\s*(\d+))?\s*\]\s*\[\s*(\d+)\s*/\s*(\d+)\s*\]",
+        MNIST=r"\bTrain Epoch: (\d+) \[(\d+)/(\d+) \(",
+        FAIRSEQ=r"\| epoch (\d+):?\s+(\d+) / (\d+) ",
+        ITER_BRACKET=r"\bIter \[(\d+)/(\d+)\]",
+    ), dict(  # step logs (torchtitan, nanoGPT, any "step N/M"), and epoch-only lines (accelerate's examples)
+        TITAN=r"\bstep:\s*(\d+)\s+loss:",
+        STEP=r"(?i)(?<![\w.])(?:global_step|step|iter|iteration)['\"]?\s*[:=]?\s*(\d+)(?:\s*/\s*(\d+))?(?![\w(.])",
+        EPOCH=r"(?i)(?<![\w.])epoch['\"]?\s*[:=]?\s*(\d+)(?:\s*/\s*(\d+))?(?![\w(.])",
+        EPOCH_ONLY=r"(?i)(?:^|\s-\s)epoch (\d+):(?:\s|$)|^Epoch (\d+)/(\d+)$|^epoch (\d+)\b(?! \|)|\bend of epoch (\d+)\b",
+        JSON_EPOCH=r"^\{[\"']epoch[\"']:\s*(\d+)(?![.\d])",
+    ), dict(  # what is no training progress, and the rank a line names
+        NOT_PROGRESS=r"(?i)\bstart(?:s|ing|ed)?\s|\bsav|\bload|\bnum\b|accumulation|per epoch|\beval|valid|\btest|"
+            r"^#|^\s*(?:for|if|while|def)\b|line \d+|\)$|\bwarmup\b",
+        RANK=r"\[(?:GPU|rank\s?)(\d+)\]|^\[default(\d+)\]:|^rank (\d+)\b",
+    ),
+)
+P = SimpleNamespace(**{name: re.compile(rx) for group in FORMS for name, rx in group.items()})
 
 
 @dataclass(frozen=True)
@@ -62,12 +76,12 @@ class Reading:
     per second; ``form``: which form it was read as."""
 
     form: str
-    k: int | None = None
+    k: int | None = None  # a count: of the epoch's batches when ``epoch`` goes with it
     n: int | None = None
     epoch: int | None = None
-    epochs: int | None = None
+    epochs: int | None = None  # the epochs in all
     per_epoch: int | None = None
-    rank: int | None = None
+    rank: int | None = None  # the rank the line names
     rate: float | None = None
 
     def stated(self) -> dict[str, int]:
@@ -90,7 +104,7 @@ class Reading:
 
 
 def _rate(text: str) -> float | None:
-    m = RATE.search(text)
+    m = P.RATE.search(text)
     if not m:
         return None
     v = float(m.group(1))
@@ -98,7 +112,7 @@ def _rate(text: str) -> float | None:
 
 
 def _rank(line: str) -> int | None:
-    m = RANK.search(line)
+    m = P.RANK.search(line)
     return int(next(g for g in m.groups() if g is not None)) if m else None
 
 
@@ -108,46 +122,46 @@ def read_line(line: str) -> Reading | None:
     if not line or len(line) > MAX_LINE:
         return None
     rank = _rank(line)
-    if (m := TQDM.search(line) or TQDM_NO_TOTAL.search(line)) is not None:
+    if (m := P.TQDM.search(line) or P.TQDM_NO_TOTAL.search(line)) is not None:
         rank = _rank(line[:m.start()])  # a bar's own; what follows it on the line is another write
-    if m := EXAMPLES.search(line):
+    if m := P.EXAMPLES.search(line):
         return Reading("pytorch/examples epoch line", epoch=int(m.group(2)), per_epoch=int(m.group(3)), rank=int(m.group(1)))
-    if m := MINGPT.search(line):
+    if m := P.MINGPT.search(line):
         return Reading("pytorch/examples minGPT iteration line", k=int(m.group(3)), epoch=int(m.group(2)), rank=int(m.group(1)))
-    if m := RICH.search(line):
+    if m := P.RICH.search(line):
         return Reading("Lightning rich progress bar", k=int(m.group(3)), n=int(m.group(4)), epoch=int(m.group(1)),
                        epochs=int(m.group(2)) + 1, rank=rank, rate=_rate(line[m.end():]))
-    if m := TQDM.search(line) or TQDM_NO_TOTAL.search(line):
+    if m := P.TQDM.search(line) or P.TQDM_NO_TOTAL.search(line):
         desc = line[:m.start()]
-        if NOT_TRAINING.search(desc) or "/" in desc.split("|")[-1].strip(" :")[:12]:
+        if P.NOT_TRAINING.search(desc) or "/" in desc.split("|")[-1].strip(" :")[:12]:
             return None  # an evaluation's, a loader's or a saver's bar; a YOLO row ("0/299 15.8G ...")
-        k, n = (int(m.group(2)), int(m.group(3))) if m.re is TQDM else (int(m.group(1)), None)
-        e = EPOCH_IN_DESC.search(desc)
+        k, n = (int(m.group(2)), int(m.group(3))) if m.re is P.TQDM else (int(m.group(1)), None)
+        e = P.EPOCH_IN_DESC.search(desc)
         form = "Lightning progress bar" if e else "tqdm progress bar"
         return Reading(form, k=k, n=n, epoch=int(e.group(1)) if e else None,
                        epochs=int(e.group(2)) if e and e.group(2) else None, rank=rank, rate=_rate(line[m.end():]))
-    for rx, form in ((BRACKETED, "Epoch [e][k/n] log"), (MNIST, "pytorch/examples mnist line"), (FAIRSEQ, "fairseq log")):
+    for rx, form in ((P.BRACKETED, "Epoch [e][k/n] log"), (P.MNIST, "pytorch/examples mnist line"), (P.FAIRSEQ, "fairseq log")):
         if m := rx.search(line):
             g = m.groups()
-            if rx is BRACKETED:
+            if rx is P.BRACKETED:
                 return Reading(form, k=int(g[2]), n=int(g[3]), epoch=int(g[0]), epochs=int(g[1]) if g[1] else None, rank=rank)
             return Reading(form, k=int(g[1]), n=int(g[2]), epoch=int(g[0]), rank=rank)
-    if m := ITER_BRACKET.search(line):
+    if m := P.ITER_BRACKET.search(line):
         return Reading("Iter [k/n] log", k=int(m.group(1)), n=int(m.group(2)), rank=rank)
-    if m := TITAN.search(line):
+    if m := P.TITAN.search(line):
         return Reading("torchtitan step log", k=int(m.group(1)), rank=rank)
-    if m := JSON_EPOCH.search(line):
+    if m := P.JSON_EPOCH.search(line):
         return Reading("epoch record", epoch=int(m.group(1)), rank=rank)
-    if NOT_PROGRESS.search(line):
+    if P.NOT_PROGRESS.search(line):
         return None
-    step, epoch = STEP.search(line), EPOCH.search(line)
+    step, epoch = P.STEP.search(line), P.EPOCH.search(line)
     if step:
         k, n = int(step.group(1)), int(step.group(2)) if step.group(2) else None
         if n is not None and (n == 0 or k > n):
             n = None
         return Reading("step log", k=k, n=n, epoch=int(epoch.group(1)) if epoch and epoch.start() < step.start() else None,
                        rank=rank, rate=_rate(line))
-    if m := EPOCH_ONLY.search(line):
+    if m := P.EPOCH_ONLY.search(line):
         g = [int(x) if x else None for x in m.groups()]
         return Reading("epoch log", epoch=next(x for i, x in enumerate(g) if x is not None and i != 2), epochs=g[2],
                        rank=rank)
@@ -268,3 +282,24 @@ def progress_metrics(c: dict | None) -> dict:
     if c is None:
         return {}
     return {"progress_from": c["source"], **({"epoch": c["epoch"]} if c.get("epoch") is not None else {})}
+
+
+def take_progress(seen: Iterable, progress: LogProgress, now: float, mono: float) -> None:
+    """Each live rank's counter (the observer's ``Seen``s): its log lines' (its own, else the
+    job's), else its stacks' rhythm, kept in ``extra["counter"]``; a counter that advanced is
+    progress, dated when its line was read."""
+    for s in seen:
+        if s.gone_at is not None or s.proc.role != "rank":
+            continue
+        c = rank_counter(progress.counter(s.proc.rank), s.extra.get("turns", 0), s.extra.get("turned_at"))
+        before = s.extra.get("counter")
+        s.extra["counter"] = c
+        if c is not None and (before is None or c["k"] != before["k"]) and c["at"] > s.progress_at:
+            s.progress_at, s.progress_mono = c["at"], mono - max(0.0, now - c["at"])
+
+
+def note_turn(s: Any, before: tuple, frames: tuple, at: float) -> None:
+    """A rank's new stack read (the observer's ``Seen``): back at its own loop line is one turn."""
+    if s.proc.role == "rank" and loop_line(before, frames) is not None:
+        s.extra["turns"] = s.extra.get("turns", 0) + 1
+        s.extra["turned_at"] = at
