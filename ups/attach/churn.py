@@ -3,12 +3,11 @@
 A DataLoader made anew every epoch (torch's default, ``persistent_workers=False``) ends all its
 workers together and starts new ones in the same slots: churn, not death (for launched runs,
 the rank says so: ups.instrument.torch.data). From outside, a worker's end is that churn when
-its rank lives on and no worker of its own generation (its rank's workers started with it)
-that it ran beside outlives it; it is a death when the job's log says so (torch's own words: ``DataLoader worker
-(pid 123) is killed by signal: Killed.``, ``DataLoader worker (pid(s) 123) exited
-unexpectedly``) or when it ended alone while its generation's other workers went on. An exit
-code is never visible to an observer that is not the parent.
-"""
+its rank lives on and no worker it ran beside outlives it; it is a death when the job's log
+says so (torch's own words: ``DataLoader worker (pid 123) is killed by signal: Killed.``,
+``DataLoader worker (pid(s) 123) exited unexpectedly``) or when it ended alone while its
+rank's other workers went on. An exit code is never visible to an observer that is not the
+parent."""
 
 from __future__ import annotations
 

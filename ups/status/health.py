@@ -219,8 +219,8 @@ def classify_health(
                 # (ups.attach.observe), ended since that observer's last look: a DataLoader's
                 # generation ends at every epoch (a worker just forked still has its rank's name:
                 # a helper); the observer says at its next look whether this was that or a death.
-                return HealthVerdict(Health.OK, f"pid {record.pid} ended {seen:.1f} s after the observer's last look; "
-                                                "how it ended is noted at its next look")
+                return HealthVerdict(Health.OK, f"pid {record.pid} is gone since the observer's last look, {seen:.1f} s "
+                                                "ago; it notes how it ended at its next look")
             return HealthVerdict(
                 Health.DEAD, f"pid {record.pid} is gone; last phase {record.phase}, record says running"
             )
