@@ -73,7 +73,9 @@ def test_the_tutorial_job_attached_shows_epochs_and_a_rate_no_dead_worker_throug
         time.sleep(0.5)
     assert len(seen_workers) > 4 and verdicts, (seen_workers, verdicts)
     events = [json.loads(line) for line in (runs_root / run_id / "events.jsonl").read_text().splitlines()]
-    assert [e["event"] for e in events] == ["attach"], events  # churn is no event
+    # churn is no event; a worker caught in its first milliseconds, before torch names it, is
+    # taken for a helper of its rank, whose end is logged (docs/attach.md, "What cannot be known")
+    assert [e["event"] for e in events if "-helper-" not in e.get("name", "")] == ["attach"], events
 
     # A worker SIGKILLed mid-epoch (what the OOM killer does): torch raises in rank 0, the job ends.
     def live_worker():
