@@ -71,12 +71,13 @@ class PlainJobs:
         self.procs: list[subprocess.Popen] = []
         self.pids: set[int] = set()
 
-    def start(self, fault: str = "", *, nproc: int = 2, program: Path = PROGRAM, name: str = "job") -> tuple[subprocess.Popen, Path]:
+    def start(self, fault: str = "", *, nproc: int = 2, program: Path = PROGRAM, name: str = "job",
+              args: tuple[str, ...] = ()) -> tuple[subprocess.Popen, Path]:
         log = self.tmp / f"{name}.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("UPS_")}
         env["ATTACH_DDP_FAULT"] = fault
         with open(log, "wb") as out:
-            proc = subprocess.Popen([*torchrun(), "--standalone", "--nproc-per-node", str(nproc), str(program)],
+            proc = subprocess.Popen([*torchrun(), "--standalone", "--nproc-per-node", str(nproc), str(program), *args],
                                     stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=self.tmp)
         self.procs.append(proc)
         return proc, log

@@ -72,6 +72,19 @@ def test_gone_or_reused_pid_is_dead():
     assert v.health is Health.DEAD and "reused" in v.reason
 
 
+def test_an_attached_worker_gone_since_its_observers_last_look_is_not_dead_yet():
+    """ups attach's observer writes a worker's record from outside once a second; a DataLoader
+    worker that ended in between (every epoch's generation does) is not called dead before the
+    observer has looked again (it then writes its end: done, or a death)."""
+    w = rec(role="worker", name="rank-0-worker-1", worker=1, metrics={"attached": True})
+    v = classify_health(w, T0 + 1, GONE)
+    assert v.health is Health.OK and "notes how it ended at its next look" in v.reason
+    assert classify_health(w, T0 + 4, GONE).health is Health.DEAD  # the observer never looked again
+    assert classify_health(w.with_changes(role="helper", name="rank-0-helper-9"), T0 + 1, GONE).health is Health.OK
+    assert classify_health(rec(metrics={"attached": True}), T0 + 1, GONE).health is Health.DEAD  # a rank: at once
+    assert classify_health(w.with_changes(metrics={}), T0 + 1, GONE).health is Health.DEAD  # a worker that reports itself
+
+
 def test_startup_grace_and_per_phase_limits():
     fixed = Thresholds.from_dict({"stalled_after": 60})
     starting = rec(step=0, phase="dist.init", heartbeat_at=T0 + 20)

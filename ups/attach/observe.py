@@ -40,9 +40,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ups.attach import pyspy
+from ups.attach.churn import WorkerChurn, rank_lives
 from ups.attach.ending import ACTOR, write_end
 from ups.attach.find import Proc, node_names, session_led, tree_procs
 from ups.attach.joblog import JobLog
+from ups.attach.progress import (
+    LogProgress,
+    note_turn,
+    progress_fields,
+    progress_metrics,
+    take_progress,
+)
 from ups.errors import UpsError
 from ups.launch.lineprogress import LineProgress
 from ups.launch.proof import Observer
@@ -106,6 +114,8 @@ class AttachObserver:
         self.ended: deque[dict[str, Any]] = deque(maxlen=ENDED_KEPT)  # helpers seen gone: name, pid, gone_at
         self.proof = Observer()
         self.lines = LineProgress()
+        self.progress = LogProgress()  # each rank's steps and epochs, from the log's lines (ups.attach.progress)
+        self.churn = WorkerChurn(run, self.record)  # DataLoader workers' ends: a generation's, or a death
         self.stop: str | None = None
         self.no_dumps: str | None = None  # said once: py-spy missing, ptrace refused
         self.pending = b""
@@ -141,6 +151,8 @@ class AttachObserver:
         for name, p in live.items():
             s = self.seen.get(name)
             if s is None or s.proc.pid != p.pid or s.gone_at is not None:
+                if s is not None and s.gone_at is None and s.proc.role == "worker" and s.proc.pid != p.pid:
+                    self.churn.gone(s, self.seen, now, self.tick_mono)  # the next generation took its slot first
                 self.seen[name] = Seen(p, mono, now, mono, phase_at=now, phase_mono=mono,
                                        phase={"agent": "agent", "helper": "helper"}.get(p.role, PHASE))
             else:
@@ -148,8 +160,11 @@ class AttachObserver:
         for name, s in list(self.seen.items()):
             if s.gone_at is None and name not in live and not same_start(process_start_time(s.proc.pid), s.proc.start):
                 s.gone_at = now
+                if s.proc.role == "worker" and rank_lives(s.proc, live.values()):
+                    self.churn.gone(s, self.seen, now, self.tick_mono)
+                    continue
                 self.run.append_event("process.gone", actor=ACTOR, name=name, pid=s.proc.pid,
-                                      detail="seen gone from outside; its exit code is not visible to an observer")
+                                      detail=self.churn.gone_detail(s.proc))
                 if is_pid_named(s.proc):
                     self.forget(s)
 
@@ -206,6 +221,7 @@ class AttachObserver:
             s.dump = d
             if before is not None and d.frames != before:
                 self.moved(s)
+                note_turn(s, before, d.frames, self.tick_at)  # the stacks' rhythm
                 w = self.proof.watched.get(name)
                 if w is not None:
                     w.stacks.clear()  # it moved: "the same stack twice" starts again from this one
@@ -250,13 +266,14 @@ class AttachObserver:
         if not data:
             return
         self.log.append(data)
-        if backlog:
-            return  # what it printed before the attach has no times: no rate to read from it
         text = (self.pending + data).decode(errors="replace")
         *lines, rest = text.replace("\r", "\n").split("\n")
         self.pending = rest.encode()[-4096:]
         for line in lines:
-            self.lines.feed(line)
+            self.progress.feed(line, None if backlog else self.tick_at, self.tick_at)  # the backlog: no times, no rate
+            self.churn.ends.feed(line)
+            if not backlog:
+                self.lines.feed(line)
 
     # -- records -------------------------------------------------------------------------
     def moved(self, s: Seen) -> None:
@@ -280,12 +297,13 @@ class AttachObserver:
         return StatusRecord(
             run_id=self.run_id, role=p.role, name=p.name, pid=p.pid, pid_start=p.start or 0.0, host=self.host,
             schema=SCHEMA_VERSION, rank=p.rank, local_rank=p.local_rank, world_size=p.world_size, worker=p.worker,
-            phase=s.phase, state="running", step=0, unit="steps", started_at=started, progress_at=s.progress_at,
+            phase=s.phase, state="running", **progress_fields(s.extra.get("counter")), started_at=started,
+            progress_at=s.progress_at,
             heartbeat_at=now, phase_at=s.phase_at, heartbeat_interval=TICK_S,
-            item=s.dump.item if s.dump is not None and s.phase == "fetch" else None,
+            item=s.dump.item if s.dump is not None and s.phase == "fetch" else (s.extra.get("counter") or {}).get("text"),
             stack_file=f"stacks/{p.name}.txt" if s.dump is not None else None,
             collective=dict(s.coll) if s.coll else None, command=" ".join(p.argv)[:400] if p.role == "agent" else None,
-            metrics={"attached": True}, boot_id=self.boot,
+            metrics={"attached": True, **progress_metrics(s.extra.get("counter"))}, boot_id=self.boot,
             started_mono=max(0.0, mono - (now - started)), progress_mono=s.progress_mono, heartbeat_mono=mono,
             phase_mono=s.phase_mono)
 
@@ -343,6 +361,8 @@ class AttachObserver:
         observed = self.judge()
         self.dumps()
         self.copy_log()
+        take_progress(self.seen.values(), self.progress, self.tick_at, self.tick_mono)
+        self.churn.settle(self.seen, self.tick_at, self.tick_mono)
         self.write_records()
         if self.notifier is not None and t0 - self.told_mono >= TELL_EVERY_S:
             self.told_mono = t0

@@ -18,6 +18,10 @@ from ups.status.host import hostname
 from ups.status.procs import ProcessTable, same_start
 from ups.status.record import StatusRecord
 
+OBSERVER_LOOK_S = 3.0
+"""An attached job's observer looks once a second: a worker (or helper) it recorded running that is gone
+within this long of its record is not yet known dead (it notes the end at its next look)."""
+
 
 class Health(str, enum.Enum):
     STARTING = "starting"
@@ -209,6 +213,14 @@ def classify_health(
     if process_table is not None:
         live_start = process_table.start_time(record.pid)
         if live_start is None:
+            seen = record_ages(record, now, mono, boot_id).heartbeat
+            if record.role in ("worker", "helper") and record.metrics.get("attached") is True and seen <= OBSERVER_LOOK_S:
+                # An attached job's worker or helper, recorded from outside by its observer
+                # (ups.attach.observe), ended since that observer's last look: a DataLoader's
+                # generation ends at every epoch (a worker just forked still has its rank's name:
+                # a helper); the observer says at its next look whether this was that or a death.
+                return HealthVerdict(Health.OK, f"pid {record.pid} is gone since the observer's last look, {seen:.1f} s "
+                                                "ago; it notes how it ended at its next look")
             return HealthVerdict(
                 Health.DEAD, f"pid {record.pid} is gone; last phase {record.phase}, record says running"
             )

@@ -51,13 +51,14 @@ def main() -> None:
     p.add_argument("--fail", choices=["raise", "exit", "hang"])
     p.add_argument("--fail-rank", type=int, default=1)
     p.add_argument("--fail-step", type=int, default=5)
+    p.add_argument("--bar", action="store_true", help="the Trainer's tqdm bar on (its default)")
     args = p.parse_args()
     config = GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=128, n_positions=32)
     model = GPT2LMHeadModel(config)
     training = TrainingArguments(
         output_dir=tempfile.mkdtemp(prefix="hf-trainer-"), max_steps=args.steps, per_device_train_batch_size=4,
         dataloader_num_workers=args.workers, use_cpu=True, report_to=[], save_strategy="no", logging_steps=2,
-        disable_tqdm=True,
+        disable_tqdm=not args.bar,
     )
     trainer = Trainer(model=model, args=training, train_dataset=Tokens(256, 16, config.vocab_size),
                       callbacks=[Misbehave(args)])
