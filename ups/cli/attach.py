@@ -160,5 +160,6 @@ def _show(job, *, joined: bool = False) -> None:  # ups.attach.find.Job, importe
         typer.echo(f"this job spans {job.nnodes} nodes (this one is node rank {job.node_rank}): this host's "
                    "processes only; attach each node with the same --run-id to make one run")
     for p in job.procs:
-        env = " ".join(f"{k}={v}" for k, v in p.env.items() if k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK"))
+        env = " ".join(f"{k}={v}" for k, v in p.env.items() if k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK",
+                                                                         "SLURM_PROCID"))
         _say(f"  pid {p.pid:>7}  {p.label:<22} {env:<40} {' '.join(p.argv)[:60]}")
