@@ -2,8 +2,8 @@
 the ``slurm_cluster`` fixture), seen by ups: `sbatch` jobs whose tasks are gloo ranks
 (tests/programs/slurm_train.py takes its rank from SLURM_PROCID, as SLURM-aware PyTorch scripts
 do), found by `ups attach --scan` and attached from any task; a hang in one task; what the
-scheduler does to a job (scancel, a time limit) named by `ups why` with the job id; and `ups
-launch srun` inside an allocation. Every test shares the one cluster (xdist group ``slurm``:
+scheduler does to a job (scancel, a time limit) named by `ups why` with the job id; `ups
+launch srun` inside an allocation, and one `ups launch torchrun` per node through srun. Every test shares the one cluster (xdist group ``slurm``:
 its node has 2 CPUs) and leaves it idle."""
 
 from __future__ import annotations
@@ -109,6 +109,12 @@ def test_an_sbatch_job_is_scanned_and_attached_from_any_task_with_both_ranks_the
     assert f"SLURM job {job} on {host} cancelled at" in log.stdout and "by scancel" in log.stdout, log.stdout
 
 
+def stuck(run_id: str) -> dict | None:
+    """`ups why`'s verdict once it names a rank stuck while its peers wait."""
+    verdict = ups_json("why", run_id)["verdict"]
+    return verdict if verdict["mode"] == "rank_stuck_peers_wait" else None
+
+
 @pytest.mark.timeout(300)
 def test_a_hang_in_one_task_is_named_within_30_s_then_the_time_limit_with_the_job_id(cluster, runs_root, tmp_path):
     # A time limit is counted in minutes, and slurmctld looks at it every 30 s or so: this job
@@ -120,10 +126,7 @@ def test_a_hang_in_one_task_is_named_within_30_s_then_the_time_limit_with_the_jo
     run_id = ups_json("attach", str(rank0["top"]))["run_id"]
     attached_at = time.monotonic()
 
-    def named():
-        v = ups_json("why", run_id)["verdict"]
-        return v if v["mode"] == "rank_stuck_peers_wait" else None
-    v = wait_for(named, 30, interval=1.0, message="ups why to name rank 1's hang")
+    v = wait_for(lambda: stuck(run_id), 30, interval=1.0, message="ups why to name rank 1's hang")
     assert time.monotonic() - attached_at <= 30
     assert v["who"]["rank"] == 1 and v["where"]["site"] == f"slurm_train.py:{HANG_LINE}", v
     assert v["where"]["function"] == "wait_for_the_answer"
@@ -164,3 +167,29 @@ def test_ups_launch_srun_inside_an_sbatch_allocation_ends_with_the_right_state(c
     else:
         assert m["state"] == "succeeded", m["summary"]
         assert "ups launch exit 0" in out, out
+
+
+RANK_TASK = ("import os, time\nprint(f\"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']} in job {os.environ['SLURM_JOB_ID']}\\n\", end='')\n"
+             "time.sleep(1)\n")
+
+
+def test_one_ups_launch_torchrun_per_node_through_srun_under_sbatch_succeeds(cluster, runs_root, tmp_path):
+    """docs/frameworks.md's way for several nodes, on this one node: `srun --ntasks-per-node 1
+    ups launch torchrun --run-id $SLURM_JOB_ID ...` in the batch script; torchrun stays the agent
+    though SLURM_PROCID is set, and its 2 ranks are ranks by RANK."""
+    (tmp_path / "task.py").write_text(RANK_TASK)
+    script = tmp_path / "nodes.sbatch"
+    script.write_text("#!/bin/bash\n#SBATCH -N 1 -n 1 -c 2\n"
+                      f"srun --ntasks-per-node 1 {sys.executable} -m ups launch torchrun --run-id job-$SLURM_JOB_ID "
+                      f"--nnodes $SLURM_NNODES --node-rank $SLURM_NODEID --nproc-per-node 2 --rdzv-backend c10d "
+                      f"--rdzv-endpoint 127.0.0.1:{free_port()} {tmp_path / 'task.py'}\n"
+                      "echo \"ups launch exit $?\"\n")
+    job = cluster.sbatch(script)
+    info = cluster.wait_state(job, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), timeout=150)
+    out = (tmp_path / f"slurm-{job}.out").read_text(errors="replace")
+    assert info["JobState"] == "COMPLETED" and "ups launch exit 0" in out, out
+    m = manifest(runs_root, f"job-{job}")
+    assert m["state"] == "succeeded" and m["kind"] == "torchrun", m
+    procs = ups_json("status", m["id"])["processes"]
+    assert {p["rank"] for p in procs if p["role"] == "rank"} == {0, 1}, procs
+    assert [p["role"] for p in procs].count("agent") == 1, procs

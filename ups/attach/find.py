@@ -372,7 +372,7 @@ def find_job(pid: int, *, kids: dict[int, list[int]] | None = None, group: bool 
     top_proc = job.top_proc
     job.log = top_proc.log or next((p.log for p in job.ranks if p.log), None)
     if job.log is None and step is not None:
-        job.log = slurm.output_file(step.job_id)
+        job.log = slurm.output_file(step.job_id, log_of)
     if group and job.orphan:
         job = orphan_siblings(job, kids)
     return job

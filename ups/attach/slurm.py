@@ -16,8 +16,8 @@ where neither runs on this node, as ``scontrol show job``'s ``StdOut``.
 from __future__ import annotations
 
 import os
-import stat
 import subprocess
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from ups.status.procfs import comm, environ
@@ -49,10 +49,7 @@ class Step:
 
 
 def _int(v: str | None) -> int | None:
-    try:
-        return int(v) if v is not None else None
-    except ValueError:
-        return None
+    return int(v) if v is not None and v.strip().isdigit() else None  # SLURM's ids and counts: never negative
 
 
 def env_of(env: dict[str, str] | None) -> dict[str, str]:
@@ -99,29 +96,18 @@ def step_tasks(stepd: int, kids: dict[int, list[int]], job_id: str, step_id: str
     return out
 
 
-def _regular_output(pid: int) -> str | None:
-    for fd in (1, 2):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            st = os.stat(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("/") and stat.S_ISREG(st.st_mode) and not target.endswith(" (deleted)"):
-            return target
-    return None
-
-
-def output_file(job_id: str) -> str | None:
+def output_file(job_id: str, log_of: Callable[[int], str | None]) -> str | None:
     """The job's output file: where a process of the job outside any step (its batch script,
-    an ``srun``) writes on this node; else ``scontrol show job``'s StdOut, where that file
-    exists here; None where neither tells."""
+    an ``srun``) writes on this node (``log_of``: a process's stdout or stderr when that is a
+    regular file); else ``scontrol show job``'s StdOut, where that file exists here; None
+    where neither tells."""
     for name in sorted(os.listdir("/proc"), key=lambda n: int(n) if n.isdigit() else 0):
         if not name.isdigit() or comm(int(name)) == STEPD:
             continue
         env = environ(int(name))
         if not env or env.get("SLURM_JOB_ID") != job_id or step_of(env) is not None:
             continue
-        found = _regular_output(int(name))
+        found = log_of(int(name))
         if found:
             return found
     try:
