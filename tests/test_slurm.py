@@ -193,3 +193,20 @@ def test_one_ups_launch_torchrun_per_node_through_srun_under_sbatch_succeeds(clu
     procs = ups_json("status", m["id"])["processes"]
     assert {p["rank"] for p in procs if p["role"] == "rank"} == {0, 1}, procs
     assert [p["role"] for p in procs].count("agent") == 1, procs
+
+
+def test_a_signal_sent_with_scancel_signal_is_named_as_the_job_stopped_from_outside(cluster, tmp_path):
+    """`scancel --signal=USR1` (what `sbatch --signal=USR1@T` sends before a time limit or a
+    preemption): tasks with no handler die of it, and srun says only "User defined signal 1"."""
+    script = tmp_path / "sig.sbatch"
+    script.write_text("#!/bin/bash\n#SBATCH -n 2\n"
+                      f"srun {sys.executable} -c 'import time; print(\"up\", flush=True); time.sleep(100)'\n")
+    job = cluster.sbatch(script)
+    out = tmp_path / f"slurm-{job}.out"
+    wait_for(lambda: out.exists() and out.read_text().count("up") == 2, START_S, interval=0.3, message="both tasks up")
+    cluster.client("scancel", "--signal=USR1", str(job))
+    cluster.wait_state(job, ("COMPLETED", "FAILED", "CANCELLED"))
+    wait_for(lambda: "User defined signal 1" in out.read_text(), 10, message="srun's line")
+    log = run_ups("why", "--log", str(out))
+    assert log.returncode == 1 and log.stdout.startswith("job_terminated:"), log.stdout
+    assert "User defined signal 1" in log.stdout
