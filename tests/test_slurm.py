@@ -210,3 +210,22 @@ def test_a_signal_sent_with_scancel_signal_is_named_as_the_job_stopped_from_outs
     log = run_ups("why", "--log", str(out))
     assert log.returncode == 1 and log.stdout.startswith("job_terminated:"), log.stdout
     assert "User defined signal 1" in log.stdout
+
+
+def test_a_requeue_ends_the_attached_step_and_is_named_with_the_job_id(cluster, runs_root, tmp_path):
+    """`scontrol requeue`: SLURM ends the running step ("DUE TO JOB REQUEUE") and queues the job
+    again. Plain tasks with no torch and no distributed environment: a SLURM task is a job to attach."""
+    script = tmp_path / "rq.sbatch"
+    script.write_text("#!/bin/bash\n#SBATCH -n 2 --open-mode=append\n"
+                      f"srun {sys.executable} -c 'import time; print(\"up\", flush=True); time.sleep(100)'\n")
+    job = cluster.sbatch(script)
+    out = tmp_path / f"slurm-{job}.out"
+    wait_for(lambda: out.exists() and out.read_text().count("up") == 2, START_S, interval=0.3, message="both tasks up")
+    (found,) = [j for j in ups_json("attach", "--scan")["jobs"] if (j.get("slurm") or {}).get("job_id") == str(job)]
+    attached = ups_json("attach", str(found["processes"][-1]["pid"]))
+    assert attached["world_size"] == 2 and attached["log"] == str(out), attached
+    cluster.client("scontrol", "requeue", str(job))
+    m = ended(runs_root, attached["run_id"])
+    assert m["state"] == "failed" and f"SLURM job {job} on " in m["summary"] and "due to job requeue" in m["summary"], m
+    log = run_ups("why", "--log", str(out))
+    assert f"SLURM job {job} on " in log.stdout and "due to job requeue" in log.stdout, log.stdout
