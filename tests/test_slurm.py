@@ -195,15 +195,21 @@ def test_one_ups_launch_torchrun_per_node_through_srun_under_sbatch_succeeds(clu
     assert [p["role"] for p in procs].count("agent") == 1, procs
 
 
+def sleeping_tasks(cluster, folder: Path, *sbatch: str) -> tuple[int, Path]:
+    """A 2-task batch job of plain Python tasks that sleep (no torch); returns once both run."""
+    script = folder / "sleep.sbatch"
+    script.write_text(f"#!/bin/bash\n#SBATCH -n 2\nsrun {sys.executable} -c "
+                      "'import time; print(\"up\", flush=True); time.sleep(100)'\n")
+    job = cluster.sbatch(script, *sbatch)
+    out = folder / f"slurm-{job}.out"
+    wait_for(lambda: out.exists() and out.read_text().count("up") == 2, START_S, interval=0.3, message="both tasks up")
+    return job, out
+
+
 def test_a_signal_sent_with_scancel_signal_is_named_as_the_job_stopped_from_outside(cluster, tmp_path):
     """`scancel --signal=USR1` (what `sbatch --signal=USR1@T` sends before a time limit or a
     preemption): tasks with no handler die of it, and srun says only "User defined signal 1"."""
-    script = tmp_path / "sig.sbatch"
-    script.write_text("#!/bin/bash\n#SBATCH -n 2\n"
-                      f"srun {sys.executable} -c 'import time; print(\"up\", flush=True); time.sleep(100)'\n")
-    job = cluster.sbatch(script)
-    out = tmp_path / f"slurm-{job}.out"
-    wait_for(lambda: out.exists() and out.read_text().count("up") == 2, START_S, interval=0.3, message="both tasks up")
+    job, out = sleeping_tasks(cluster, tmp_path)
     cluster.client("scancel", "--signal=USR1", str(job))
     cluster.wait_state(job, ("COMPLETED", "FAILED", "CANCELLED"))
     wait_for(lambda: "User defined signal 1" in out.read_text(), 10, message="srun's line")
@@ -215,12 +221,7 @@ def test_a_signal_sent_with_scancel_signal_is_named_as_the_job_stopped_from_outs
 def test_a_requeue_ends_the_attached_step_and_is_named_with_the_job_id(cluster, runs_root, tmp_path):
     """`scontrol requeue`: SLURM ends the running step ("DUE TO JOB REQUEUE") and queues the job
     again. Plain tasks with no torch and no distributed environment: a SLURM task is a job to attach."""
-    script = tmp_path / "rq.sbatch"
-    script.write_text("#!/bin/bash\n#SBATCH -n 2 --open-mode=append\n"
-                      f"srun {sys.executable} -c 'import time; print(\"up\", flush=True); time.sleep(100)'\n")
-    job = cluster.sbatch(script)
-    out = tmp_path / f"slurm-{job}.out"
-    wait_for(lambda: out.exists() and out.read_text().count("up") == 2, START_S, interval=0.3, message="both tasks up")
+    job, out = sleeping_tasks(cluster, tmp_path, "--open-mode=append")
     (found,) = [j for j in ups_json("attach", "--scan")["jobs"] if (j.get("slurm") or {}).get("job_id") == str(job)]
     attached = ups_json("attach", str(found["processes"][-1]["pid"]))
     assert attached["world_size"] == 2 and attached["log"] == str(out), attached
