@@ -14,6 +14,7 @@ from ups.format import (
     fmt_duration,
     fmt_progress,
     fmt_rate,
+    slurm_line,
 )
 
 
@@ -87,6 +88,8 @@ def run_header(view, now: float) -> Text:
                       (fmt_attempt(m), "bold yellow"))
     if view.kind == "attached":
         t.append("\nnot launched by ups: attached, watched from outside (no signal; exit codes not visible)", style="cyan")
+        if slurm_line(m):
+            t.append(f"\n{slurm_line(m)}", style="cyan")
     if m.get("summary"):
         t.append(f"\n{m['summary']}", style="dim")
     if view.manifest_problem:

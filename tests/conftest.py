@@ -208,3 +208,19 @@ def never_answers():
     sock.listen(16)
     yield f"http://127.0.0.1:{sock.getsockname()[1]}/hook"
     sock.close()
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """A real one-node SLURM (slurmctld, slurmd, munged; tests/slurm.py) in a folder of its own,
+    started once per test process and stopped after its tests; the tests that use it share one
+    xdist group (``slurm``), so one process starts it and they do not fight for its 2 CPUs.
+    Skipped, with the reason, where the daemons cannot start."""
+    from slurm import Cluster, Unavailable
+
+    try:
+        cluster = Cluster.start(tmp_path_factory.mktemp("slurm"))
+    except Unavailable as exc:
+        pytest.skip(str(exc))
+    yield cluster
+    cluster.stop()

@@ -371,6 +371,19 @@ def test_srun_labels_a_tracebacks_indented_lines_too():
     assert reading.kind == "user_code" and reading.rank == 3 and reading.site == "data.py:40"
 
 
+def test_a_slurm_cancel_names_the_job_and_why_and_a_user_signal_is_the_job_stopped_from_outside():
+    # slurmstepd's and srun's lines as slurm-wlm 22.05 wrote them (tests/test_slurm.py makes them for real)
+    cancel = ("step 26 loss 0.97\nsrun: Job step aborted: Waiting up to 4 seconds for job step to finish.\n"
+              "slurmstepd-vm: error: *** STEP 7.0 ON vm CANCELLED AT 2026-12-01T20:34:29 ***\n"
+              "slurmstepd-vm: error: *** JOB 7 ON vm CANCELLED AT 2026-12-01T20:34:29 DUE TO TIME LIMIT ***\n")
+    got = read_log(cancel)
+    assert got.name == "job_terminated" and "(SLURM job 7 on vm cancelled at 2026-12-01T20:34:29 due to time limit)" in got.summary
+    assert "SLURM job 7 on vm cancelled at 2026-12-01T20:34:29 by scancel" in read_log(cancel.replace(" DUE TO TIME LIMIT", "")).summary
+    usr1 = read_log("up\nsrun: error: vm: tasks 0-1: User defined signal 1\n")
+    assert usr1.name == "job_terminated" and "SLURM job" not in usr1.summary
+    assert read_log("the flag says: User defined signal 1 handler installed\n").name is None
+
+
 def test_sagemakers_mpirun_tags_and_a_container_runtimes_log_lines_are_prefixes():
     trace = tb("/opt/ml/code/train.py:12:main", "/opt/ml/code/data.py:40:load", error="KeyError: 'label'").splitlines()
     sagemaker = "\n".join(f"[1,mpirank:2,algo-1]<stderr>:{line}" for line in trace)

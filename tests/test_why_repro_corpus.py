@@ -205,3 +205,19 @@ def test_a_two_node_log_names_the_global_rank_that_raised():
     for rec in records:
         got = read_log(rec["text"])
         assert (got.kind, got.exception, got.rank) == ("user_code", rec["expect"], rec["rank"]), (rec["scenario"], got)
+
+
+# -- a real SLURM ending a job -------------------------------------------------------------------------
+def test_what_a_real_slurm_writes_when_it_ends_a_job_is_named_with_the_job_id():
+    """`slurm-<job>.out` of 2-task sbatch jobs of gloo ranks (tests/data/repro_corpus/slurm.jsonl,
+    made by scripts/make_slurm_logs.py on a one-node slurm-wlm 22.05): cancelled by scancel, and
+    ended at its time limit. ``ups why --log`` names the class, the job and why."""
+    records = {r["scenario"]: r for r in _records("slurm")}
+    assert set(records) == {"slurm_scancel", "slurm_time_limit"}
+    for rec in records.values():
+        got = read_log(rec["text"])
+        assert got.name == rec["class"] == "job_terminated", (rec["scenario"], got)
+        assert f"SLURM job {rec['job']} on " in got.summary, got.summary
+    assert "by scancel" in read_log(records["slurm_scancel"]["text"]).summary
+    assert records["slurm_time_limit"]["job_state"] == "TIMEOUT"
+    assert "due to time limit" in read_log(records["slurm_time_limit"]["text"]).summary

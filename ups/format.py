@@ -97,3 +97,13 @@ STATE_STYLES = {
     "lost": "red",
     "unsupervised": "bold yellow",
 }
+
+
+def slurm_line(manifest: dict) -> str | None:
+    """The SLURM step an attached run watches (``attached.slurm`` in its run.json, as ``ups
+    attach`` found it): job id, step, user and node; None for any other run."""
+    step = (manifest.get("attached") or {}).get("slurm") if isinstance(manifest.get("attached"), dict) else None
+    if not isinstance(step, dict) or not step.get("job_id"):
+        return None
+    who = "".join(f", {k} {step[k]}" for k in ("user", "node") if step.get(k))
+    return f"SLURM job {step['job_id']} step {step.get('step_id', '?')}{who}"

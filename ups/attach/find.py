@@ -8,14 +8,17 @@ every descendant of the top and gives each a role:
 * **agent**: torchrun's elastic agent (``torchrun``, ``python -m torch.distributed.run`` or
   ``.launch``), the launchers of accelerate and deepspeed, and an ``mp.spawn`` parent;
 * **rank**: a process whose environment (``/proc/PID/environ``: the one it was started with)
-  names its RANK (or LOCAL_RANK), while its parent's does not name the same one; an
+  names its RANK (or LOCAL_RANK), while its parent's does not name the same one; a task
+  ``srun`` started straight under ``slurmstepd`` (no torchrun between), by its SLURM_PROCID,
+  with the step's other tasks on this node (:mod:`ups.attach.slurm`); an
   ``mp.spawn`` child (``spawn_main`` in its command line) is numbered by start order, as
   ``mp.spawn`` starts them; a Lightning script that re-executes itself for ranks 1.. is rank 0;
 * **worker**: a DataLoader worker (torch names its main thread ``pt_data_worker``);
 * **helper**: any other descendant (a ``resource_tracker``, a compile worker, a shell).
 
 The job's log is where its stdout or stderr go when that is a regular file
-(``/proc/PID/fd/1``, ``/2``): the agent's, else the first rank's.
+(``/proc/PID/fd/1``, ``/2``): the agent's, else the first rank's; for a SLURM step whose
+output goes through slurmstepd, the job's output file (``slurm-<job>.out``).
 
 ``scan()`` lists every such job on this host, once each (by its top process), leaving out the
 jobs started by ``ups launch`` (their environment names a run folder) and those an attached
@@ -32,6 +35,7 @@ import stat
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ups.attach import slurm
 from ups.errors import UpsError
 from ups.status import procfs
 from ups.status.procfs import comm, environ
@@ -160,7 +164,7 @@ class Proc:
     group_rank: int | None = None
     env: dict[str, str] = field(default_factory=dict)  # its distributed variables only
     log: str | None = None
-    rank_from: str | None = None  # "environment" | "start order" | "parentage"
+    rank_from: str | None = None  # "environment" | "SLURM_PROCID" | "start order" | "parentage"
 
     @property
     def label(self) -> str:
@@ -188,7 +192,9 @@ class Job:
     log: str | None
     launched_by_ups: str | None = None  # the run folder named by its environment
     orphan: bool = False  # ranks whose agent died (re-parented to init)
-    roots: list[int] = field(default_factory=list)  # the tops of its trees: [top], or each orphaned rank
+    roots: list[int] = field(default_factory=list)  # the tops of its trees: [top], or each orphaned rank or SLURM task
+    slurm: slurm.Step | None = None  # the SLURM step its processes are (or run in)
+    log_holder: int | None = None  # a process outside the job that writes its log (a SLURM batch script)
 
     @property
     def root_pids(self) -> list[int]:
@@ -227,17 +233,20 @@ class Job:
     def describe(self) -> str:
         top = self.top_proc
         what = "torchrun job" if any(p.env.get("TORCHELASTIC_RUN_ID") for p in self.procs) else "PyTorch job"
+        what = f"{self.slurm.describe()}: {what}" if self.slurm else what
         return f"{what}, top pid {top.pid} ({' '.join(top.argv)[:120]}), {len(self.ranks)} rank(s)"
 
     def to_dict(self) -> dict[str, Any]:
         return {"top": self.top, "given": self.given, "log": self.log, "world_size": self.world_size,
                 "nnodes": self.nnodes, "node_rank": self.node_rank, "roots": self.root_pids,
                 "launched_by_ups": self.launched_by_ups, "orphan": self.orphan, "describe": self.describe(),
+                "slurm": self.slurm.to_dict() if self.slurm else None,
                 "processes": [p.to_dict() for p in self.procs]}
 
 
 def _job_like(pid: int, argv: list[str], env: dict[str, str] | None) -> bool:
-    return is_launcher(argv) or bool(dist_env(env)) or (is_python(argv) and any(SPAWN_MARK in a for a in argv))
+    return (is_launcher(argv) or bool(dist_env(env)) or (is_python(argv) and any(SPAWN_MARK in a for a in argv))
+            or is_python(argv) and slurm.task_rank(pid, env) is not None)
 
 
 def find_top(pid: int) -> int:
@@ -288,8 +297,11 @@ def _roles(tree: list[tuple[int, int]]) -> list[Proc]:
         denv = dist_env(env)
         penv = dist_env(info[parent][1]) if parent in info else {}
         rank_s = global_rank(denv)
-        p = Proc(pid, parent, starts.get(pid), "helper", "", argv, env=denv, log=log_of(pid))
+        task = slurm.task_rank(pid, env) if rank_s is None and not is_launcher(argv) else None
+        p = Proc(pid, parent, starts.get(pid), "helper", "", argv, env={**denv, **slurm.env_of(env)}, log=log_of(pid))
         p.local_rank, p.world_size = _int(denv.get("LOCAL_RANK")), _int(denv.get("WORLD_SIZE"))
+        if task is not None:  # a task srun started: its SLURM_PROCID is its rank
+            rank_s, p.world_size, p.local_rank = task
         p.group_rank = _int(denv.get("GROUP_RANK") or denv.get("NODE_RANK"))
         owner = procs.get(parent)
         if pid == top and (is_launcher(argv) or spawned or any(dist_env(info[c][1]) for c, pp in tree if pp == top)
@@ -304,7 +316,7 @@ def _roles(tree: list[tuple[int, int]]) -> list[Proc]:
             workers_of[parent] = p.worker + 1
         elif rank_s is not None and (owner is None or owner.role == "agent" or global_rank(penv) != rank_s
                                      and not (owner.role == "rank" and owner.rank_from == "environment")):
-            p.role, p.rank, p.rank_from = "rank", rank_s, "environment"
+            p.role, p.rank, p.rank_from = "rank", rank_s, "environment" if task is None else "SLURM_PROCID"
         elif pid in spawn_order:
             p.role, p.rank, p.rank_from = "rank", spawn_order.index(pid), "start order"
             p.world_size = p.world_size or len(spawn_order)
@@ -343,18 +355,25 @@ def find_job(pid: int, *, kids: dict[int, list[int]] | None = None, group: bool 
                        "attach as that user")
     top = find_top(pid)
     kids = kids if kids is not None else children_map()
-    tree = _tree(top, kids)
-    procs = _roles(tree)
+    step = slurm.step_of(environ(top))
+    stepd = slurm.stepd_of(top) if step is not None and slurm.task_rank(top, environ(top)) else None
+    roots = slurm.step_tasks(stepd, kids, step.job_id, step.step_id) if stepd and step else [top]
+    procs = [p for root in roots or [top] for p in _roles(_tree(root, kids))]
+    if len(roots) > 1:  # the step's tasks on this node, each a root: the job's top is its lowest rank
+        top = min((p for p in procs if p.pid in roots), key=lambda p: (p.rank if p.rank is not None else 1 << 30)).pid
     if not any(_job_like(p.pid, p.argv, p.env) for p in procs) and not any(_has_torch(p.pid) for p in procs[:8]):
         raise UpsError(f"pid {pid} ({' '.join(cmdline(pid))[:80]}) is not a PyTorch job: no torchrun, no RANK or "
                        "LOCAL_RANK in its environment, no torch loaded")
     env = environ(top) or {}
     st = stat_of(top)
-    job = Job(top, pid, procs, None, launched_by_ups=env.get(UPS_RUN_ENV) or _ups_run_of(procs))
+    job = Job(top, pid, procs, None, launched_by_ups=env.get(UPS_RUN_ENV) or _ups_run_of(procs), slurm=step,
+              roots=roots if len(roots) > 1 else [])
     job.orphan = bool(st and st[1] == 1 and any(p.env.get("TORCHELASTIC_RUN_ID") for p in procs) and
                       not any(p.role == "agent" for p in procs))
     top_proc = job.top_proc
     job.log = top_proc.log or next((p.log for p in job.ranks if p.log), None)
+    if job.log is None and step is not None:
+        job.log, job.log_holder = slurm.output_file(step.job_id, log_of)
     if group and job.orphan:
         job = orphan_siblings(job, kids)
     return job

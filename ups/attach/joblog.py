@@ -62,11 +62,12 @@ def held_log(job: Job) -> dict[str, Any] | None:
     (why it will not be read) when the file is not the job owner's. None without a log."""
     if not job.log:
         return None
-    for p in [job.top_proc, *job.ranks]:
-        if p.log != job.log:
-            continue
+    holders = [(p.pid, p.start) for p in [job.top_proc, *job.ranks] if p.log == job.log]
+    if job.log_holder is not None:  # outside the job's tree: a SLURM step's batch script
+        holders.append((job.log_holder, process_start_time(job.log_holder)))
+    for pid, start in holders:
         for fd in (1, 2):
-            link = f"/proc/{p.pid}/fd/{fd}"
+            link = f"/proc/{pid}/fd/{fd}"
             try:
                 if os.readlink(link) != job.log:
                     continue
@@ -75,8 +76,8 @@ def held_log(job: Job) -> dict[str, Any] | None:
                 continue
             if not stat.S_ISREG(st.st_mode):
                 continue
-            owner = uid_of(p.pid)
-            held = {"pid": p.pid, "pid_start": p.start, "fd": fd, "dev": st.st_dev, "ino": st.st_ino,
+            owner = uid_of(pid)
+            held = {"pid": pid, "pid_start": start, "fd": fd, "dev": st.st_dev, "ino": st.st_ino,
                     "uid": st.st_uid, "mode": stat.S_IMODE(st.st_mode), "owner": owner}
             if owner is None or st.st_uid != owner:
                 held["refused"] = (f"{job.log} belongs to uid {st.st_uid}, not to the job's user (uid {owner}): "

@@ -91,6 +91,8 @@ def create_run(job: Job, runs_root: str | os.PathLike[str], *, run_id: str | Non
     }
     if job.orphan:
         extra["attached"]["orphan"] = True
+    if job.slurm is not None:
+        extra["attached"]["slurm"] = job.slurm.to_dict()  # job id, step, node, user: shown by status and the console
     private = not share and others_job(job)
     extra["attached"]["private"] = private
     run = RunDir.create(runs_root, KIND, argv=list(top.argv), extra=extra, name=name, run_id=run_id,

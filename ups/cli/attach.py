@@ -60,6 +60,10 @@ def attach_cmd(
     An orphan (a rank whose torchrun agent died, re-parented to init) is attached with every
     other orphaned rank of its job on this host, and their DataLoader workers: one run.
 
+    A SLURM step's tasks (started by srun under slurmstepd) are its ranks by SLURM_PROCID, one
+    job from any task's pid, named by job id, step, user and node; its log is the job's
+    output file (slurm-<job>.out).
+
     --scan lists the jobs on this host ups does not watch (jobs started by `ups launch` and
     attached ones left out), and orphans, with the ports they listen on and the GPU memory
     they hold (NVML). See docs/attach.md.
@@ -79,7 +83,7 @@ def attach_cmd(
 
     Exit codes: 0 attached (or listed), 2 bad input (no such pid, not a PyTorch job, already
     watched). --json prints the job ({"top", "given", "log", "world_size", "nnodes", "node_rank",
-    "orphan", "roots", "processes": [...]}) with "run_id" and "multinode"; with --scan,
+    "orphan", "roots", "slurm", "processes": [...]}) with "run_id" and "multinode"; with --scan,
     {"jobs": [...], "orphans": [...], "gpu"}.
     """
     from ups.attach.find import find_job
@@ -169,5 +173,6 @@ def _show(job, *, joined: bool = False) -> None:  # ups.attach.find.Job, importe
         typer.echo(f"this job spans {job.nnodes} nodes (this one is node rank {job.node_rank}): this host's "
                    "processes only; attach each node with the same --run-id to make one run")
     for p in job.procs:
-        env = " ".join(f"{k}={v}" for k, v in p.env.items() if k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK"))
+        env = " ".join(f"{k}={v}" for k, v in p.env.items() if k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK",
+                                                                         "SLURM_PROCID"))
         _say(f"  pid {p.pid:>7}  {p.label:<22} {env:<40} {' '.join(p.argv)[:60]}")

@@ -20,6 +20,7 @@ from ups.format import (
     fmt_metric,
     fmt_progress,
     fmt_rate,
+    slurm_line,
 )
 
 if TYPE_CHECKING:  # the run/status modules load only when a command runs (fast --help)
@@ -166,6 +167,8 @@ def render_status(view: RunView, nvml: dict[int, int], *, width: int | None = No
         f"  {fmt_rate(view.rate, view.unit)}  eta {fmt_duration(view.eta_s)}",
     )
     parts: list = [head]
+    if slurm_line(m):
+        parts.append(Text(slurm_line(m)))
     if view.manifest_problem:
         parts.append(Text(view.manifest_problem, style="red"))
     if m.get("summary"):

@@ -535,7 +535,9 @@ SIGNS: tuple[Sign, ...] = (
        r"\b(?:is|was|been|being|got) preempted\b|\bpreempted by (?:the )?(?:scheduler|slurm|a higher)|"
        r"(?:caught|received|handling) (?:the )?signal:? SIG(?:TERM|HUP|USR1|USR2)\b", on_warning=True),
     _s("job_terminated", _exit("-15", "143") + r"|Signal 15 \(SIGTERM\)|^Terminated\s*$|tasks? [\d,-]+: Terminated|"
-       r"srun: Job step aborted|CANCELLED AT \S+|<Signals\.SIGTERM: 15>", EXIT),
+       r"srun: Job step aborted|CANCELLED AT \S+|<Signals\.SIGTERM: 15>|"
+       # a task ended by SIGUSR1/2, which no crash sends: `scancel --signal`, `sbatch --signal=USR1@T`
+       r"tasks? [\d,-]+: User defined signal [12]\b|^User defined signal [12]\s*$", EXIT),
 )
 
 

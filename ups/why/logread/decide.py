@@ -139,6 +139,8 @@ def read_log(text: str) -> Reading:
         # NCCL's RAS report names who is behind or gone: more than a timeout, or nothing, says
         name, rank, line, n = ras_summary(ras)
         reading = Reading("class", BY_NAME[name], line, rank, None, None, n)
+    if reading.cls is not None and reading.cls.name == "job_terminated" and reading.detail is None:
+        reading = replace(reading, detail=slurm_cancel(text or ""))
     if reading.failed and reading.rank is None:
         # Output without per-rank prefixes: torchrun's report names the rank that failed first.
         root = next((ev.rank for ev in events if ev.kind == "child" and ev.etype == "ChildFailedError"
@@ -146,6 +148,22 @@ def read_log(text: str) -> Reading:
         if root is not None:
             reading = replace(reading, rank=root)
     return reading
+
+
+# slurmstepd's own line in a job's output: "*** JOB 12 ON node3 CANCELLED AT 2026-12-01T20:36:08 DUE TO
+# TIME LIMIT ***" (or STEP 12.0); without "DUE TO", someone cancelled it (scancel).
+_SLURM_CANCEL = re.compile(r"\*\*\* (JOB|STEP) (\d+)(?:\.\S+)? ON (\S+) CANCELLED AT (\S+)(?: DUE TO ([A-Z][A-Z _-]*?))? \*\*\*")
+
+
+def slurm_cancel(text: str) -> str | None:
+    """Which SLURM job was cancelled, where, when and why, from slurmstepd's line (the job's
+    own line before a step's); None where no such line is in ``text``."""
+    found = sorted(_SLURM_CANCEL.finditer(text), key=lambda m: (m.group(1) != "JOB", m.start()))
+    if not found:
+        return None
+    m = found[0]
+    why = f"due to {m.group(5).strip().lower()}" if m.group(5) else "by scancel or an operator"
+    return f"SLURM job {m.group(2)} on {m.group(3)} cancelled at {m.group(4)} {why}"
 
 
 def classes_of(event: Event) -> list[tuple[int, int, LogClass, int]]:
