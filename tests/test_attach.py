@@ -574,7 +574,7 @@ def test_the_console_lists_a_plain_job_not_launched_by_ups_and_attaches_it_on_co
             assert f"pid {agent.pid}" in text and "rank 0" in text and "nothing signals it" in text
             assert not any(runs_root.iterdir()), "nothing attached before the answer"
             await pilot.press("y")
-            screen = await until(pilot, lambda: isinstance(app.screen, RunScreen) and app.screen, 60, message="the run opened")
+            screen = await until(pilot, lambda: isinstance(app.screen, RunScreen) and app.screen, 120, message="the run opened")
             run_id = screen.run_id
             await until(pilot, lambda: key not in table.row_keys, 30, message="the job leaves the unwatched list")
         return run_id

@@ -124,13 +124,12 @@ def healthy_with_progress(run_id: str, source: str, seconds: float) -> dict:
     st = wait_for(counting, 15, interval=0.5, message="progress and a rate within 15 s of the attach")
     assert {p["metrics"].get("progress_from") for p in st["processes"] if p["role"] == "rank"} == {source}, st["processes"]
     deadline, modes = time.monotonic() + seconds, []
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline or len(modes) < 3:  # at least 3 readings, however slow a busy box makes each
         for p in ups_json("status", run_id)["processes"]:
             assert p["health"] != "dead", json.dumps(p)
         v = ups_json("why", run_id)["verdict"]
         modes.append(v["mode"])
         assert v["mode"] == "healthy" and "steps/s" in v["headline"], v
-    assert len(modes) >= 3
     return st
 
 
