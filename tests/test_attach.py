@@ -303,7 +303,6 @@ def test_rank_1_asleep_in_its_own_code_is_named_within_30_s_of_attach_and_the_jo
     jobs.remember()
 
     run_id = attach(rank1)
-    t0 = time.monotonic()
 
     def named():
         v = ups_json("why", run_id)["verdict"]
