@@ -28,11 +28,32 @@ def jobs(tmp_path):
     j.cleanup()
 
 
-def said_of(pid: int, text: str) -> str | None:
-    """torch's word on a worker's death: its SIGCHLD handler's, or the loader's when it finds the
-    worker gone first ("DataLoader worker (pid(s) 123) exited unexpectedly")."""
-    m = re.search(rf"DataLoader worker \(pid\(?s?\)? ?{pid}\)[^\n.]*", text)
-    return m.group(0) if m else None
+def said_of(pids, text: str) -> str | None:
+    """torch's word on a worker's death, naming one of ``pids``: its SIGCHLD handler's ("DataLoader
+    worker (pid 123) is killed by signal: Killed."), or the loader's when it finds workers gone
+    first ("DataLoader worker (pid(s) 123, 124) exited unexpectedly")."""
+    for m in re.finditer(r"DataLoader worker \(pid(?:\(s\))? ?([\d, ]+)\)[^\n.]*", text):
+        if {int(n) for n in re.findall(r"\d+", m.group(1))} & set(pids):
+            return m.group(0)
+    return None
+
+
+def workers_of(pid: int) -> list[int]:
+    """The live (not zombie) children of a rank: its DataLoader's workers of the moment."""
+    kids = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            kids += [int(k) for k in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    live = []
+    for k in kids:
+        try:
+            if Path(f"/proc/{k}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                live.append(k)
+        except OSError:
+            continue
+    return live
 
 
 def last_epoch(log: Path) -> int:
@@ -84,21 +105,25 @@ def test_the_tutorial_job_attached_shows_epochs_and_a_rate_no_dead_worker_throug
     # taken for a helper of its rank, whose end is logged (docs/attach.md, "What cannot be known")
     assert [e["event"] for e in events if "-helper-" not in e.get("name", "")] == ["attach"], events
 
-    # A worker SIGKILLed mid-epoch (what the OOM killer does): torch raises in rank 0, the job ends.
-    def live_worker():
-        rec = json.loads((runs_root / run_id / "status" / "rank-0-worker-0.json").read_text())
-        return rec["pid"] if rec["state"] == "running" and os.path.exists(f"/proc/{rec['pid']}") else None
-    victim = None
-    for _ in range(5):
-        victim = wait_for(live_worker, 30, interval=0.05, message="a live worker of rank 0")
-        os.kill(victim, signal.SIGKILL)
+    # Rank 0's workers SIGKILLed mid-epoch (what the OOM killer does): torch raises in rank 0, the
+    # job ends. The workers are taken from /proc, not from ups's record, which a busy box leaves a
+    # generation behind the churn; killing both of the moment's pair hits the epoch's loader
+    # unless it was between two generations, then the next pair is tried.
+    rank0 = json.loads((runs_root / run_id / "status" / "rank-0.json").read_text())["pid"]
+    victims, text = set(), None
+    deadline = time.monotonic() + 60
+    while text is None and time.monotonic() < deadline:
+        pair = wait_for(lambda: workers_of(rank0) or None, 30, interval=0.02, message="live workers of rank 0")
+        for pid in pair:
+            os.kill(pid, signal.SIGKILL)
+        victims |= set(pair)
         try:
-            wait_for(lambda v=victim: said_of(v, log.read_text(errors="replace")), 10, interval=0.2, message="torch's word")
-            break
+            text = wait_for(lambda v=frozenset(victims): said_of(v, log.read_text(errors="replace")), 10, interval=0.2,
+                            message="torch's word")
         except AssertionError:
-            continue  # it was between two generations: its DataLoader was done with it
-    text = said_of(victim, log.read_text(errors="replace"))
+            continue  # its DataLoader was done with them
     assert text, "torch never said a worker died"
+    victim = next(v for v in victims if str(v) in text)
 
     def ended():
         m = json.loads((runs_root / run_id / "run.json").read_text())
