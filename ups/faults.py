@@ -23,6 +23,8 @@ from ups.errors import UpsError
 # checks --inject without importing torch.
 PRECOMPUTE_FAULTS = ("worker_hang", "worker_crash", "slow_read", "write_enospc", "write_hang")
 TRAIN_FAULTS = ("segv", "oom", "hang", "skip_collective")
+# Any program under `ups launch torchrun|python` (ups.instrument.torch.rehearse): a straggler, a pause.
+PROGRAM_FAULTS = ("slow_step", "slow_sample", "pause")
 
 ENV_FAULTS = "UPS_FAULTS"
 

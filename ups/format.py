@@ -79,6 +79,7 @@ HEALTH_STYLES = {
     "starting": "cyan",
     "ok": "green",
     "slow": "yellow",
+    "straggler": "yellow",
     "stalled": "bold yellow",
     "unresponsive": "bold red",
     "dead": "bold red",

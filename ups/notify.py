@@ -37,7 +37,8 @@ from ups.errors import UpsError
 PROBLEMS = frozenset(("stalled", "unresponsive", "hung", "dead", "node_unreachable", "rank_stuck_peers_wait", "one_sided_collective",
                       "collective_mismatch", "collective_timeout", "worker_stuck_in_read", "worker_stuck",
                       "dataloader_resources", "loss_nonfinite", "loss_diverged", "step_rate_dropped", "gpu_memory_leak",
-                      "gpu_hardware", "unsupervised"))
+                      "gpu_hardware", "unsupervised", "straggler_input", "straggler_compute", "straggler_host",
+                      "straggler_node", "straggler_unknown"))
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MIN_INTERVAL_S = 60.0
 LINE_CHARS = 160

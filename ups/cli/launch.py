@@ -276,7 +276,7 @@ def launch_pipeline(
 def launch_program(ctx: typer.Context, launcher: str, *, name: str | None, total_steps: int | None, detach: bool,
                    runs_dir: Path, json_out: bool, stalled_after: float | None, unresponsive_after: float | None,
                    observe_only: bool = False, run_id: str | None = None, unattended: dict[str, Any] | None = None,
-                   first_progress_after: float | None = None) -> None:
+                   first_progress_after: float | None = None, inject: list[str] | None = None) -> None:
     from ups.launch import programs
     from ups.launch.spawn import launch_run
 
@@ -333,6 +333,10 @@ def launch_program(ctx: typer.Context, launcher: str, *, name: str | None, total
     extra["program"] = {"launcher": launcher, "line": line_args, "target": line.target, "args": line.args}
     extra.update(unattended or {})
     env = {"UPS_TOTAL_STEPS": str(total_steps)} if total_steps else {}
+    if inject:
+        from ups.faults import PROGRAM_FAULTS, validate_faults
+
+        env["UPS_FAULTS"] = validate_faults(inject, PROGRAM_FAULTS)
     run = launch_run(runs_dir, launcher, command, argv=["ups", *sys.argv[1:]], env=env, extra=extra,
                      name=name or line.name, instrument=top_role, thresholds=thresholds, observe_only=observe_only,
                      run_id=run_id, multinode=multinode)
@@ -357,6 +361,7 @@ def _program_command(launcher: str, usage: str, doc: str, *, run_id_option: bool
         restart_window: RestartWindowOption = None,
         on_worker_hang: OnWorkerHangOption = None,
         metrics_port: MetricsPortOption = None,
+        inject: InjectOption = None,
         run_id: RunIdOption = None,
         detach: DetachOption = False,
         runs_dir: RunsDirOption = default_runs_dir(),
@@ -365,7 +370,7 @@ def _program_command(launcher: str, usage: str, doc: str, *, run_id_option: bool
         launch_program(ctx, launcher, name=name, total_steps=total_steps, detach=detach, runs_dir=runs_dir,
                        json_out=json, stalled_after=stalled_after, unresponsive_after=unresponsive_after,
                        first_progress_after=first_progress_after, observe_only=observe_only, run_id=run_id,
-                       unattended=unattended_fields(notify=notify, metrics_port=metrics_port, on_hang=on_hang,
+                       inject=inject, unattended=unattended_fields(notify=notify, metrics_port=metrics_port, on_hang=on_hang,
                                                     max_restarts=max_restarts, on_worker_hang=on_worker_hang,
                                                     restart_window=restart_window))
 
@@ -399,6 +404,10 @@ steps) and, on an uncaught exception, the error and file:line (also as torchrun'
 file). The run succeeds only when torchrun exits 0 and every rank ended normally; a rank
 that leaves with os._exit or a signal while its peers run is named as the root cause.
 UPS_INSTRUMENT=0 turns the instrumentation off.
+
+Rehearse a straggler with no code change (--inject, repeatable): slow_step:rank=R,ms=M,after=S
+(M ms more CPU work per step on rank R, from S s after its first step), slow_sample:rank=R,ms=M,after=S
+(its DataLoader workers M ms slower per sample), pause:rank=R,s=S,after=A (once).
 
 Several nodes (c10d rendezvous): the same line on every node, each with its
 --node-rank, joins one run named by --run-id (or torchrun's --rdzv-id); each node

@@ -17,6 +17,7 @@ from collections import deque
 
 from ups.status.limits import INTERVALS_KEPT, LONG_PHASES
 from ups.status.schema import COLL_RANKS_MAX
+from ups.status.steptime import STEP_PARTS_KEPT
 
 _monotonic = time.monotonic
 
@@ -53,6 +54,13 @@ class RecordCounters:
         self._collective: tuple | None = None
         self._last_collective: tuple | None = None
         self._coll_seq = 0
+        # Where each optimizer step's time goes (ups.status.steptime): seconds waiting for the
+        # next batch, inside collectives, and in backward() less the collectives inside it,
+        # summed over the step in progress; each finished step's sums are appended to
+        # ``step_parts`` as (end, step, data, collective, backward) by the optimizer hook.
+        self.t_data = self.t_coll = self.t_bwd = 0.0
+        self.step_mark: float | None = None
+        self.step_parts: deque[tuple[float, float, float, float, float]] = deque(maxlen=STEP_PARTS_KEPT)
 
     def flush(self, *, wait: float = 0.0) -> bool:  # the Reporter's: it writes the record
         raise NotImplementedError
@@ -135,8 +143,14 @@ class RecordCounters:
         return prev
 
     def auto_step(self, step: int) -> None:
-        """``auto_progress(step=step, unit="steps")``: an optimizer step."""
+        """``auto_progress(step=step, unit="steps")``: an optimizer step, which ends a step's
+        accounting of where its time went."""
         now = _monotonic()
+        mark = self.step_mark
+        if mark is not None:
+            self.step_parts.append((now, now - mark, self.t_data, self.t_coll, self.t_bwd))
+        self.t_data = self.t_coll = self.t_bwd = 0.0
+        self.step_mark = now
         if not self.explicit_progress:
             self._step = step
             self._unit = "steps"
@@ -164,10 +178,11 @@ class RecordCounters:
     def leave_collective(self, name: str) -> None:
         """:meth:`collective` (None) and :meth:`phase` (``name``, not written now)."""
         current = self._collective
+        now = _monotonic()
         if current is not None:
             self._last_collective = current[:3]  # (op, seq, site): not a chain of every collective
+            self.t_coll += now - current[3]
         self._collective = None
-        now = _monotonic()
         self._phase = name
         if name in LONG_PHASES:
             self._interval_from = None
@@ -177,6 +192,8 @@ class RecordCounters:
         """Back to phase ``name`` after a wrapped call, which was progress: as :meth:`phase`
         (not written now) then :meth:`auto_progress` (``add``) with one clock read."""
         now = _monotonic()
+        if self._phase == "data":
+            self.t_data += now - self._phase_mono
         self._phase = name
         self._phase_mono = now
         start = None if name in LONG_PHASES else self._interval_from

@@ -27,6 +27,7 @@ class Health(str, enum.Enum):
     STARTING = "starting"
     OK = "ok"
     SLOW = "slow"
+    STRAGGLER = "straggler"  # the rank the others wait for (ups.status.straggler): shown, never acted on
     STALLED = "stalled"
     UNRESPONSIVE = "unresponsive"
     DEAD = "dead"
@@ -45,7 +46,7 @@ class Health(str, enum.Enum):
 
     @property
     def is_problem(self) -> bool:
-        return self in (Health.SLOW, Health.STALLED, Health.UNRESPONSIVE, Health.UNREACHABLE, Health.DEAD, Health.FAILED)
+        return self in (Health.SLOW, Health.STRAGGLER, Health.STALLED, Health.UNRESPONSIVE, Health.UNREACHABLE, Health.DEAD, Health.FAILED)
 
 
 _SEVERITY = {
@@ -54,6 +55,7 @@ _SEVERITY = {
     Health.STARTING: 1,
     Health.NO_SIGNAL: 1,
     Health.SLOW: 2,
+    Health.STRAGGLER: 2,
     Health.STALLED: 3,
     Health.UNRESPONSIVE: 4,
     Health.UNREACHABLE: 4,
@@ -108,6 +110,9 @@ class Thresholds:
     """Fixed limits only: a process with no progress yet is 'starting' for this long."""
     slow_ratio: float = 0.5
     """Slower than this fraction of the peers' median rate is 'slow'."""
+    straggler_score: float = 0.85
+    """A rank whose straggler score (ups.status.straggler: the best rank's own time over its
+    own, over its recent steps) is below this, while the others wait for it, is 'straggler'."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> Thresholds:
@@ -313,7 +318,26 @@ def classify_run(
         )
         for r in records
     }
-    return waiting_on_busy_peers(records, verdicts)
+    return stragglers(records, waiting_on_busy_peers(records, verdicts), thresholds)
+
+
+def stragglers(records: list[StatusRecord], verdicts: dict[str, HealthVerdict],
+               thresholds: Thresholds) -> dict[str, HealthVerdict]:
+    """The rank its peers wait for (ups.status.straggler), when it is otherwise ok: 'straggler'
+    with its score and cause. A display: no action is ever taken on it."""
+    from ups.status.straggler import judge
+
+    ranks, found = judge(records, thresholds.straggler_score)
+    if found is None:
+        return verdicts
+    named = {t.name: t for t in ranks if t is found.rank or t.rank in found.node_ranks}
+    out = dict(verdicts)
+    for name, t in named.items():
+        v = verdicts.get(name)
+        if v is not None and v.health is Health.OK:
+            out[name] = HealthVerdict(Health.STRAGGLER, f"score {t.score:.2f}, {found.cause}: {found.why}; costs the job "
+                                                        f"{found.cost:.0%} of its step rate")
+    return out
 
 
 # Phases in which a rank is busy on its own while its peers wait for it (they will meet it in

@@ -99,6 +99,17 @@ def stat(pid: int, tid: int | None = None) -> Stat | None:
     return parse_stat(data) if data else None
 
 
+def schedstat(pid: int, tid: int | None = None) -> tuple[int, int] | None:
+    """``/proc/PID/schedstat`` (the thread's, with ``tid``): nanoseconds on a CPU and waiting on
+    a run queue (runnable, not running: another task had the core), since the thread began."""
+    data = _read(f"/proc/{pid}/schedstat" if tid is None else f"/proc/{pid}/task/{tid}/schedstat", 256)
+    try:
+        f = (data or b"").split()
+        return int(f[0]), int(f[1])
+    except (ValueError, IndexError):
+        return None
+
+
 def parse_cmdline(data: bytes) -> list[str]:
     """One ``cmdline`` file's text: the arguments, each ended by a NUL. A process that rewrote
     its command line in place (setproctitle) may leave no NUL at the end, or none at all: the

@@ -235,6 +235,13 @@ _KNOWN_METRICS: dict[str, Check] = {
     "previous": obj({"pid": integer(1, PID_MAX), "pid_start": number(0.0), "state": text(choices=STATES),
                      "phase": text(NAME_MAX, cut=False), "step": integer(0, INT_MAX), "error": optional(text()),
                      "exit_code": optional(integer(-(1 << 31), 1 << 31))}, required=("pid", "pid_start", "state")),
+    # A rank's recent steps (ups.status.steptime): seconds a step, [median, p90] of each part;
+    # runq and cpu: shares of wall time its main thread waited for a core, and ran.
+    "step_parts": obj({"n": integer(1, INT_MAX), "window_s": number(0.0, 1e9), "step_mean": optional(number(0.0, 1e9)),
+                       **dict.fromkeys(("step", "data", "collective", "backward", "other"),
+                                       list_of(number(0.0, 1e9), 2)),
+                       "runq": optional(number(0.0, 1e3)), "cpu": optional(number(0.0, 1e3))},
+                      required=("n", "step", "data", "collective", "backward", "other")),
     # A launcher's record: what it sees of the processes it watches (ups.launch.proof), by name.
     "observed": dict_of(obj({
         "pid": integer(1, PID_MAX), "state": text(choices=("watching", "busy", "idle", "unsure")),

@@ -43,6 +43,7 @@ from ups.status.limits import RateWindow, learned_p99
 from ups.status.samplers import Samplers
 from ups.status.schema import process_name
 from ups.status.stackdump import DEFAULT_STACK_SIGNAL, ENV_STACK_SIGNAL, StackDumps
+from ups.status.steptime import StepWindow
 
 ENV_RUN_DIR = "UPS_RUN_DIR"
 ENV_RUN_ID = "UPS_RUN_ID"
@@ -83,6 +84,7 @@ class Reporter(ProcessIdentity, RecordCounters):
         self._error_site: str | None = None
         self._exit_code: int | None = None
         self._rates = RateWindow()
+        self._step_window = StepWindow() if role == "rank" else None
         self.heartbeat = HeartbeatWriter(self.run_dir, os.path.join(self.run_dir, "status", f"{self.name}.json"),
                                          interval, record=self.record_dict, tick=self._tick, stderr=stderr)
         # Training metrics read off the training thread (ups.instrument.metrics), the GPU's
@@ -336,6 +338,12 @@ class Reporter(ProcessIdentity, RecordCounters):
             self._p99 = p99
         self._gpu = self.samplers.sample_gpu(self._gpu)
         self.samplers.sample_metrics(self._metrics)
+        if self._step_window is not None and self.step_parts:
+            parts = self._step_window.summary(self.step_parts)
+            if parts is None:
+                self._metrics.pop("step_parts", None)
+            else:
+                self._metrics["step_parts"] = parts
         try:
             self.samplers.history_tick(self.name, self._step, self._metrics, self._gpu, self._rate)
         except Exception:  # noqa: BLE001 - history is a bonus; heartbeats are not

@@ -14,6 +14,7 @@ MODES = (
     "dataloader_resources", "stalled", "unresponsive", "dead", "failed", "killed", "lost", "unsupervised",
     "node_unreachable", "oom_killed", "killed_from_outside", "stopped_from_outside",
     "gpu_hardware", "cuda_fault", "gpu_throttled",
+    "straggler_input", "straggler_compute", "straggler_host", "straggler_node", "straggler_unknown",  # ups.why.rules.stragglers
     "busy", "waiting", "no_signal", "hung",  # ups.why.rules.pauses: a pause is not a hang
     "loss_nonfinite", "loss_diverged", "step_rate_dropped", "gpu_memory_leak",  # ups.why.rules.metrics
 )

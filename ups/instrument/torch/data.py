@@ -39,7 +39,9 @@ def _patch_fetchers() -> None:
     from torch.utils.data._utils import fetch
 
     from ups.instrument import io_hooks
+    from ups.instrument.torch import rehearse
 
+    track.rehearse = rehearse.wanted()
     patching.patch(fetch._MapDatasetFetcher, "fetch", _make_fetch)
     patching.patch(fetch._IterableDatasetFetcher, "fetch", _make_fetch)
     patching.patch(fetch._MapDatasetFetcher, "__init__", _make_map_fetcher_init)
@@ -69,6 +71,10 @@ class _SampleNoting:
 
         rep.item(f"index {idx}")
         io_hooks.forget_file(rep)
+        if track.rehearse:
+            from ups.instrument.torch import rehearse
+
+            rehearse.on_sample(rep.rank)
         try:
             return self._ups_dataset[idx]
         except Exception as exc:

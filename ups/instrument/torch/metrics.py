@@ -6,8 +6,12 @@ the values.
 
 from __future__ import annotations
 
+import time
+
 from ups.instrument import metrics, patching, process
 from ups.instrument.torch.state import get_ident, rank_reporter, track
+
+_monotonic = time.monotonic
 
 
 def _steps_done(rep) -> int:
@@ -34,6 +38,12 @@ def patch_metrics(torch) -> None:
                         metrics.capture.note_loss(loss, rep.step if rep.explicit_progress else t.opt_steps)
                     except Exception:  # noqa: BLE001 - never in the program's way
                         pass
+                # Where the step's time goes (ups.status.steptime): backward less the
+                # collectives waited inside it (FSDP's reduce-scatter, counted there).
+                t0, c0 = _monotonic(), rep.t_coll
+                result = original(tensors, *args, **kwargs)
+                rep.t_bwd += _monotonic() - t0 - (rep.t_coll - c0)
+                return result
             return original(tensors, *args, **kwargs)
 
         return backward

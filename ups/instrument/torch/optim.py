@@ -9,6 +9,7 @@ the next optimizer step ``train`` again.
 from __future__ import annotations
 
 from ups.instrument import metrics, patching, process
+from ups.instrument.torch import rehearse
 from ups.instrument.torch.phases import set_base
 from ups.instrument.torch.state import get_ident, note_cuda_device, rank_reporter, track
 
@@ -21,6 +22,7 @@ def patch_optim(torch) -> None:
 
     if not any(getattr(h, "__ups_hook__", False) for h in _global_optimizer_post_hooks.values()):
         register_optimizer_step_post_hook(_on_optimizer_step)
+    track.rehearse = rehearse.wanted()
 
 
 def _on_optimizer_step(optimizer, args, kwargs) -> None:
@@ -42,6 +44,8 @@ def _on_optimizer_step(optimizer, args, kwargs) -> None:
         rep.auto_progress()
     if t.base != "train":
         set_base(rep, "train")
+    if t.rehearse:
+        rehearse.on_step(rep.rank)
 
 
 _on_optimizer_step.__ups_hook__ = True  # type: ignore[attr-defined]

@@ -20,7 +20,7 @@ class Tracking:
     """Main-thread phase nesting and progress counters of this process (slots: the hooks read
     them on every step)."""
 
-    __slots__ = ("base", "batches", "cuda_dev", "depth", "forced_warned", "groups", "loaders", "main", "opt_counts",
+    __slots__ = ("base", "batches", "cuda_dev", "depth", "forced_warned", "groups", "loaders", "main", "opt_counts", "rehearse",
                  "opt_steps", "pending", "seen", "world")
 
     def __init__(self) -> None:
@@ -36,6 +36,7 @@ class Tracking:
         self.main = threading.main_thread().ident
         self.loaders = 0
         self.forced_warned = False
+        self.rehearse = False  # a program fault to rehearse (ups.instrument.torch.rehearse)
         self.groups: dict[int, object] = {}  # id(process group) -> what the record says of it (collectives.Group)
         self.world: object | None = None  # the default group's collectives.Group
         self.pending: dict[int, tuple] = {}  # id(work or tensor) -> (it, issued collective)

@@ -15,6 +15,7 @@ folder's files, the host's facts). The families:
 * :mod:`.workers`: DataLoader workers stuck, failed or out of resources;
 * :mod:`.hardware`: GPU faults and throttling, lost nodes, a full runs disk, no launcher;
 * :mod:`.metrics`: the training's own metrics (NaN, divergence, step rate, memory leak);
+* :mod:`.stragglers`: the rank the others wait for, its cause and its cost;
 * :mod:`.processes`: a process dead, stalled or unresponsive with no more specific cause, and
   the healthy verdict when no rule speaks.
 """
@@ -30,6 +31,7 @@ from ups.why.rules.hardware import full_disk, gpu_straggler, lost_node, unsuperv
 from ups.why.rules.metrics import ended_training, live_training
 from ups.why.rules.pauses import busy_pause, no_signal
 from ups.why.rules.processes import dead, healthy, hung
+from ups.why.rules.stragglers import straggler
 from ups.why.rules.workers import starved_loader, stuck_workers
 from ups.why.verdict import Verdict
 
@@ -37,12 +39,13 @@ __all__ = ["RULES", "Rule", "first_verdict", "healthy", "with_recorded"]
 
 # Verdicts on the training's numbers or a start: the ranks' collectives say nothing about them.
 NOT_COLLECTIVE = frozenset(("loss_nonfinite", "loss_diverged", "step_rate_dropped", "gpu_memory_leak", "starting",
-                            "succeeded", "healthy"))
+                            "succeeded", "healthy", "straggler_input", "straggler_compute", "straggler_host",
+                            "straggler_node", "straggler_unknown"))
 
 RULES: tuple[Rule, ...] = (lost_node, ended_training, ended, full_disk, unsupervised, settling, live_failure, busy_pause,
                           collectives,
                           ddp_backward, starved_loader, stuck_workers, dead, hung, no_signal, gpu_straggler,
-                          live_training, oom_skipped)
+                          live_training, oom_skipped, straggler)
 
 
 def first_verdict(ev: Evidence) -> Verdict:

@@ -1,0 +1,83 @@
+"""Where a rank's step time goes, kept by the rank itself: the rolling window of its recent
+optimizer steps, split into waiting for input, waiting in collectives, backward, and the rest.
+
+The hot path (:class:`ups.status.counters.RecordCounters`) sums three parts of the step in
+progress with the clock reads its hooks make anyway (the DataLoader's ``next``, a collective's
+enter and leave, ``backward()``'s start and end) and appends each finished step's sums. The
+heartbeat thread summarizes the steps of the last ``WINDOW_S`` seconds once a second into the
+record's ``metrics.step_parts``: median and p90 of each part, and the share of wall time the
+rank's main thread spent runnable but not running (``/proc/.../schedstat``: another task had
+its core). ``ups.status.straggler`` compares the ranks' summaries. Standard library only.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+from ups.status import procfs
+
+STEP_PARTS_KEPT = 512  # steps: at 100 steps/s the window is the last 5 s
+WINDOW_S = 10.0
+MIN_STEPS = 8  # fewer steps in the window say nothing
+PARTS = ("step", "data", "collective", "backward", "other")
+
+
+def _med_p90(values: list[float]) -> list[float]:
+    values.sort()
+    n = len(values)
+    mid = values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
+    return [round(mid, 6), round(values[min(n - 1, int(0.9 * n))], 6)]
+
+
+class StepWindow:
+    """The heartbeat thread's side: the summary of the recent steps, and the main thread's
+    run-queue share over the same window."""
+
+    def __init__(self) -> None:
+        self._sched: deque[tuple[float, int, int]] = deque()
+        self._tid = threading.main_thread().native_id
+        self._pid = None
+
+    def summary(self, parts: deque, now: float | None = None) -> dict | None:
+        """``{"n", "window_s", "step_mean", "step": [median, p90], "data", "collective", "backward",
+        "other", "runq", "cpu"}`` in seconds a step (runq, cpu: shares of wall time), None with too few
+        steps in the window."""
+        now = time.monotonic() if now is None else now
+        runq, cpu = self._sched_shares(now)
+        recent = [p for p in list(parts) if p[0] >= now - WINDOW_S]
+        if len(recent) < MIN_STEPS:
+            return None
+        step, data, coll, bwd, other = [], [], [], [], []
+        for _, s, d, c, b in recent:
+            step.append(s)
+            data.append(d)
+            coll.append(c)
+            bwd.append(b)
+            other.append(max(0.0, s - d - c - b))
+        out = {"n": len(recent), "window_s": round(min(WINDOW_S, now - recent[0][0] + recent[0][1]), 3)}
+        out["step_mean"] = round(sum(step) / len(step), 6)  # what the step rate sees (an epoch's start included)
+        for name, values in zip(PARTS, (step, data, coll, bwd, other), strict=True):
+            out[name] = _med_p90(values)
+        out["runq"] = runq
+        out["cpu"] = cpu
+        return out
+
+    def _sched_shares(self, now: float) -> tuple[float | None, float | None]:
+        import os
+
+        if self._pid is None:
+            self._pid = os.getpid()
+        got = procfs.schedstat(self._pid, self._tid)
+        if got is None:
+            return None, None
+        samples = self._sched
+        samples.append((now, got[0], got[1]))
+        while len(samples) > 2 and samples[1][0] <= now - WINDOW_S:
+            samples.popleft()
+        t0, run0, wait0 = samples[0]
+        wall = now - t0
+        if wall < 1.0:
+            return None, None
+        return round((got[1] - wait0) / 1e9 / wall, 4), round((got[0] - run0) / 1e9 / wall, 4)
