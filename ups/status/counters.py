@@ -12,6 +12,7 @@ the rest when it writes. Imported by every instrumented process: standard librar
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 
@@ -20,6 +21,7 @@ from ups.status.schema import COLL_RANKS_MAX
 from ups.status.steptime import STEP_PARTS_KEPT
 
 _monotonic = time.monotonic
+_native_id = threading.get_native_id
 
 TYPE_CHECKING = False  # typing costs ~10 ms to import; annotations here are strings
 if TYPE_CHECKING:
@@ -60,6 +62,7 @@ class RecordCounters:
         # ``step_parts`` as (end, step, data, collective, backward) by the optimizer hook.
         self.t_data = self.t_coll = self.t_bwd = 0.0
         self.step_mark: float | None = None
+        self.step_tid: int | None = None  # the thread that steps (its run-queue wait is read)
         self.step_parts: deque[tuple[float, float, float, float, float]] = deque(maxlen=STEP_PARTS_KEPT)
 
     def flush(self, *, wait: float = 0.0) -> bool:  # the Reporter's: it writes the record
@@ -149,6 +152,8 @@ class RecordCounters:
         mark = self.step_mark
         if mark is not None:
             self.step_parts.append((now, now - mark, self.t_data, self.t_coll, self.t_bwd))
+        else:
+            self.step_tid = _native_id()
         self.t_data = self.t_coll = self.t_bwd = 0.0
         self.step_mark = now
         if not self.explicit_progress:

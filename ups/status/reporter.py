@@ -339,7 +339,7 @@ class Reporter(ProcessIdentity, RecordCounters):
         self._gpu = self.samplers.sample_gpu(self._gpu)
         self.samplers.sample_metrics(self._metrics)
         if self._step_window is not None and self.step_parts:
-            parts = self._step_window.summary(self.step_parts)
+            parts = self._step_window.summary(self.step_parts, self.step_tid)
             if parts is None:
                 self._metrics.pop("step_parts", None)
             else:

@@ -12,7 +12,7 @@ its core). ``ups.status.straggler`` compares the ranks' summaries. Standard libr
 
 from __future__ import annotations
 
-import threading
+import os
 import time
 from collections import deque
 
@@ -20,7 +20,7 @@ from ups.status import procfs
 
 STEP_PARTS_KEPT = 512  # steps: at 100 steps/s the window is the last 5 s
 WINDOW_S = 10.0
-MIN_STEPS = 8  # fewer steps in the window say nothing
+MIN_STEPS = 30  # fewer steps in the window say nothing: a start, a checkpoint would weigh in the median
 PARTS = ("step", "data", "collective", "backward", "other")
 
 
@@ -37,15 +37,15 @@ class StepWindow:
 
     def __init__(self) -> None:
         self._sched: deque[tuple[float, int, int]] = deque()
-        self._tid = threading.main_thread().native_id
-        self._pid = None
+        self._tid: int | None = None
+        self._pid: int | None = None
 
-    def summary(self, parts: deque, now: float | None = None) -> dict | None:
+    def summary(self, parts: deque, tid: int | None = None, now: float | None = None) -> dict | None:
         """``{"n", "window_s", "step_mean", "step": [median, p90], "data", "collective", "backward",
-        "other", "runq", "cpu"}`` in seconds a step (runq, cpu: shares of wall time), None with too few
-        steps in the window."""
+        "other", "runq", "cpu"}`` in seconds a step (runq, cpu: shares of wall time of thread
+        ``tid``, the one that steps), None with too few steps in the window."""
         now = time.monotonic() if now is None else now
-        runq, cpu = self._sched_shares(now)
+        runq, cpu = self._sched_shares(now, tid)
         recent = [p for p in list(parts) if p[0] >= now - WINDOW_S]
         if len(recent) < MIN_STEPS:
             return None
@@ -64,12 +64,14 @@ class StepWindow:
         out["cpu"] = cpu
         return out
 
-    def _sched_shares(self, now: float) -> tuple[float | None, float | None]:
-        import os
-
-        if self._pid is None:
-            self._pid = os.getpid()
-        got = procfs.schedstat(self._pid, self._tid)
+    def _sched_shares(self, now: float, tid: int | None) -> tuple[float | None, float | None]:
+        pid = os.getpid()
+        if tid is None:
+            return None, None
+        if (pid, tid) != (self._pid, self._tid):  # a new thread steps, or a forked child: start over
+            self._pid, self._tid = pid, tid
+            self._sched.clear()
+        got = procfs.schedstat(pid, tid)
         if got is None:
             return None, None
         samples = self._sched

@@ -6,11 +6,12 @@ same on every rank and say nothing about who is slow. What differs is the *wait*
 arrives last at each collective and hardly waits, the others wait for it. So each rank's step is
 split into its wait and its own time (``own = step - wait``):
 
-- ``wait`` = the time in collectives the instrumentation sees (explicit calls, FSDP's
-  all-gathers and reduce-scatters, ``Work.wait``), plus, for DDP, whose gradient all-reduce is
-  waited inside ``backward()`` in C++, the rank's backward time above the shortest backward of
-  its peers (DDP's all-reduce evens out backward's wall time across ranks: the rank that
-  started it earliest waited longest);
+- ``own`` = its input wait and its own work outside backward and outside collectives (forward,
+  the optimizer, the program's own code), plus the shortest backward and the shortest time in
+  collectives of all ranks (the compute and the real communication every rank shares: DDP's
+  all-reduce is waited inside ``backward()``, in C++, and evens out backward's wall time across
+  ranks, so a rank's backward says how long it waited, not how long it worked);
+  ``wait`` = the rest of its step;
 - ``score`` = the best rank's own time over this rank's (1 for the best; nvidia-resiliency-ext's
   relative score, from medians over the window, so one slow step, a GC pause or a checkpoint,
   moves nothing).
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 THRESHOLD = 0.85
-SYNC_SPREAD = 0.15  # median steps further apart than this: the ranks do not step together
+SYNC_SPREAD = 0.15  # mean steps further apart than this: the ranks do not step together
 EXPLAINS = 0.5  # a part explains the gap when it is at least this share of it
 HOST_EXPLAINS = 0.3  # run-queue wait: a share of the gap (the rest is the same work done slower)
 RUNQ_FLOOR = 0.05  # a main thread waiting less than this share of wall time for a core is not crowded
@@ -106,11 +107,15 @@ def rank_times(records: Iterable[Any]) -> list[RankTime]:
                             parts.get("step_mean")))
     if not raw:
         return []
-    shortest_backward = min(t.backward for t in raw)
+    # Backward's own compute is the same on every rank (same model, same batch) and its wall time
+    # is evened out by DDP's all-reduce; what tells the ranks apart is the time outside backward
+    # and outside collectives: its input and its own work. The shortest backward and the
+    # shortest collective time are the real work and communication every rank shares.
+    shared = min(t.backward for t in raw) + min(t.collective for t in raw)
     timed = []
     for t in raw:
-        wait = t.collective + max(0.0, t.backward - shortest_backward)
-        timed.append((t, wait, max(t.step - wait, 1e-9)))
+        own = t.data + t.other + shared
+        timed.append((t, max(0.0, t.step - own), max(own, 1e-9)))
     best = min(own for _, _, own in timed)
     return sorted((RankTime(**{**t.__dict__, "wait": wait, "own": own, "score": best / own}) for t, wait, own in timed),
                   key=lambda t: t.rank)
@@ -121,7 +126,9 @@ def judge(records: Iterable[Any], threshold: float = THRESHOLD) -> tuple[list[Ra
     ranks = rank_times(records)
     if len(ranks) < 2:
         return ranks, None
-    steps = [t.step for t in ranks]
+    # Stepping together: the mean steps agree (a median can jump between the two modes of a
+    # data-bound loop's steps, one rank's window a heartbeat apart from the other's).
+    steps = [t.step_mean or t.step for t in ranks]
     if min(steps) <= 0 or max(steps) / min(steps) > 1 + SYNC_SPREAD:
         return ranks, None  # not stepping together: a rate per rank says who is slow (health's "slow")
     slow = min(ranks, key=lambda t: t.score)
@@ -135,8 +142,7 @@ def judge(records: Iterable[Any], threshold: float = THRESHOLD) -> tuple[list[Ra
     cause, why, node_ranks = _cause(slow, peers, ranks, gap, threshold)
     # Every step waits ``gap`` for it: without it the mean step (what the rate sees, an epoch's
     # start and a checkpoint included) would be that much shorter.
-    means = [t.step_mean for t in ranks if t.step_mean]
-    step = statistics.median(means) if means else statistics.median(steps)
+    step = statistics.median(steps)
     cost = min(1.0, gap / step) if step > 0 else 0.0
     evidence = tuple(
         f"rank {t.rank}: step {_ms(t.step)} = own {_ms(t.own)} (input {_ms(t.data)}, backward {_ms(t.backward)}, "

@@ -1,0 +1,132 @@
+"""The slow rank named, and why (issue 48): outside-style DDP and FSDP2 programs (pytorch/examples'
+multigpu_torchrun.py and the FSDP2 tutorial, tests/programs/, CPU, gloo, 2 ranks) under
+`ups launch torchrun`, rank 1 made a straggler by the instrumentation (`--inject`, no code
+change: ups.instrument.torch.rehearse) a few seconds after its first step:
+
+- a compute straggler (``slow_step``: its step takes longer), named as rank 1, ``compute``;
+- an input straggler (``slow_sample``: its DataLoader's workers are slower per sample), named as
+  rank 1, ``input``;
+- a healthy run with a one-off 3 s pause on rank 1, where no rank may be named.
+
+Each polls the code `ups status --json` and `ups why --json` run, every 0.5 s, with a deadline;
+the last reading is checked through the real commands. The judgement's own arithmetic is tested
+on records the real Reporter wrote (test_straggler_judge below).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+from helpers import run_ups, status_now, wait_for, why_now
+
+from ups.runs.rundir import RunDir
+
+PROGRAMS = Path(__file__).parent / "programs"
+# (program, args, env, {fault: its size}): each straggler about twice its rank's own time a step
+# (the DDP tutorial's step is ~7 ms here, FSDP2's ~120 ms), so a busy box cannot hide it.
+DDP = (PROGRAMS / "multigpu_torchrun.py", ("1000000", "100000"), {}, {"slow_step": "ms=12", "slow_sample": "ms=3"})
+FSDP2 = (PROGRAMS / "sharded" / "fsdp2_tutorial.py", (), {"TUTORIAL_STEPS": "20000"},  # its dataset is 16 samples a step
+         {"slow_step": "ms=150", "slow_sample": "ms=60"})
+AFTER_S = 4
+STARTED = re.compile(r"ups: rehearsing (\S+) on rank (\d+) from ([\d.]+)")
+
+
+def launch(tmp_path: Path, job: tuple, inject: str) -> RunDir:
+    program, args, env, _ = job
+    res = run_ups("launch", "torchrun", "--detach", "--json", "--inject", inject, "--nproc-per-node", "2",
+                  str(program), *args, env=env, cwd=tmp_path, timeout=120)
+    assert res.returncode == 0, res.stderr
+    return RunDir(tmp_path / json.loads(res.stdout)["run_dir"])
+
+
+def fault_began(run: RunDir) -> float | None:
+    for log in (run.path / "logs").rglob("*"):
+        if log.is_file():
+            m = STARTED.search(log.read_text(errors="replace"))
+            if m:
+                return float(m[3])
+    return None
+
+
+def stragglers_in(status: dict) -> list[dict]:
+    return [p for p in status["processes"] if p["role"] == "rank" and p["health"] == "straggler"]
+
+
+@pytest.fixture
+def runs(tmp_path):
+    started: list[RunDir] = []
+    yield started
+    for run in started:
+        run_ups("kill", str(run.path), "--force", timeout=60)
+
+
+def named_within(run: RunDir, cause: str, deadline_s: float) -> tuple[dict, dict, list[dict]]:
+    """Poll until rank 1 is named with ``cause``: (status, verdict, the polls before)."""
+    polls: list[dict] = []
+
+    def named():
+        st = status_now(run)
+        hits = stragglers_in(st)
+        if hits:
+            v = why_now(run)
+            polls.append({"ranks": [p["rank"] for p in hits], "mode": v["mode"]})
+            if [p["rank"] for p in hits] == [1] and v["mode"] == f"straggler_{cause}":
+                return st, v
+        else:
+            polls.append({"ranks": [], "mode": None})
+        return None
+
+    st, v = wait_for(named, deadline_s, interval=0.5, message=f"rank 1 named a straggler, {cause}")
+    return st, v, polls
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("job", [DDP, FSDP2], ids=["ddp", "fsdp2"])
+@pytest.mark.parametrize(("fault", "cause"), [("slow_step", "compute"), ("slow_sample", "input")], ids=["compute", "input"])
+def test_a_straggler_is_named_with_its_cause_and_cost(tmp_path, runs, job, fault, cause):
+    run = launch(tmp_path, job, f"{fault}:rank=1,{job[3][fault]},after={AFTER_S}")
+    runs.append(run)
+    wait_for(lambda: fault_began(run), 120, interval=0.5, message="rank 1's fault to begin")
+    st, v, polls = named_within(run, cause, 60)
+    # Never the other rank, at any reading.
+    assert all(p["ranks"] in ([], [1]) for p in polls), polls
+    assert v["who"]["rank"] == 1 and "rank 1 is the straggler" in v["headline"], v
+    assert re.search(r"the job runs \d+% below its pace without it \([\d.]+ GPU-hours a day on 2 ranks\)", v["headline"]), v
+    assert any(e.startswith("rank 0: step") for e in v["evidence"]) and any(e.startswith("rank 1: step") for e in v["evidence"])
+    rank1 = next(p for p in st["processes"] if p["role"] == "rank" and p["rank"] == 1)
+    assert rank1["health"] == "straggler" and f", {cause}: " in rank1["reason"], rank1
+    parts = rank1["metrics"]["step_parts"]
+    assert parts["n"] >= 30 and parts["step"][0] > 0, parts
+    # What a user types: the real commands agree (a reading or two later: each costs ~0.3 s of CPU).
+    def real():
+        why = json.loads(run_ups("why", str(run.path), "--json").stdout)["verdict"]
+        status = json.loads(run_ups("status", str(run.path), "--json").stdout)
+        named = [p for p in status["processes"] if p["health"] == "straggler"]
+        return why if why["mode"] == f"straggler_{cause}" and [p["rank"] for p in named] == [1] else None
+    wait_for(real, 30, interval=1, message="`ups why` and `ups status` naming rank 1")
+    # A display: nothing acted on the run.
+    events = [json.loads(line)["event"] for line in (run.path / "events.jsonl").read_text().splitlines()]
+    assert not [e for e in events if e in ("restart", "hang", "kill", "worker.killed")], events
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("job", [DDP, FSDP2], ids=["ddp", "fsdp2"])
+def test_a_healthy_run_with_a_one_off_pause_names_no_one(tmp_path, runs, job):
+    run = launch(tmp_path, job, f"pause:rank=1,s=3,after={AFTER_S}")
+    runs.append(run)
+    began = wait_for(lambda: fault_began(run), 120, interval=0.5, message="rank 1's pause to begin")
+    readings = 0
+    while time.time() < began + 25 or readings < 20:
+        st = status_now(run)
+        assert not stragglers_in(st), [(p["name"], p["reason"]) for p in stragglers_in(st)]
+        assert not why_now(run)["mode"].startswith("straggler_")
+        readings += 1
+        time.sleep(0.5)
+    # it kept training through and after the pause, every rank with its step window
+    st = status_now(run)
+    ranks = [p for p in st["processes"] if p["role"] == "rank"]
+    assert len(ranks) == 2 and all(p["metrics"].get("step_parts") for p in ranks), ranks

@@ -1,0 +1,115 @@
+"""The straggler judgement's arithmetic (ups.status.straggler) on records as a reader gets them
+(StatusRecord.from_dict: the record's field checks), and the rank's own step accounting
+(ups.status.steptime) through the real Reporter's hot path. The real jobs are in
+tests/test_straggler.py."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from helpers import wait_for
+
+from ups.status.health import Health, Thresholds, classify_run
+from ups.status.record import StatusRecord
+from ups.status.reporter import Reporter
+from ups.status.straggler import judge
+
+pytestmark = pytest.mark.notorch  # also run on each other Python, without torch (tests/test_pythons.py)
+
+
+def rank(r: int, *, data=0.001, coll=0.0, bwd=0.004, other=0.001, step=None, host="node0", runq=0.02, mean=None,
+         n=200) -> StatusRecord:
+    step = step if step is not None else data + coll + bwd + other
+    now = time.time()
+    parts = {"n": n, "window_s": 5.0, "step_mean": mean or step, "runq": runq, "cpu": 0.5,
+             **{k: [v, v * 1.5] for k, v in (("step", step), ("data", data), ("collective", coll), ("backward", bwd),
+                                              ("other", other))}}
+    return StatusRecord.from_dict({"schema": 1, "run_id": "r", "role": "rank", "name": f"rank-{r}", "pid": 100 + r,
+                                   "pid_start": now - 60, "host": host, "rank": r, "world_size": 2, "step": 500,
+                                   "started_at": now - 60, "progress_at": now, "heartbeat_at": now, "phase_at": now,
+                                   "metrics": {"step_parts": parts}})
+
+
+def test_a_rank_whose_own_work_is_longer_is_named_compute_with_the_cost_of_its_gap():
+    # rank 1 works 4 ms more a step; DDP's all-reduce makes rank 0 wait those 4 ms in backward.
+    ranks, found = judge([rank(0, bwd=0.008, step=0.014), rank(1, other=0.005, bwd=0.004, step=0.014)])
+    assert found is not None and found.rank.rank == 1 and found.cause == "compute"
+    assert found.rank.score == pytest.approx(0.006 / 0.010, abs=1e-3)
+    assert found.cost == pytest.approx(0.004 / 0.014, abs=1e-3)  # the gap over the mean step
+    assert found.gpu_hours_per_day == pytest.approx(found.cost * 2 * 24)
+    assert [t.score for t in ranks][0] == 1.0
+
+
+def test_the_cost_is_over_the_mean_step_the_rate_sees():
+    # the same gap, but every 32nd step starts an epoch (workers forked): the mean step is longer
+    _, found = judge([rank(0, bwd=0.008, step=0.014, mean=0.02), rank(1, other=0.005, step=0.014, mean=0.02)])
+    assert found.cost == pytest.approx(0.004 / 0.02, abs=1e-3)
+
+
+def test_an_input_straggler_is_named_input():
+    _, found = judge([rank(0, bwd=0.009, step=0.015), rank(1, data=0.006, step=0.015)])
+    assert found is not None and (found.rank.rank, found.cause) == (1, "input")
+    assert "DataLoader" in found.why
+
+
+def test_a_crowded_core_is_named_host_before_the_work_it_slows():
+    _, found = judge([rank(0, bwd=0.008, step=0.014, runq=0.05), rank(1, other=0.005, step=0.014, runq=0.6)])
+    assert found is not None and (found.rank.rank, found.cause) == (1, "host")
+
+
+def test_every_rank_of_one_node_slow_is_the_node():
+    recs = [rank(0, bwd=0.008, step=0.014, host="a"), rank(1, bwd=0.008, step=0.014, host="a"),
+            rank(2, other=0.005, step=0.014, host="b"), rank(3, other=0.0052, step=0.014, host="b")]
+    _, found = judge(recs)
+    assert found is not None and found.cause == "node" and set(found.node_ranks) == {2, 3}
+
+
+@pytest.mark.parametrize("recs", [
+    [rank(0), rank(1)],  # equal
+    [rank(0, bwd=0.0045, step=0.0065), rank(1, other=0.0015, step=0.0065)],  # 0.5 ms of noise: score 0.93
+    [rank(0), rank(1, other=0.01)],  # not stepping together (its step is longer): not a DDP straggler
+    [rank(0)],  # one rank
+], ids=["equal", "noise", "not-synchronous", "alone"])
+def test_no_straggler_is_named_without_one(recs):
+    assert judge(recs)[1] is None
+
+
+def test_the_health_word_is_straggler_with_its_score_and_the_threshold_is_the_runs():
+    recs = [rank(0, bwd=0.008, step=0.014), rank(1, other=0.005, step=0.014)]
+    verdicts = classify_run(recs, time.time(), None)
+    assert verdicts["rank-0"].health is Health.OK
+    assert verdicts["rank-1"].health is Health.STRAGGLER and verdicts["rank-1"].reason.startswith("score 0.60, compute")
+    lenient = classify_run(recs, time.time(), None, Thresholds.from_dict({"straggler_score": 0.5}))
+    assert lenient["rank-1"].health is Health.OK
+
+
+def test_a_hostile_step_window_is_dropped_not_believed():
+    rec = rank(0).to_dict()
+    rec["metrics"]["step_parts"]["step"] = ["a lot", 1]
+    back = StatusRecord.from_dict(rec)
+    assert "step_parts" not in back.metrics
+
+
+def test_the_reporter_splits_each_step_into_input_collective_backward_and_the_rest(tmp_path):
+    (tmp_path / "status").mkdir()
+    with Reporter(tmp_path, role="rank", rank=0, world_size=1, interval=0.2, stack_signal=None) as rep:
+        for _ in range(40):
+            prev = rep.enter("data")
+            time.sleep(0.002)
+            rep.leave(prev)
+            rep.enter_collective("all_reduce", None, "collective:all_reduce")
+            time.sleep(0.001)
+            rep.leave_collective("train")
+            time.sleep(0.001)  # the rest: forward, the optimizer
+            rep.auto_step(rep.step + 1)
+
+        def written():
+            rec = StatusRecord.from_json((tmp_path / "status" / "rank-0.json").read_bytes())
+            parts = rec.metrics.get("step_parts")
+            return parts if parts and parts["n"] == 39 else None
+        parts = wait_for(written, 10, interval=0.1, message="the step window in the written record")
+    # the first step has no start: 39 steps
+    assert 0.002 <= parts["data"][0] < 0.02 and 0.001 <= parts["collective"][0] < 0.02
+    assert parts["backward"][0] == 0.0 and 0.001 <= parts["other"][0] < 0.02
+    assert parts["step"][0] >= parts["data"][0] + parts["collective"][0] + parts["other"][0] - 1e-6
