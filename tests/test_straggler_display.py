@@ -1,0 +1,78 @@
+"""The straggler, shown wherever a reader looks: `ups status --json` and its table, the
+Prometheus exporter, `ups plot --metric step_time` and the console. All of them read one real
+2-rank job (tests/programs/straggler_ranks.py): each rank a process with its own Reporter,
+driven through the calls the torch hooks make, rank 1's own work 10 ms longer a step and
+rank 0 waiting for it in an all_reduce, every step (the judgement itself, over made-up
+windows, is tests/test_why_rules.py's)."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import run_ups, status_now, wait_for
+
+from ups.launch.spawn import launch_run
+from ups.runs.rundir import FINAL_RUN_STATES, RunDir
+
+PROGRAM = str(Path(__file__).parent / "programs" / "straggler_ranks.py")
+NARROW = {"COLUMNS": "80"}
+PARTS = {"step", "data", "collective", "backward", "other"}
+
+
+@pytest.fixture(scope="module")
+def straggler_run(tmp_path_factory) -> RunDir:
+    """The job, running, once its rank 1 is named the straggler (about a second of steps)."""
+    root = tmp_path_factory.mktemp("straggler") / "runs"
+    root.mkdir()
+    run = launch_run(root, "python", [sys.executable, PROGRAM, "10"], argv=["test"],
+                     thresholds={"heartbeat_interval": 0.3})
+    try:
+        wait_for(lambda: status_now(run)["straggler"], 60, interval=0.3, message="rank 1 named the straggler")
+        yield run
+    finally:
+        run_ups("kill", str(run.path), "--force")
+        wait_for(lambda: run.read_manifest().get("state") in FINAL_RUN_STATES, 30, message="the job's end")
+
+
+def test_status_json_names_the_straggler_and_gives_each_rank_its_wait_own_time_and_score(straggler_run):
+    res = run_ups("status", str(straggler_run.path), "--json")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    found = data["straggler"]
+    assert (found["rank"], found["cause"], found["threshold"]) == (1, "compute", 0.85), found
+    assert found["score"] < 0.85 and 0 < found["cost"] < 1 and "own work outside backward" in found["why"]
+    assert found["gpu_hours_per_day"] == pytest.approx(found["cost"] * 2 * 24, abs=0.02)
+    rows = {p["name"]: p for p in data["processes"]}
+    assert rows["launcher"]["step_time"] is None  # ranks only
+    zero, one = rows["rank-0"], rows["rank-1"]
+    assert one["health"] == "straggler" and zero["health"] == "ok"
+    for row in (zero, one):
+        t, parts = row["step_time"], row["metrics"]["step_parts"]
+        # the record's medians, and what ups.status.straggler makes of them: own = step - wait
+        assert (t["rank"], t["step_s"], t["collective_s"], t["other_s"]) == (
+            row["rank"], parts["step"][0], parts["collective"][0], parts["other"][0])
+        assert t["own_s"] == pytest.approx(t["step_s"] - t["wait_s"], abs=2e-6)
+    # rank 0 waits ~10 ms a step in the all_reduce for rank 1, which hardly waits
+    assert zero["step_time"]["wait_s"] > 0.005 > one["step_time"]["wait_s"]
+    assert zero["step_time"]["score"] == 1.0 and one["step_time"]["score"] == found["score"]
+
+
+def test_status_table_shows_each_ranks_score_and_the_straggler_in_80_columns(straggler_run):
+    res = run_ups("status", str(straggler_run.path), env=NARROW)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert max(len(ln) for ln in lines) <= 80, res.stdout
+    header = next(ln for ln in lines if ln.startswith("PROCESS"))
+    assert "SCORE" in header and "HEALTH" in header, res.stdout
+    at = header.index("SCORE")
+    zero = next(ln for ln in lines if ln.startswith("rank 0 "))
+    one = next(ln for ln in lines if ln.startswith("rank 1 "))
+    assert zero[at:at + 5] == "1.00 " and re.fullmatch(r"0\.[0-7]\d ", one[at:at + 5]), res.stdout
+    assert one.rstrip().endswith("straggler") and zero.rstrip().endswith("ok"), res.stdout
+    text = " ".join(res.stdout.split())
+    assert re.search(r"straggler: rank 1, score 0\.\d\d \(cause: compute\); the job runs \d+% below its pace without "
+                     r"it, [\d.]+ GPU-hours a day on 2 ranks", text), res.stdout
