@@ -76,3 +76,23 @@ def test_status_table_shows_each_ranks_score_and_the_straggler_in_80_columns(str
     text = " ".join(res.stdout.split())
     assert re.search(r"straggler: rank 1, score 0\.\d\d \(cause: compute\); the job runs \d+% below its pace without "
                      r"it, [\d.]+ GPU-hours a day on 2 ranks", text), res.stdout
+
+
+def test_the_exporter_exports_each_ranks_step_parts_and_straggler_score(straggler_run):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from ups.exporter.collector import RunsCollector
+    from ups.exporter.text import exposition
+
+    text = exposition(RunsCollector(run=straggler_run).collect()).decode()
+    samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+    parts = {(s.labels["rank"], s.labels["part"]): s.value for s in samples if s.name == "ups_step_part_seconds"}
+    score = {s.labels["rank"]: s.value for s in samples if s.name == "ups_straggler_score"}
+    assert set(parts) == {(r, p) for r in ("0", "1") for p in PARTS}, parts
+    assert parts[("0", "collective")] > 0.005 > parts[("1", "collective")]  # rank 0 waits in the all_reduce
+    assert parts[("1", "other")] > parts[("0", "other")] + 0.005  # rank 1's own work is 10 ms longer
+    assert score["0"] == 1.0 and score["1"] < 0.85, score
+    for s in samples:
+        if s.name in ("ups_step_part_seconds", "ups_straggler_score"):
+            assert set(s.labels) == {"run", "kind", "node", "rank"} | ({"part"} if "part" in s.labels else set())
+            assert s.labels["run"] == straggler_run.run_id
