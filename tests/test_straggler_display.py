@@ -96,3 +96,22 @@ def test_the_exporter_exports_each_ranks_step_parts_and_straggler_score(straggle
         if s.name in ("ups_step_part_seconds", "ups_straggler_score"):
             assert set(s.labels) == {"run", "kind", "node", "rank"} | ({"part"} if "part" in s.labels else set())
             assert s.labels["run"] == straggler_run.run_id
+
+
+def test_plot_draws_each_ranks_median_step_time(straggler_run):
+    from ups.status.series import metric_values, read_run_series
+
+    def step_times():
+        found, _ = read_run_series(straggler_run.path)
+        got = {name: [v for _, v in metric_values(data, "step_time")] for name, data in found.items()}
+        return got if len(got) == 2 and all(len(v) >= 2 for v in got.values()) else None
+
+    got = wait_for(step_times, 30, interval=0.3, message="the ranks' series with a step time")
+    assert all(0.01 < v < 0.5 for values in got.values() for v in values), got  # ~17 ms a step on each rank
+    res = run_ups("plot", str(straggler_run.path), "--metric", "step_time", "--plain", "--width", "80")
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0] == f"{straggler_run.run_id}: median step time (s)" and max(len(ln) for ln in lines) <= 80
+    assert "● rank 0  o rank 1" in res.stdout and lines[-2].strip().startswith("step "), res.stdout
+    points = json.loads(run_ups("status", str(straggler_run.path), "--json").stdout)["series"]["rank-1"]["points"]
+    assert any(isinstance(p["step_time"], float) for p in points)
