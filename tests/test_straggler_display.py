@@ -7,6 +7,7 @@ windows, is tests/test_why_rules.py's)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import sys
@@ -115,3 +116,33 @@ def test_plot_draws_each_ranks_median_step_time(straggler_run):
     assert "● rank 0  o rank 1" in res.stdout and lines[-2].strip().startswith("step "), res.stdout
     points = json.loads(run_ups("status", str(straggler_run.path), "--json").stdout)["series"]["rank-1"]["points"]
     assert any(isinstance(p["step_time"], float) for p in points)
+
+
+def test_console_draws_each_ranks_step_bar_and_names_the_straggler(straggler_run):
+    asyncio.run(_console(straggler_run))
+
+
+async def _console(run: RunDir) -> None:
+    from test_console import cell, until
+
+    from console.app import UpsConsole
+
+    app = UpsConsole(run.path.parent, refresh=0.3)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await until(pilot, lambda: app.snapshot and app.snapshot.runs, message="the run listed")
+        app.open_run(run.run_id)
+        table = await until(pilot, lambda: app.screen.query_one("#ranks"), message="the run screen")
+        await until(pilot, lambda: "STEP TIME" in [str(c.label) for c in table.columns.values()], message="the bars")
+        bar = re.compile(r"[▓░█▒]{12} (\d\.\d\d)")
+        one = await until(pilot, lambda: bar.fullmatch(cell(table, "rank-1", "steptime")), message="rank 1's bar")
+        zero = bar.fullmatch(cell(table, "rank-0", "steptime"))
+        assert zero and zero.group(1) == "1.00" and float(one.group(1)) < 0.85
+        # rank 1's step is mostly its own rest (▒), rank 0's a good part waiting for it (░)
+        assert cell(table, "rank-1", "steptime").count("▒") > cell(table, "rank-0", "steptime").count("▒")
+        assert cell(table, "rank-0", "steptime").count("░") >= 4
+        assert cell(table, "rank-1", "health") == "straggler"
+        table.focus()
+        table.move_cursor(row=table.get_row_index("rank-1"))
+        line = app.screen.query_one("#steptime")
+        await until(pilot, lambda: "rank 1 step" in str(line.render()), message="rank 1's step in words")
+        assert "(straggler: compute)" in str(line.render())
