@@ -12,10 +12,17 @@ from ups.format import (
     fmt_attempt,
     fmt_bytes,
     fmt_duration,
+    fmt_ms,
     fmt_progress,
     fmt_rate,
     slurm_line,
 )
+
+# Where a rank's step goes (ups.status.straggler.RankTime): each part's glyph, style and name,
+# in the order the bar draws them. Distinct glyphs, so that the bar reads without colour.
+STEP_PARTS = (("▓", "cyan", "input"), ("░", "yellow", "peer wait"), ("█", "blue", "backward"),
+              ("▒", "magenta", "rest"))
+STEP_BAR_WIDTH = 12
 
 
 def health_cell(health: str, reason: str = "", width: int = 48) -> Text:
@@ -42,6 +49,43 @@ def bar(step: int, total: int | None, width: int = 10) -> Text:
     frac = max(0.0, min(1.0, step / total))
     full = int(frac * width)
     return Text.assemble(("█" * full, "green"), ("░" * (width - full), "dim"), f" {frac * 100:3.0f}%")
+
+
+def step_parts(t) -> tuple[float, float, float, float]:
+    """A rank's median step (a ``RankTime``) as input, waiting for peers, backward (its own
+    part: under DDP the all-reduce waited inside backward() is waiting), rest; in seconds."""
+    own_backward = max(0.0, t.backward - max(0.0, t.wait - t.collective))
+    return t.data, t.wait, own_backward, t.other
+
+
+def step_bar(t, *, named: bool = False, width: int = STEP_BAR_WIDTH) -> Text:
+    """A rank's step as a bar of ``width`` cells, each part in proportion (largest remainders
+    rounded up), then its straggler score; the straggler's score in its health's colour."""
+    parts = step_parts(t)
+    total = sum(parts)
+    if total <= 0:
+        return Text("-")
+    exact = [width * v / total for v in parts]
+    cells = [int(x) for x in exact]
+    for i in sorted(range(len(parts)), key=lambda i: exact[i] - cells[i], reverse=True)[: width - sum(cells)]:
+        cells[i] += 1
+    bar = Text.assemble(*((glyph * n, style) for (glyph, style, _), n in zip(STEP_PARTS, cells, strict=True) if n))
+    bar.append(f" {t.score:.2f}", style=HEALTH_STYLES["straggler"] if named else "")
+    return bar
+
+
+def step_line(t, label: str, found=None) -> Text:
+    """The selected rank's step in words: each part's glyph, name and median, its score, and
+    its cause when it is the straggler named (``found``: a ``Straggler``)."""
+    line = Text.assemble((f"{label} ", "bold"), f"step {fmt_ms(t.step)}: ")
+    for (glyph, style, name), value in zip(STEP_PARTS, step_parts(t), strict=True):
+        line.append(glyph, style=style)
+        line.append(f" {name} {fmt_ms(value)}  ")
+    named = found is not None and (t.name == found.rank.name or t.rank in found.node_ranks)
+    line.append(f"score {t.score:.2f}", style=HEALTH_STYLES["straggler"] if named else "bold")
+    if named:  # the verdict above says what it costs
+        line.append(f" (straggler: {found.cause})", style=HEALTH_STYLES["straggler"])
+    return line
 
 
 def gpu_cell(gpu) -> str:

@@ -81,6 +81,38 @@ def test_every_reader_survives_bad_series_files(tmp_path):
     assert "future schema" in problems["rank-2.json"] and "FIFO" in problems["rank-4.json"]
 
 
+def test_a_series_file_from_before_step_time_is_read_plotted_and_continued(tmp_path):
+    """A series written before the step_time column (its ``fields`` stop at ``mem``): every
+    reader reads it with step_time empty, ``ups plot`` draws its loss and says it has no step
+    time, and a relaunch's writer continues it with the column."""
+    run = RunDir.create(tmp_path / "runs", "torchrun")
+    old = ["t", "step", "attempt", "loss", "lr", "grad_norm", "rate", "sps", "tps", "mem"]
+    rows = [[START + i, i, 1, 1.0 / (i + 1), 1e-3, None, 10.0, None, None, 1 << 30] for i in range(1, 31)]
+    (run.path / "metrics").mkdir()
+    (run.path / "metrics" / "rank-0.json").write_text(json.dumps({
+        "schema": 1, "name": "rank-0", "fields": old, "stride": 1, "count": 30, "attempt": 1, "written_at": START,
+        "first_nonfinite": None, "around_nonfinite": [], "first_loss": rows[:1], "overview": rows, "recent": rows}))
+    data, problem = read_series(run.path / "metrics" / "rank-0.json")
+    assert problem is None and len(metric_values(data, "loss")) == 30 and metric_values(data, "step_time") == []
+    assert points(data)[-1]["mem"] == 1 << 30 and points(data)[-1]["step_time"] is None
+    res = run_ups("plot", str(run.path), "--plain")
+    assert res.returncode == 0 and res.stdout.startswith(f"{run.run_id}: loss\n") and res.stdout.count("●") >= 10, res.stderr
+    res = run_ups("plot", str(run.path), "--metric", "step_time")
+    assert res.returncode == 2 and "has no step_time series yet" in res.stderr, res.stderr
+    # More columns than this version knows, or others: not read as this version's.
+    for fields in (old + ["step_time", "future"], old[:9], ["x", *old[1:]]):
+        (run.path / "metrics" / "rank-1.json").write_text(json.dumps({"schema": 1, "fields": fields, "recent": []}))
+        assert read_series(run.path / "metrics" / "rank-1.json") == (None, "unknown columns")
+
+    # attempt 2 (a restart): the writer goes on from the old rows, with step_time from now on
+    w = SeriesWriter(run.path, "rank-0", attempt=2)
+    w.add({"t": START + 100, "step": 31, "loss": 0.03, "step_time": 0.125})
+    w.maybe_write(force=True)
+    data, problem = read_series(run.path / "metrics" / "rank-0.json")
+    assert problem is None and data["fields"][-1] == "step_time"
+    assert metric_values(data, "step_time") == [(31, 0.125)] and len(metric_values(data, "loss")) == 31
+
+
 def test_capture_reads_losses_off_the_training_thread_and_finds_the_first_nan():
     torch = pytest.importorskip("torch")
     from ups.instrument.metrics import Capture, batch_size

@@ -75,6 +75,20 @@ def fmt_duration(seconds: float | None) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
+def fmt_ms(seconds: float | None) -> str:
+    """Seconds as milliseconds, three significant digits: '9.35 ms', '120 ms', '-'."""
+    return "-" if seconds is None else f"{seconds * 1e3:.3g} ms"
+
+
+def fmt_straggler(found) -> str:
+    """A named straggler (``ups.status.straggler.Straggler``) in one sentence: who, its score
+    and cause, and what it costs the job."""
+    who = (f"node {found.rank.host} (ranks {', '.join(map(str, found.node_ranks))})" if found.cause == "node"
+           else f"rank {found.rank.rank}")
+    return (f"straggler: {who}, score {found.rank.score:.2f} (cause: {found.cause}); the job runs {found.cost:.0%} "
+            f"below its pace without it, {found.gpu_hours_per_day:.1f} GPU-hours a day on {found.world} ranks")
+
+
 HEALTH_STYLES = {
     "starting": "cyan",
     "ok": "green",

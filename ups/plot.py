@@ -12,7 +12,7 @@ import math
 
 MARKERS = "●o+x*#@%"
 METRICS = {"loss": "loss", "lr": "learning rate", "grad_norm": "grad norm", "rate": "steps/s", "sps": "samples/s",
-           "tps": "tokens/s", "mem": "GPU memory (bytes)"}
+           "tps": "tokens/s", "mem": "GPU memory (bytes)", "step_time": "median step time (s)"}
 
 
 def finite(pairs: list[tuple[float, float]]) -> list[tuple[float, float]]:

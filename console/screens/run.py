@@ -20,6 +20,8 @@ from console.render import (
     health_cell,
     reason_cell,
     run_header,
+    step_bar,
+    step_line,
     verdict_line,
 )
 from console.snapshots import Snapshot
@@ -31,25 +33,38 @@ from ups.format import fmt_rate
 # reason comes last, where it may be cut.
 RANK_COLUMNS = [("proc", "PROCESS"), ("health", "HEALTH"), ("phase", "PHASE"), ("progress", "PROGRESS"), ("rate", "RATE"),
                 ("hb", "HB"), ("pid", "PID"), ("gpu", "GPU"), ("host", "HOST"), ("why", "WHY")]
+# A run whose ranks have a step window (their records' metrics.step_parts) gets a bar of where
+# each one's step goes, with its straggler score, after its health.
+STEP_COLUMN = ("steptime", "STEP TIME")
+STEP_COLUMNS = [*RANK_COLUMNS[:2], STEP_COLUMN, *RANK_COLUMNS[2:]]
 WORKER_COLUMNS = [("worker", "W"), ("health", "HEALTH"), ("item", "ITEM"), ("items", "READ"), ("hb", "HB"), ("pid", "PID"),
                   ("why", "WHY")]
 
 
-def rank_cells(p) -> tuple:
+def rank_cells(p, step_times: tuple | None = None) -> tuple:
+    """A process's row; with ``step_times`` (the view's: by name, and the straggler) the bar
+    of where its step goes after its health."""
     r = p.record
-    return (
+    cells = (
         r.label, health_cell(p.verdict.health.value, width=0), r.phase, bar(r.step, r.total), fmt_rate(r.rate, r.unit),
         age(p.heartbeat_age) if r.state == "running" else "-", str(r.pid), gpu_cell(r.gpu), r.host,
         reason_cell(p.verdict.health.value, p.verdict.reason),
     )
+    if step_times is None:
+        return cells
+    times, found = step_times
+    t = times.get(r.name)
+    named = t is not None and found is not None and (t.name == found.rank.name or t.rank in found.node_ranks)
+    return (*cells[:2], "-" if t is None else step_bar(t, named=named), *cells[2:])
 
 
-def node_cells(n) -> tuple:  # a NodeView
+def node_cells(n, step_times: tuple | None = None) -> tuple:  # a NodeView
     """A node's heading row: its name, health, its launcher's state and pid."""
-    return (
+    cells = (
         Text(f"node {n.host}" + (" (here)" if n.local else ""), style="bold"), health_cell(n.health, width=0),
         n.state or "?", f"{n.processes} proc", "", "", str(n.launcher_pid or "-"), "", n.host, reason_cell(n.health, n.reason),
     )
+    return cells if step_times is None else (*cells[:2], "", *cells[2:])
 
 
 class RunScreen(Screen):
@@ -75,6 +90,7 @@ class RunScreen(Screen):
         yield Static(id="verdict")
         with Vertical(id="tables"):
             yield LiveTable(RANK_COLUMNS, id="ranks")
+            yield Static(id="steptime")
             yield Static("DataLoader workers of the selected rank", id="workers-title", classes="title")
             yield LiveTable(WORKER_COLUMNS, id="workers")
         with TabbedContent(id="panels"):
@@ -147,15 +163,19 @@ class RunScreen(Screen):
             verdict = Text.assemble(verdict, "\n", Text("\n".join(snap.notes), style="bold red"))
         self._set("#verdict", verdict)
         ranks = view.ranks() + [p for p in view.processes if p.record.role in ("helper", "agent", "launcher")]
-        rows = [(p.record.name, lambda p=p: rank_cells(p)) for p in ranks]
+        steps = view.step_times if view.step_times[0] else None
+        rows = [(p.record.name, lambda p=p: rank_cells(p, steps)) for p in ranks]
         if view.nodes:  # a multi-node run: each node heads its group of processes
             rows = []
             for node in view.nodes:
-                rows.append((f"node:{node.host}", lambda n=node: node_cells(n)))
-                rows += [(p.record.name, lambda p=p: rank_cells(p)) for p in ranks if p.record.host == node.host]
-        self.query_one("#ranks", LiveTable).sync(rows)
+                rows.append((f"node:{node.host}", lambda n=node: node_cells(n, steps)))
+                rows += [(p.record.name, lambda p=p: rank_cells(p, steps)) for p in ranks if p.record.host == node.host]
+        table = self.query_one("#ranks", LiveTable)
+        table.set_columns(RANK_COLUMNS if steps is None else STEP_COLUMNS)
+        table.sync(rows)
         sel = view.process(d.selected) if d.selected else None
         rank = sel.record.rank if sel is not None else 0
+        self._show_step(view, sel)
         workers = view.workers(rank)
         self._set("#workers-title",
             f"DataLoader workers of rank {rank}: {len(workers)}" if workers else "no DataLoader workers (num_workers=0 or not a precompute)")
@@ -178,6 +198,16 @@ class RunScreen(Screen):
         if d.series and not self._metrics_opened:
             self._metrics_opened = True
             self.query_one(TabbedContent).active = "tab-metrics"
+
+    def _show_step(self, view, sel) -> None:
+        """The selected rank's step in words under the table (its rank's, for a worker); hidden
+        while it has no step window."""
+        times, found = view.step_times
+        rank = next((p for p in view.ranks() if sel is not None and p.record.rank == sel.record.rank), None)
+        t = times.get(rank.record.name) if rank is not None else None
+        self.query_one("#steptime", Static).display = t is not None
+        if t is not None:
+            self._set("#steptime", step_line(t, rank.record.label, found))
 
     # -- actions ------------------------------------------------------------------------
     def action_kill_process(self) -> None:

@@ -32,8 +32,22 @@ class LiveTable(DataTable):
         self.cell_updates = 0
 
     def on_mount(self) -> None:
+        if self.columns:  # set_columns came first
+            return
         for key, label in zip(self._column_keys, self._labels, strict=True):
             self.add_column(label, key=key)
+
+    def set_columns(self, columns: Sequence[tuple[str, str]]) -> None:
+        """Show these columns (a column that only some runs have); the rows are drawn anew at
+        the next :meth:`sync`. Nothing happens when they are the ones shown."""
+        keys = [key for key, _ in columns]
+        if keys == self._column_keys:
+            return
+        self.clear(columns=True)
+        self._column_keys, self._labels = keys, [label for _, label in columns]
+        for key, label in columns:
+            self.add_column(label, key=key)
+        self._shown, self._order = {}, []
 
     def sync(self, rows: Sequence[tuple[str, Any]]) -> None:
         """Show ``rows``: (key, cells) pairs, where cells is a tuple or a zero-argument

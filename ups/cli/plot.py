@@ -16,7 +16,8 @@ commands = typer.Typer()  # registered by ups.cli.app, the root
 def plot_cmd(
     run: RunArgument = None,
     metric: Annotated[str, typer.Option("--metric", help="loss, lr, grad_norm, rate (steps/s), sps (samples/s), "
-                                                         "tps (tokens/s) or mem (GPU memory).")] = "loss",
+                                                         "tps (tokens/s), mem (GPU memory) or step_time (the median "
+                                                         "step of the rank's last ~10 s, in seconds).")] = "loss",
     rank: Annotated[list[int] | None, typer.Option("--rank", help="Only this rank (repeatable); default every rank.")] = None,
     width: Annotated[int, typer.Option("--width", help="Columns (default: the terminal's, at most 80).")] = 0,
     height: Annotated[int, typer.Option("--height", help="Lines.")] = 18,
@@ -30,6 +31,7 @@ def plot_cmd(
     \b
         ups plot exp7                  # loss of every rank
         ups plot exp7 --metric rate --rank 1
+        ups plot exp7 --metric step_time     # from when the steps grew slower
     """
     import shutil
 

@@ -20,6 +20,7 @@ from ups.format import (
     fmt_metric,
     fmt_progress,
     fmt_rate,
+    fmt_straggler,
     slurm_line,
 )
 
@@ -98,7 +99,9 @@ def process_table(view: RunView, nvml: dict[int, int], *, reasons: bool, wide: b
     training = _has_training_metrics(view)
     extra = (("LOSS", "loss"), ("LR", "lr"), ("GNORM", "grad_norm")) if wide else (("LOSS", "loss"),)
     extra = extra if training else ()
-    columns = ["PROCESS", "PID", "PHASE", "PROGRESS", "RATE", *(c for c, _ in extra), "HB/PROG", "GPU", "HEALTH"]
+    times, found = view.step_times
+    score = ["SCORE"] if times else []  # the ranks' straggler scores (ups.status.straggler), once they have a step window
+    columns = ["PROCESS", "PID", "PHASE", "PROGRESS", "RATE", *(c for c, _ in extra), *score, "HB/PROG", "GPU", "HEALTH"]
     for col in columns:
         table.add_column(col, no_wrap=col not in yielding)
     for p, node in grouped_processes(view):
@@ -107,7 +110,7 @@ def process_table(view: RunView, nvml: dict[int, int], *, reasons: bool, wide: b
             table.add_row(
                 Text(f"node {node.host}" + (" (here)" if node.local else ""), "bold"),
                 str(node.launcher_pid or "-"), Text(node.state or "?", STATE_STYLES.get(node.state or "", "")),
-                "", "", *("" for _ in extra), "", "",
+                "", "", *("" for _ in extra), *("" for _ in score), "", "",
                 one_line(Text.assemble((h, HEALTH_STYLES.get(h, "")), (f" {node.reason}" if reasons and h != "ok" else "", "dim"))),
             )
             continue
@@ -119,11 +122,26 @@ def process_table(view: RunView, nvml: dict[int, int], *, reasons: bool, wide: b
             one_line(Text(_progress_cell(r))),
             one_line(Text(fmt_rate(r.rate, r.unit if reasons else ""))),
             *(_metric_cell(r.metrics.get(key)) if r.role == "rank" else "" for _, key in extra),
+            *(_score_cell(p, times, found) for _ in score),
             f"{fmt_age(p.heartbeat_age)}/{fmt_age(p.progress_age)}" if r.state == "running" else "-",
             one_line(Text(_gpu_cell(p, nvml))),
             _health_cell(p, reason=reasons),
         )
     return table
+
+
+def _score_cell(p: ProcessView, times: dict, found) -> Text | str:
+    """A rank's straggler score (1.00: the best rank's own time), the straggler's in its
+    health's colour; '-' for a rank with no step window, nothing for the other processes."""
+    from rich.text import Text
+
+    if p.record.role != "rank":
+        return ""
+    t = times.get(p.record.name)
+    if t is None:
+        return "-"
+    named = found is not None and (t.name == found.rank.name or t.rank in found.node_ranks)
+    return Text(f"{t.score:.2f}", style=HEALTH_STYLES["straggler"] if named else "")
 
 
 def _metric_cell(value):
@@ -173,6 +191,9 @@ def render_status(view: RunView, nvml: dict[int, int], *, width: int | None = No
         parts.append(Text(view.manifest_problem, style="red"))
     if m.get("summary"):
         parts.append(Text(f"summary: {m['summary']}"))
+    found = view.step_times[1]
+    if found is not None:  # the rank the others wait for, and its cost (the rows say each rank's score)
+        parts.append(Text(fmt_straggler(found), style=HEALTH_STYLES["straggler"]))
     verdict = m.get("verdict") or {}
     if verdict.get("text") and not verdict.get("ok"):  # an ended run's `ups why`, kept in run.json
         parts.append(Text(f"why: {verdict['text']}"))

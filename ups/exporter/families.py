@@ -4,7 +4,8 @@ Names follow Prometheus's conventions: ``ups_`` first, the unit last in base uni
 (``_seconds``, ``_bytes``), ``_total`` on counters, ``_info`` on the one info metric, and a
 state set (one series per state, 1 for the current one) where a value is a word. Labels
 take bounded values only: ``run``, ``kind``, ``node``, ``role``, ``rank``, ``worker``, a
-collective's ``op`` (one of a known set, else ``other``), a state. Free text from a run (a
+collective's ``op`` (one of a known set, else ``other``), a step's ``part`` (one of
+:data:`STEP_PARTS`), a state. Free text from a run (a
 headline, an item, an error, a path) never becomes a label value of these series; the one
 exception is the verdict's headline in ``ups_run_verdict_info``, one series per run at a
 time. prometheus_client escapes every label value and help text the Prometheus way.
@@ -44,6 +45,9 @@ RANK_LABELS = ("run", "kind", "node", "rank")
 PROCESS_LABELS = ("run", "kind", "node", "role", "rank", "worker")
 WORKER_LABELS = ("run", "kind", "node", "rank", "worker")
 ROLES_EXPORTED = ("launcher", "agent", "rank", "worker", "helper")
+STEP_PARTS = ("step", "data", "collective", "backward", "other")
+"""``ups_step_part_seconds``'s ``part`` values: the parts of a record's ``metrics.step_parts``
+(ups.status.steptime), as ``ups.status.straggler.RankTime`` names them."""
 HEADLINE_MAX = 200
 LABEL_MAX = 120
 EXPORTED_OPS = COLLECTIVE_OPS | COLLECTIVE_WAITS
@@ -66,6 +70,12 @@ SPEC: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "ups_rank_gpu_memory_reserved_bytes": ("CUDA memory torch's caching allocator reserved.", "gauge", RANK_LABELS),
     "ups_rank_gpu_memory_peak_bytes": ("The peak of allocated CUDA memory.", "gauge", RANK_LABELS),
     "ups_rank_collectives_total": ("Collectives the rank entered.", "counter", RANK_LABELS),
+    "ups_step_part_seconds": ("The median over the rank's recent steps (~10 s) of its step and of where the step went "
+                              "(data: waiting for its DataLoader; collective: in collectives; backward: backward() "
+                              "less the collectives in it; other: the rest), in seconds.", "gauge", (*RANK_LABELS, "part")),
+    "ups_straggler_score": ("The best rank's own step time (its step less its waits for peers) over this rank's: 1 for "
+                            "the best; a rank below the run's threshold (0.85 by default) the others wait for.",
+                            "gauge", RANK_LABELS),
     # per process (launcher, agent, rank, worker, helper)
     "ups_process_health": ("The process's health, as `ups status` says it (1 for the current state).", "stateset", PROCESS_LABELS),
     "ups_process_seconds_since_progress": ("Seconds since the process's work last advanced or its phase changed (not for workers).", "gauge", PROCESS_LABELS),
@@ -216,10 +226,12 @@ class Families:
             self.add("ups_run_verdict", head, {
                 "mode": mode, "rank": _int_label(who.get("rank")), "worker": _int_label(who.get("worker")),
                 "headline": stable_headline(str(verdict.headline or ""))})
+        times = view.step_times[0]  # each rank's step window judged against its peers': its straggler score
         for p in view.processes if processes is None else processes:
-            self.add_process(head, p, view.read_at)
+            self.add_process(head, p, view.read_at, times.get(p.record.name))
 
-    def add_process(self, head: tuple[str, str], p: ProcessView, now: float) -> None:
+    def add_process(self, head: tuple[str, str], p: ProcessView, now: float, step_time: Any = None) -> None:
+        """One process; ``step_time``: a rank's ``ups.status.straggler.RankTime``, when it has a step window."""
         r = p.record
         if r.role not in ROLES_EXPORTED:
             return
@@ -245,9 +257,9 @@ class Families:
         if r.role == "worker":
             self.add("ups_worker_items_total", (*head, node, rank, worker), r.step)
         if r.role == "rank":
-            self.add_rank((*head, node, rank), p)
+            self.add_rank((*head, node, rank), p, step_time)
 
-    def add_rank(self, key: tuple[str, ...], p: ProcessView) -> None:
+    def add_rank(self, key: tuple[str, ...], p: ProcessView, step_time: Any = None) -> None:
         r = p.record
         m = r.metrics if isinstance(r.metrics, dict) else {}
         self.add("ups_rank_step", key, r.step)
@@ -266,6 +278,10 @@ class Families:
             self.add("ups_rank_gpu_memory_reserved_bytes", key, number(r.gpu.reserved))
             self.add("ups_rank_gpu_memory_peak_bytes", key, number(r.gpu.peak))
         self.add("ups_rank_collectives_total", key, r.coll_seq)
+        if step_time is not None:  # a running rank's step window (its record's metrics.step_parts): medians
+            for part in STEP_PARTS:
+                self.add("ups_step_part_seconds", (*key, part), number(getattr(step_time, part)))
+            self.add("ups_straggler_score", key, round(step_time.score, 4))
 
 
 @functools.cache

@@ -40,9 +40,12 @@ def run_row(view: RunView, now: float) -> dict:
 
 
 def status_payload(view: RunView, gpu_by_pid: dict[int, int] | None = None) -> dict:
+    times, straggler = view.step_times
     processes = []
     for p in view.processes:
         row = p.to_dict()
+        t = times.get(p.record.name)
+        row["step_time"] = None if t is None else t.to_dict()
         used = (gpu_by_pid or {}).get(p.record.pid)
         if used is not None:
             row["gpu"] = dict(row["gpu"] or {"device": None, "allocated": None, "reserved": None, "peak": None})
@@ -58,6 +61,7 @@ def status_payload(view: RunView, gpu_by_pid: dict[int, int] | None = None) -> d
         "progress": {"step": step, "total": total, "rate": view.rate, "unit": view.unit, "eta_s": view.eta_s},
         "processes": processes,
         "nodes": [n.to_dict() for n in view.nodes],
+        "straggler": None if straggler is None else straggler.to_dict(),
         "unreadable": [{"file": p.file, "problem": p.problem} for p in view.problems],
         "series": series_payload(view),
         "read_at": view.read_at,

@@ -7,6 +7,7 @@ none of them reads status files or the process table on its own.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from ups.status.host import boot_id, hostname
 from ups.status.procs import ProcessTable, StaticProcessTable, same_start
 from ups.status.reader import ReadProblem, StatusSource, read_status_dir
 from ups.status.record import StatusRecord
+from ups.status.straggler import RankTime, Straggler, judge
 
 
 @dataclass(frozen=True)
@@ -159,6 +161,14 @@ class RunView:
 
     def ranks(self) -> list[ProcessView]:
         return [p for p in self.processes if p.record.role == "rank"]
+
+    @functools.cached_property
+    def step_times(self) -> tuple[dict[str, RankTime], Straggler | None]:
+        """Where each running rank's recent step goes (its record's ``metrics.step_parts``), by
+        record name, with its wait, own time and score; and the straggler, when one is named
+        under this run's threshold (ups.status.straggler, the judgement the health rules make)."""
+        ranks, found = judge([p.record for p in self.processes], self.thresholds.straggler_score)
+        return {t.name: t for t in ranks}, found
 
     def workers(self, rank: int | None = None) -> list[ProcessView]:
         return [

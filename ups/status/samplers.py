@@ -100,9 +100,13 @@ class Samplers:
             history = self.history = SeriesWriter(self.run_dir, name, attempt=env_int(ENV_ATTEMPT) or 1)
         trace = list(self.trace)
         self.trace.clear()
+        parts = m.get("step_parts")  # the window's median step (ups.status.steptime), once it has one
+        step_time = parts.get("step") if isinstance(parts, dict) else None
         history.add({"t": time.time(), "step": step, "loss": series_number(loss), "lr": series_number(m.get("lr")),
                      "grad_norm": series_number(m.get("grad_norm")), "rate": rate, "sps": m.get("samples_per_s"),
-                     "tps": m.get("tokens_per_s"), "mem": getattr(gpu, "allocated", None)}, steps=trace)
+                     "tps": m.get("tokens_per_s"), "mem": getattr(gpu, "allocated", None),
+                     "step_time": series_number(step_time[0]) if isinstance(step_time, list) and step_time else None},
+                    steps=trace)
         if isinstance(m.get("loss_nonfinite"), dict):
             history.note_nonfinite(m["loss_nonfinite"])
         history.maybe_write()

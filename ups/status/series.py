@@ -49,9 +49,13 @@ WRITE_EVERY_S = 2.0
 MAX_SERIES_BYTES = 1 << 20
 # Columns of a point, in order. t: UNIX time; step: the record's step; attempt: 1, 2 ...;
 # loss/lr/grad_norm: the program's own values; rate: steps/s; sps/tps: samples/s, tokens/s;
-# mem: CUDA memory allocated (bytes).
-FIELDS = ("t", "step", "attempt", "loss", "lr", "grad_norm", "rate", "sps", "tps", "mem")
-NUMERIC = frozenset(("loss", "lr", "grad_norm", "rate", "sps", "tps"))
+# mem: CUDA memory allocated (bytes); step_time: the median step (s) of the rank's recent steps
+# (its record's metrics.step_parts, ups.status.steptime). A file stores its columns
+# (``fields``): a column is only ever added at the end, and a file of fewer columns (written
+# before it was added) is read with the missing ones empty.
+FIELDS = ("t", "step", "attempt", "loss", "lr", "grad_norm", "rate", "sps", "tps", "mem", "step_time")
+FIRST_FIELDS = 10  # the columns of the first files (up to ``mem``): the fewest a series file may have
+NUMERIC = frozenset(("loss", "lr", "grad_norm", "rate", "sps", "tps", "step_time"))
 
 
 def _round(value):  # any JSON scalar
@@ -204,9 +208,12 @@ class SeriesWriter:
 
 # --------------------------------------------------------------------------- reading
 def _valid_rows(rows, width: int) -> list[list]:
+    """The rows of ``width`` cells (the file's columns), each made as wide as :data:`FIELDS`
+    (the columns added since the file was written are empty)."""
     if not isinstance(rows, list):
         raise ValueError("points are not a list")
-    return [r for r in rows if isinstance(r, list) and len(r) == width]
+    pad = [None] * (len(FIELDS) - width)
+    return [r + pad if pad else r for r in rows if isinstance(r, list) and len(r) == width]
 
 
 def read_series(path: str | os.PathLike[str]) -> tuple[dict | None, str | None]:
@@ -230,15 +237,18 @@ def read_series(path: str | os.PathLike[str]) -> tuple[dict | None, str | None]:
     if data["schema"] > SERIES_SCHEMA:
         return None, f"future schema {data['schema']}"
     fields = data.get("fields")
-    if not isinstance(fields, list) or fields != list(FIELDS):
+    # This version's columns, or an older file's: the same columns up to where it stops.
+    if not isinstance(fields, list) or not FIRST_FIELDS <= len(fields) <= len(FIELDS) or fields != list(FIELDS[:len(fields)]):
         return None, "unknown columns"
+    width = len(fields)
     try:
-        data["overview"] = _valid_rows(data.get("overview", []), len(FIELDS))
-        data["recent"] = _valid_rows(data.get("recent", []), len(FIELDS))
-        data["around_nonfinite"] = _valid_rows(data.get("around_nonfinite") or [], len(FIELDS))
-        data["first_loss"] = _valid_rows(data.get("first_loss") or [], len(FIELDS))[:1]
+        data["overview"] = _valid_rows(data.get("overview", []), width)
+        data["recent"] = _valid_rows(data.get("recent", []), width)
+        data["around_nonfinite"] = _valid_rows(data.get("around_nonfinite") or [], width)
+        data["first_loss"] = _valid_rows(data.get("first_loss") or [], width)[:1]
     except ValueError as exc:
         return None, str(exc)
+    data["fields"] = list(FIELDS)  # its rows are this version's now
     if not isinstance(data.get("first_nonfinite"), dict | None):
         data["first_nonfinite"] = None
     return data, None
