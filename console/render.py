@@ -52,10 +52,9 @@ def bar(step: int, total: int | None, width: int = 10) -> Text:
 
 
 def step_parts(t) -> tuple[float, float, float, float]:
-    """A rank's median step (a ``RankTime``) as input, waiting for peers, backward (its own
-    part: under DDP the all-reduce waited inside backward() is waiting), rest; in seconds."""
-    own_backward = max(0.0, t.backward - max(0.0, t.wait - t.collective))
-    return t.data, t.wait, own_backward, t.other
+    """A rank's median step (a ``RankTime``) as input, waiting for peers, backward (the work
+    and real communication every rank shares: ups.status.straggler), rest; in seconds."""
+    return t.data, t.wait, max(0.0, t.step - t.wait - t.data - t.other), t.other
 
 
 def step_bar(t, *, named: bool = False, width: int = STEP_BAR_WIDTH) -> Text:

@@ -10,7 +10,8 @@ change: ``--inject``, ups.instrument.torch.rehearse), each from ``after`` s past
 
 - compute x F: ``slow_step`` of (F - 1) x the healthy run's own time per step (measured first);
 - input: ``slow_sample`` on rank 1 (its workers): 1 ms a sample (DDP), 40 ms (FSDP2's steps are ~15x longer);
-- host: each rank pinned to its own core (``taskset``), then a CPU hog pinned to rank 1's core;
+- host: each rank pinned to its own core (``taskset``) and a CPU hog pinned to rank 0's, which the job's
+  other processes (agent, launcher, observers) share too on this 2-core box: rank 0 is the one to name;
 - pause: rank 1 stops once for 3 s; busy: two unpinned CPU hogs for the whole run; healthy.
 
 Judged in this process with the code ``ups status`` runs (``open_run``: health, ups.status.straggler),
@@ -119,15 +120,16 @@ def run_case(runs: Path, name: str, kind: str, inject: list[str], *, host: bool 
                 if now > deadline - 180:
                     raise SystemExit(f"{name}: no step")
                 continue
-            if host and not pinned:
-                pids = rank_pids(run_dir)
-                for rank, pid in pids.items():
-                    subprocess.run(["taskset", "-a", "-cp", str(rank % (os.cpu_count() or 2)), str(pid)],
-                                   capture_output=True)
-                pinned = True
             if start_at is None:
-                if host and now >= first_step_at + AFTER_S:
-                    hogs.append(subprocess.Popen(["taskset", "-c", str(1 % (os.cpu_count() or 2)), *HOG]))
+                if host and now >= first_step_at + AFTER_S and not pinned:
+                    # Each rank (its threads, and the DataLoader workers it forks later) on its own
+                    # core, and a CPU hog on rank 0's: the job's other processes (its agent, the
+                    # launcher, the observers) go where there is room, rank 0's core is the crowded one.
+                    for rank, pid in rank_pids(run_dir).items():
+                        subprocess.run(["taskset", "-a", "-cp", str(rank % (os.cpu_count() or 2)), str(pid)],
+                                       capture_output=True)
+                    pinned = True
+                    hogs.append(subprocess.Popen(["taskset", "-c", "0", *HOG]))
                     start_at = now
                 elif not host:
                     start_at = fault_started(run_dir) if injected else None
@@ -145,7 +147,7 @@ def run_case(runs: Path, name: str, kind: str, inject: list[str], *, host: bool 
         for h in hogs:
             h.kill()
         subprocess.run([sys.executable, "-m", "ups", "kill", run_dir.name, "--runs-dir", str(runs)], capture_output=True)
-    return summarize(name, samples, first_step_at, start_at, named_at, injected, expected)
+    return summarize(name, samples, first_step_at, start_at, named_at, injected, expected, 0 if host else 1)
 
 
 def rate(samples: list[dict], t0: float, t1: float) -> float | None:
@@ -164,7 +166,7 @@ def episodes(samples: list[dict]) -> list[dict]:
     return out
 
 
-def summarize(name, samples, first_step_at, start_at, named_at, injected, expected=None) -> dict:
+def summarize(name, samples, first_step_at, start_at, named_at, injected, expected=None, expected_rank=1) -> dict:
     out: dict = {"case": name}
     before = [s for s in samples if start_at is None or s["t"] < start_at] if injected else samples
     healthy_s = (before[-1]["t"] - before[0]["t"]) if len(before) > 1 else 0.0
@@ -193,7 +195,8 @@ def summarize(name, samples, first_step_at, start_at, named_at, injected, expect
     out["lowest_score_after"] = round(min(low), 3) if low else None
     hits = [s["named"] for s in after if s["named"]]
     out["seconds_to_named"] = None if named_at is None else round(named_at - start_at, 1)
-    right = [s for s in after if s["named"] and s["named"]["rank"] == 1 and s["named"]["cause"] == expected]
+    right = [s for s in after if s["named"] and s["named"]["rank"] == expected_rank and s["named"]["cause"] == expected]
+    out["expected_rank"] = expected_rank
     out["expected_cause"] = expected
     out["seconds_to_right_cause"] = round(right[0]["t"] - start_at, 1) if right else None
     if hits:

@@ -35,9 +35,9 @@ AFTER_S = 4
 STARTED = re.compile(r"ups: rehearsing (\S+) on rank (\d+) from ([\d.]+)")
 
 
-def launch(tmp_path: Path, job: tuple, inject: str) -> RunDir:
+def launch(tmp_path: Path, job: tuple, inject: str, *ups_options: str) -> RunDir:
     program, args, env, _ = job
-    res = run_ups("launch", "torchrun", "--detach", "--json", "--inject", inject, "--nproc-per-node", "2",
+    res = run_ups("launch", "torchrun", "--detach", "--json", "--inject", inject, *ups_options, "--nproc-per-node", "2",
                   str(program), *args, env=env, cwd=tmp_path, timeout=120)
     assert res.returncode == 0, res.stderr
     return RunDir(tmp_path / json.loads(res.stdout)["run_dir"])
@@ -88,7 +88,8 @@ def named_within(run: RunDir, cause: str, deadline_s: float) -> tuple[dict, dict
 @pytest.mark.parametrize("job", [DDP, FSDP2], ids=["ddp", "fsdp2"])
 @pytest.mark.parametrize(("fault", "cause"), [("slow_step", "compute"), ("slow_sample", "input")], ids=["compute", "input"])
 def test_a_straggler_is_named_with_its_cause_and_cost(tmp_path, runs, job, fault, cause):
-    run = launch(tmp_path, job, f"{fault}:rank=1,{job[3][fault]},after={AFTER_S}")
+    told = tmp_path / "told.txt"
+    run = launch(tmp_path, job, f"{fault}:rank=1,{job[3][fault]},after={AFTER_S}", "--notify", f"cmd:cat >> {told}; echo >> {told}")
     runs.append(run)
     wait_for(lambda: fault_began(run), 120, interval=0.5, message="rank 1's fault to begin")
     st, v, polls = named_within(run, cause, 60)
@@ -108,6 +109,12 @@ def test_a_straggler_is_named_with_its_cause_and_cost(tmp_path, runs, job, fault
         named = [p for p in status["processes"] if p["health"] == "straggler"]
         return why if why["mode"] == f"straggler_{cause}" and [p["rank"] for p in named] == [1] else None
     wait_for(real, 30, interval=1, message="`ups why` and `ups status` naming rank 1")
+    # Told once (--notify): the message says who, the cause and the cost; not again while it lasts.
+    wait_for(lambda: told.exists() and "straggler" in told.read_text(), 30, interval=0.5, message="the notification")
+    wait_for(lambda: status_now(run)["straggler"], 30, interval=0.5, message="still named")
+    messages = [json.loads(line) for line in told.read_text().splitlines() if line.strip()]
+    said = [m for m in messages if (m.get("mode") or "").startswith("straggler_")]
+    assert len(said) == 1 and "rank 1 is the straggler" in said[0]["summary"], messages
     # A display: nothing acted on the run.
     events = [json.loads(line)["event"] for line in (run.path / "events.jsonl").read_text().splitlines()]
     assert not [e for e in events if e in ("restart", "hang", "kill", "worker.killed")], events

@@ -84,11 +84,14 @@ def test_the_health_word_is_straggler_with_its_score_and_the_threshold_is_the_ru
     assert lenient["rank-1"].health is Health.OK
 
 
-def test_a_hostile_step_window_is_dropped_not_believed():
+@pytest.mark.parametrize("bad", [["a lot", 1], [], [0.01], [-1, 2], [1e308, 1]], ids=["text", "empty", "one", "negative", "huge"])
+def test_a_hostile_step_window_is_dropped_not_believed(bad):
     rec = rank(0).to_dict()
-    rec["metrics"]["step_parts"]["step"] = ["a lot", 1]
+    rec["metrics"]["step_parts"]["step"] = bad
     back = StatusRecord.from_dict(rec)
     assert "step_parts" not in back.metrics
+    ranks, found = judge([back, rank(1)])
+    assert found is None and [t.rank for t in ranks] == [1]  # the other rank alone: nothing to compare
 
 
 def test_the_reporter_splits_each_step_into_input_collective_backward_and_the_rest(tmp_path):

@@ -160,6 +160,10 @@ class HangWatch:
             troubled += quiet_peers(view, troubled) + starting_workers(view, troubled)
         if not troubled and not self.observer.watched:
             self.episode, self.observed = None, {}
+            if any(p.verdict.health is Health.STRAGGLER for p in view.processes):
+                from ups.why import diagnose_view
+
+                return diagnose_view(view), None  # told (--notify, once an episode), never acted on
             return None, None
         from ups.why import diagnose_view
 

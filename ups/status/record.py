@@ -218,6 +218,14 @@ def _training_value(v: Any) -> Any:
     return _FINITE(v)
 
 
+def _median_p90(v: Any) -> list[float]:
+    """A step part's [median, p90] (ups.status.steptime): exactly two seconds figures."""
+    pair = list_of(number(0.0, 1e9), 2)(v)
+    if len(pair) != 2:
+        raise BadFile(f"has {len(pair)} items, not [median, p90]")
+    return pair
+
+
 _KNOWN_METRICS: dict[str, Check] = {
     **dict.fromkeys(("nofile_limit", "skipped_steps", "epoch", "forced_num_workers", "checkpoints", "workers",
                      "loss_step", "gpu_total"), integer(0, INT_MAX)),
@@ -238,8 +246,7 @@ _KNOWN_METRICS: dict[str, Check] = {
     # A rank's recent steps (ups.status.steptime): seconds a step, [median, p90] of each part;
     # runq and cpu: shares of wall time its main thread waited for a core, and ran.
     "step_parts": obj({"n": integer(1, INT_MAX), "window_s": number(0.0, 1e9), "step_mean": optional(number(0.0, 1e9)),
-                       **dict.fromkeys(("step", "data", "collective", "backward", "other"),
-                                       list_of(number(0.0, 1e9), 2)),
+                       **dict.fromkeys(("step", "data", "collective", "backward", "other"), _median_p90),
                        "runq": optional(number(0.0, 1e3)), "cpu": optional(number(0.0, 1e3))},
                       required=("n", "step", "data", "collective", "backward", "other")),
     # A launcher's record: what it sees of the processes it watches (ups.launch.proof), by name.
