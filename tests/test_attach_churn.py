@@ -111,17 +111,24 @@ def test_the_tutorial_job_attached_shows_epochs_and_a_rate_no_dead_worker_throug
     # unless it was between two generations, then the next pair is tried.
     rank0 = json.loads((runs_root / run_id / "status" / "rank-0.json").read_text())["pid"]
     victims, text = set(), None
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 90
     while text is None and time.monotonic() < deadline:
         pair = wait_for(lambda: workers_of(rank0) or None, 30, interval=0.02, message="live workers of rank 0")
         for pid in pair:
             os.kill(pid, signal.SIGKILL)
         victims |= set(pair)
+        # torch's word, or rank 0's end (a busy box may take seconds to print it: then wait for it)
         try:
-            text = wait_for(lambda v=frozenset(victims): said_of(v, log.read_text(errors="replace")), 10, interval=0.2,
-                            message="torch's word")
+            said = wait_for(lambda v=frozenset(victims): said_of(v, log.read_text(errors="replace")) or
+                            (None if os.path.exists(f"/proc/{rank0}/task") else "gone"), 15, interval=0.2,
+                            message="torch's word or rank 0's end")
         except AssertionError:
-            continue  # its DataLoader was done with them
+            continue  # its DataLoader was done with them: the next pair
+        if said == "gone":
+            text = wait_for(lambda v=frozenset(victims): said_of(v, log.read_text(errors="replace")), 60, interval=0.5,
+                            message="torch's word in the log after rank 0 ended")
+        else:
+            text = said
     assert text, "torch never said a worker died"
     victim = next(v for v in victims if str(v) in text)
 

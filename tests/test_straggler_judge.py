@@ -116,3 +116,16 @@ def test_the_reporter_splits_each_step_into_input_collective_backward_and_the_re
     assert 0.002 <= parts["data"][0] < 0.02 and 0.001 <= parts["collective"][0] < 0.02
     assert parts["backward"][0] == 0.0 and 0.001 <= parts["other"][0] < 0.02
     assert parts["step"][0] >= parts["data"][0] + parts["collective"][0] + parts["other"][0] - 1e-6
+
+
+def test_a_slow_job_is_judged_on_its_last_30_steps_while_they_are_recent():
+    """A step every second (a large model): the 10 s window holds 10 steps, too few; the window
+    is then its last 30 steps, as long as they ended within 300 s."""
+    from collections import deque
+
+    from ups.status.steptime import StepWindow
+
+    parts = deque((100.0 + i, 1.0, 0.1, 0.0, 0.5) for i in range(40))
+    summary = StepWindow().summary(parts, None, now=141.0)
+    assert summary["n"] == 30 and summary["window_s"] == pytest.approx(32.0) and summary["data"][0] == 0.1
+    assert StepWindow().summary(parts, None, now=1000.0) is None  # stopped long ago: nothing to say

@@ -35,6 +35,7 @@ from ups.why.rules.hardware import full_disk, gpu_straggler, lost_node, unsuperv
 from ups.why.rules.metrics import ended_training, live_training
 from ups.why.rules.pauses import busy_pause, no_signal
 from ups.why.rules.processes import dead, healthy, hung
+from ups.why.rules.stragglers import straggler
 from ups.why.rules.workers import starved_loader, stuck_workers
 from ups.why.verdict import MODES, Verdict
 
@@ -1034,6 +1035,28 @@ def _(s: Scene) -> None:
 @case(gpu_straggler, "a throttled GPU here, the slow rank on another host", None, then="healthy")
 def _(s: Scene) -> None:
     _slow_rank_1(s, ("thermal",), host=THERE)
+
+
+# ---- straggler
+def _parts(data: float, bwd: float, other: float) -> dict:
+    step = 0.014
+    return {"step_parts": {"n": 200, "window_s": 5.0, "step_mean": step, "runq": 0.02, "cpu": 0.5,
+                           **{k: [v, v] for k, v in (("step", step), ("data", data), ("collective", 0.0),
+                                                     ("backward", bwd), ("other", other))}}}
+
+
+@case(straggler, "rank 1 waits 5 ms for its DataLoader; rank 0 waits for it in backward", "straggler_input", who="rank 1",
+      words=("rank 1 is the straggler (score 0.55)", "DataLoader", "GPU-hours a day on 2 ranks"),
+      evidence=("rank 0: step 14 ms = own 6 ms", "named below score 0.85"))
+def _(s: Scene) -> None:
+    s.add("rank", 0, **RUNNING, metrics=_parts(0.001, 0.012, 0.001))
+    s.add("rank", 1, health=Health.STRAGGLER, reason="score 0.55, input", metrics=_parts(0.006, 0.004, 0.001))
+
+
+@case(straggler, "the same numbers but no rank's health says straggler: nothing named", None, then="healthy")
+def _(s: Scene) -> None:
+    s.add("rank", 0, **RUNNING, metrics=_parts(0.001, 0.012, 0.001))
+    s.add("rank", 1, **RUNNING, metrics=_parts(0.006, 0.004, 0.001))
 
 
 # ---- live_training

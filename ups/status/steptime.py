@@ -4,7 +4,8 @@ optimizer steps, split into waiting for input, waiting in collectives, backward,
 The hot path (:class:`ups.status.counters.RecordCounters`) sums three parts of the step in
 progress with the clock reads its hooks make anyway (the DataLoader's ``next``, a collective's
 enter and leave, ``backward()``'s start and end) and appends each finished step's sums. The
-heartbeat thread summarizes the steps of the last ``WINDOW_S`` seconds once a second into the
+heartbeat thread summarizes the steps of the last ``WINDOW_S`` seconds (or, for a job slower than
+three steps a second, its last ``MIN_STEPS`` steps) once a second into the
 record's ``metrics.step_parts``: median and p90 of each part, and the share of wall time the
 rank's main thread spent runnable but not running (``/proc/.../schedstat``: another task had
 its core). ``ups.status.straggler`` compares the ranks' summaries. Standard library only.
@@ -20,6 +21,7 @@ from ups.status import procfs
 
 STEP_PARTS_KEPT = 512  # steps: at 100 steps/s the window is the last 5 s
 WINDOW_S = 10.0
+LONGEST_S = 300.0  # a slow job's window: its last MIN_STEPS steps, if they all ended within this long
 MIN_STEPS = 30  # fewer steps in the window say nothing: a start, a checkpoint would weigh in the median
 PARTS = ("step", "data", "collective", "backward", "other")
 
@@ -46,9 +48,13 @@ class StepWindow:
         ``tid``, the one that steps), None with too few steps in the window."""
         now = time.monotonic() if now is None else now
         runq, cpu = self._sched_shares(now, tid)
-        recent = [p for p in list(parts) if p[0] >= now - WINDOW_S]
+        kept = list(parts)
+        recent = [p for p in kept if p[0] >= now - WINDOW_S]
         if len(recent) < MIN_STEPS:
-            return None
+            # A slow job (a step a second, or ten): its last MIN_STEPS steps, while they are recent.
+            recent = kept[-MIN_STEPS:]
+            if len(recent) < MIN_STEPS or recent[0][0] < now - LONGEST_S:
+                return None
         step, data, coll, bwd, other = [], [], [], [], []
         for _, s, d, c, b in recent:
             step.append(s)
@@ -56,7 +62,7 @@ class StepWindow:
             coll.append(c)
             bwd.append(b)
             other.append(max(0.0, s - d - c - b))
-        out = {"n": len(recent), "window_s": round(min(WINDOW_S, now - recent[0][0] + recent[0][1]), 3)}
+        out = {"n": len(recent), "window_s": round(now - recent[0][0] + recent[0][1], 3)}
         out["step_mean"] = round(sum(step) / len(step), 6)  # what the step rate sees (an epoch's start included)
         for name, values in zip(PARTS, (step, data, coll, bwd, other), strict=True):
             out[name] = _med_p90(values)
