@@ -258,7 +258,12 @@ def test_a_rank_that_raises_or_leaves_is_named_with_its_line(runs_root, tmp_path
     check_ranks(procs)
     logged = {LIT: "train_loss", HF: "loss"}.get(program)  # Lightning's self.log, the HF Trainer's own log
     if logged:
-        assert all(isinstance(procs[f"rank-{r}"]["metrics"]["logged"][logged], float) for r in (0, 1)), procs
+        # The rank that raised samples its metrics as it fails (Reporter.fail); its peer, stopped by
+        # that failure, has what its heartbeat last sampled: on a busy box that may be before
+        # anything was logged, and then it has none, but never a wrong one.
+        assert isinstance(procs["rank-1"]["metrics"]["logged"][logged], float), procs
+        peer = procs["rank-0"]["metrics"].get("logged")
+        assert peer is None or isinstance(peer[logged], float), procs
     verdict = why(run)
     check_blame(run, verdict, program, NEEDLE[fault])
     if fault == "raise":

@@ -108,7 +108,7 @@ def test_a_straggler_is_named_with_its_cause_and_cost(tmp_path, runs, job, fault
         status = json.loads(run_ups("status", str(run.path), "--json").stdout)
         named = [p for p in status["processes"] if p["health"] == "straggler"]
         return why if why["mode"] == f"straggler_{cause}" and [p["rank"] for p in named] == [1] else None
-    wait_for(real, 30, interval=1, message="`ups why` and `ups status` naming rank 1")
+    wait_for(real, 90, interval=1, message="`ups why` and `ups status` naming rank 1")
     # Told once (--notify): the message says who, the cause and the cost; not again while it lasts.
     wait_for(lambda: told.exists() and "straggler" in told.read_text(), 30, interval=0.5, message="the notification")
     wait_for(lambda: status_now(run)["straggler"], 30, interval=0.5, message="still named")
