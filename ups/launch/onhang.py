@@ -55,6 +55,7 @@ ON_WORKER_HANG = ("same", "fallback")
 HANG_MODES = frozenset(("stalled", "unresponsive", "rank_stuck_peers_wait", "one_sided_collective",
                         "worker_stuck_in_read", "worker_stuck", "dataloader_resources", "hung"))
 CHECK_EVERY_S = 1.0
+STRAGGLER_RECHECK_S = 60.0
 TROUBLE = (Health.STALLED, Health.UNRESPONSIVE, Health.NO_SIGNAL)
 MAX_WATCHED = 4
 
@@ -142,6 +143,7 @@ class HangWatch:
         self.observer = Observer()
         self.observed: dict[str, dict[str, Any]] = {}  # what the launcher's record publishes
         self._next = time.monotonic() + CHECK_EVERY_S
+        self._stragglers: tuple[tuple[str, ...], float] = ((), 0.0)  # who was told as a straggler, and when
 
     def check(self) -> tuple[Any, Decision | None]:
         """(the live run's verdict now, or None between checks and while nobody is in trouble;
@@ -160,10 +162,17 @@ class HangWatch:
             troubled += quiet_peers(view, troubled) + starting_workers(view, troubled)
         if not troubled and not self.observer.watched:
             self.episode, self.observed = None, {}
-            if any(p.verdict.health is Health.STRAGGLER for p in view.processes):
+            names = tuple(sorted(p.record.name for p in view.processes if p.verdict.health is Health.STRAGGLER))
+            told, at = self._stragglers
+            if names and (names != told or now - at > STRAGGLER_RECHECK_S):
+                # Told (--notify, once an episode), never acted on; judged again when who is named
+                # changes, else once a minute: a straggler lasting days costs no verdict a second.
+                self._stragglers = (names, now)
                 from ups.why import diagnose_view
 
-                return diagnose_view(view), None  # told (--notify, once an episode), never acted on
+                return diagnose_view(view), None
+            if not names:
+                self._stragglers = ((), 0.0)
             return None, None
         from ups.why import diagnose_view
 
