@@ -24,9 +24,7 @@ def straggler(ev: Evidence) -> Verdict | None:
     named = [p for p in ev.processes("rank") if p.verdict.health is Health.STRAGGLER]
     if not named:
         return None
-    from ups.status.straggler import judge
-
-    ranks, found = judge([p.record for p in ev.processes("rank")], ev.view.thresholds.straggler_score)
+    _, found = ev.view.step_times  # the judgement the health rules made, computed once per view
     if found is None:
         return None
     r = next((p.record for p in named if p.record.name == found.rank.name), named[0].record)
