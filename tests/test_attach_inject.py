@@ -144,6 +144,7 @@ def test_an_interpreter_others_can_replace_is_never_run(runs_root, start_job, tm
     assert job.poll() is None
 
 
+@pytest.mark.slow
 def test_the_script_remote_exec_would_run_starts_the_reporter_inside_the_job(runs_root, start_job, tmp_path):
     """Everything of --inject but the kernel-level delivery: the script written for the job's
     rank, run in its main thread in __main__'s namespace, starts the in-process reporter, and the
@@ -190,6 +191,7 @@ def test_an_owner_who_turned_remote_debugging_off_is_honoured():
 
 
 @pytest.mark.skipif(python_314() is None, reason="no Python >= 3.14 on this host (sys.remote_exec, PEP 768)")
+@pytest.mark.slow
 def test_inject_through_sys_remote_exec_starts_the_reporter_inside_a_python_314_job(runs_root, start_job):
     job, log = start_job(python_314())
     res = run_ups("attach", str(job.pid), "--inject", "--json")

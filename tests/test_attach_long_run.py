@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_fast_forward_keeps_the_observers_cost_per_generation_flat(tmp_path):
     """200 generations (2 workers and a helper each: 600 real processes) through the observer,
     judging the run at every pass as --notify does: it holds nothing ended beyond one per name,

@@ -185,6 +185,7 @@ def test_attaching_one_orphaned_rank_watches_every_rank_its_dead_agent_left(runs
         stop_observers(runs_root / run_id)
 
 
+@pytest.mark.slow
 def test_ranks_whose_agent_dies_while_attached_stay_watched_and_killable(runs_root, jobs, tmp_path):
     """Attached while its agent lives, then the agent is SIGKILLed: its ranks live on under init,
     outside the top's tree; the observer keeps them (each a root of the job in run.json) and

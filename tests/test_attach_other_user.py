@@ -206,6 +206,7 @@ def swapped(procs, home: Path, log: Path, swap: str) -> tuple[Path, bytes]:
     return run, data
 
 
+@pytest.mark.slow
 def test_the_log_swapped_for_a_link_to_a_root_only_file_is_never_followed(runs_root, procs, home, secret):
     run, _ = swapped(procs, home, home / "train.log", f"mv train.log train.old && ln -s {secret} train.log")
     moved = wait_for(lambda: events(run, "attach.log_moved"), 10, message="the swap said")
@@ -215,16 +216,19 @@ def test_the_log_swapped_for_a_link_to_a_root_only_file_is_never_followed(runs_r
     assert attached["log_cap"] == 64 << 20  # the default cap, recorded
 
 
+@pytest.mark.slow
 def test_the_log_swapped_for_a_fifo_neither_stalls_nor_stops_the_copy(runs_root, procs, home):
     run, _ = swapped(procs, home, home / "train.log", "rm train.log && mkfifo -m 600 train.log")
     assert [e["now"] for e in events(run, "attach.log_moved")] == ["a FIFO"]
 
 
+@pytest.mark.slow
 def test_the_log_swapped_for_a_link_to_dev_zero_copies_no_zero(runs_root, procs, home):
     _, data = swapped(procs, home, home / "train.log", "rm train.log && ln -s /dev/zero train.log")
     assert b"\0" not in data and len(data) < 64 << 10, len(data)
 
 
+@pytest.mark.slow
 def test_a_1_tb_sparse_log_is_skipped_not_copied(runs_root, procs, home):
     # the job appends after the hole (its stdout is O_APPEND)
     run, _ = swapped(procs, home, home / "train.log", "truncate -s 1T train.log")
@@ -235,6 +239,7 @@ def test_a_1_tb_sparse_log_is_skipped_not_copied(runs_root, procs, home):
     assert len(skipped) == 1 and skipped[0]["bytes"] > 1 << 39, skipped
 
 
+@pytest.mark.slow
 def test_a_log_in_a_folder_its_owner_renames_is_read_through_the_job_not_the_path(runs_root, procs, home, secret):
     (home / "out").mkdir()
     os.chown(home / "out", NOBODY, NOBODY)
@@ -243,6 +248,7 @@ def test_a_log_in_a_folder_its_owner_renames_is_read_through_the_job_not_the_pat
     assert len(events(run, "attach.log_moved")) == 1
 
 
+@pytest.mark.slow
 def test_a_job_that_turns_its_stdout_to_another_file_is_said_once_and_that_file_not_read(runs_root, procs, home):
     job = start_job(procs, home, home / "train.log", REOPENS)
     run = attach(job.pid)
@@ -268,6 +274,7 @@ def test_a_log_file_of_roots_handed_to_the_jobs_stdout_is_not_read(runs_root, pr
         assert SECRET not in path.read_bytes(), f"root's secret is in {path}"
 
 
+@pytest.mark.slow
 def test_a_writer_without_end_fills_no_more_than_the_cap(runs_root, procs, home):
     log = home / "train.log"
     job = start_job(procs, home, log, FLOOD)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import psutil
+import pytest
 from helpers import run_ups
 
 from console.app import UpsConsole
@@ -106,6 +107,7 @@ def test_console_command_help_and_bad_run(runs_root):
 
 
 
+@pytest.mark.slow
 def test_hung_worker_shows_unresponsive_and_is_killed_then_fallback(hung_precompute, runs_root):
     asyncio.run(_test_hung_worker_shows_unresponsive_and_is_killed_then_fallback(hung_precompute, runs_root))
 

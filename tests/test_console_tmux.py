@@ -20,6 +20,7 @@ def tmux(*args: str) -> str:
     return subprocess.run(["tmux", *args], capture_output=True, text=True, check=False).stdout
 
 
+@pytest.mark.slow
 def test_keys_in_a_real_terminal_kill_the_hung_worker(hung_precompute, runs_root):
     run = hung_precompute
     session = f"ups-test-{uuid.uuid4().hex[:8]}"

@@ -39,6 +39,7 @@ def test_json_schema_is_stable(tmp_path):
     assert code == (0 if report["ok"] else 1)
 
 
+@pytest.mark.slow
 def test_fifo_shard_fails_within_its_timeout_and_is_named(tmp_path):
     synthesize(tmp_path, "burgers1d", "train", 6, shards=2)
     fifo = tmp_path / "burgers1d_train_001.h5"

@@ -26,6 +26,7 @@ from ups.why.flight import evidence_lines, parting, read_run_dumps
 DDP = str(Path(__file__).parent / "programs" / "ddp_train.py")
 
 
+@pytest.mark.slow
 def test_a_real_gloo_job_dumps_its_flight_recorder_and_why_names_where_the_ranks_part(runs_root, tmp_path):
     res = run_ups("launch", "torchrun", "--detach", "--json", "--stalled-after", "3", "--nproc-per-node", "2", DDP,
                   "--steps", "100", "--workers", "0", "--fail", "broadcast", "--fail-step", "5",

@@ -340,6 +340,7 @@ def test_a_helpers_dataloader_workers_are_its_own(runs_root, tmp_path):
     assert all(procs[w]["step"] > 0 for w in workers)
 
 
+@pytest.mark.slow
 def test_a_helper_that_joins_a_process_group_becomes_that_rank(runs_root, tmp_path):
     """A script that starts its peer itself, the rank on the command line and nothing in the
     environment (as hand-made launchers do): the peer starts as rank 0's helper and is rank 1
@@ -418,6 +419,7 @@ def test_processes_left_by_the_job_are_ended_at_the_run_end(runs_root, tmp_path)
     assert {p["why"] for p in events[0]["processes"]} == {"session", "descendant"}
 
 
+@pytest.mark.slow
 def test_observe_only_names_what_is_left_and_leaves_it(runs_root, tmp_path):
     script = tmp_path / "leaves.py"
     script.write_text(LEAVES)

@@ -71,6 +71,7 @@ def fill(path) -> None:
                 pass
 
 
+@pytest.mark.slow
 def test_full_disk_drops_output_not_the_program_and_the_run_ends_true(small_disk, tmp_path):
     ctl = tmp_path / "ctl"
     ctl.mkdir()
@@ -126,6 +127,7 @@ def test_full_disk_drops_output_not_the_program_and_the_run_ends_true(small_disk
     wait_for(lambda: process_start_time(launcher) is None, 30, message="the launcher's own end")
 
 
+@pytest.mark.slow
 def test_kill_on_a_full_disk_stops_the_job_without_a_traceback(small_disk, tmp_path):
     prog = tmp_path / "ticker.py"
     prog.write_text("import time\nfor i in range(1200):\n    print('tick', i, flush=True)\n    time.sleep(0.1)\n")

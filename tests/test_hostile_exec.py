@@ -98,6 +98,7 @@ def test_relaunch_of_your_own_run_shows_the_command_then_runs_it(runs_root, tmp_
     assert new.read_manifest()["relaunched_from"] == run.run_id
 
 
+@pytest.mark.slow
 def test_the_console_refuses_a_planted_run_and_asks_before_relaunching_yours(shared, tmp_path):
     """The console's `r`: another user's run is refused with the owner named; your own run's
     command is shown in the confirmation, and nothing runs until it is confirmed."""

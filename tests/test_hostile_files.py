@@ -191,6 +191,7 @@ def test_bad_manifests_are_listed_with_their_reason(finished_run, tmp_path):
 
 
 # -- 2: a FIFO left in a live run never holds up its launcher or a reader ------------------------
+@pytest.mark.slow
 def test_fifos_in_a_live_run_never_block_its_launcher_or_readers(tmp_path, runs_root):
     prog = tmp_path / "prog.py"
     prog.write_text(PROGRAM)
@@ -214,6 +215,7 @@ def test_fifos_in_a_live_run_never_block_its_launcher_or_readers(tmp_path, runs_
 
 
 # -- 7: control requests that cannot be read are rejected once, and never block the next -------
+@pytest.mark.slow
 def test_bad_control_requests_are_rejected_once_and_fallback_still_answers(tmp_path, runs_root):
     from test_precompute import FAST, events, launch_burgers
 

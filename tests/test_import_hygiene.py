@@ -74,6 +74,7 @@ print("\\n".join(failed))
 """
 
 
+@pytest.mark.slow
 def test_every_module_imports_first_on_its_own():
     """A tool importing one of our modules first (a test, a plugin, `python -c`) must not hit an
     import cycle that `ups`'s own order hides: `from ups.cli.runs import render_status` did."""

@@ -84,6 +84,7 @@ def test_ddp_script_is_watched_with_no_code_change(runs_root, tmp_path, start_me
     assert {e["name"] for e in ends} >= {"rank-0", "rank-1", "agent"} and all(e["clean"] for e in ends)
 
 
+@pytest.mark.slow
 def test_live_run_shows_phases_collectives_workers_and_stacks(runs_root, tmp_path):
     res = run_ups("launch", "torchrun", "--detach", "--json", "--nproc-per-node", "2", DDP, "--steps", "400",
                   "--workers", "2", "--step-time", "0.05", env=FAST_HEARTBEAT, cwd=tmp_path)
@@ -111,6 +112,7 @@ def test_live_run_shows_phases_collectives_workers_and_stacks(runs_root, tmp_pat
 # tests/test_why_modes.py checks there what status, stacks, run.json and `ups why` say of each.
 
 
+@pytest.mark.slow
 def test_relaunch_with_num_workers_0_gets_past_workers_that_deadlock(runs_root, tmp_path):
     script = str(PROGRAMS / "cached_reader.py")
     res = run_ups("launch", "python", "--detach", "--json", "--stalled-after", "2", script, "--workers", "2",

@@ -119,6 +119,7 @@ DDP_HANG = textwrap.dedent(
 
 
 @pytest.mark.parametrize("force", [True, False], ids=["force", "plain"])
+@pytest.mark.slow
 def test_kill_of_a_hung_torchrun_job_ends_every_rank(runs_root, tmp_path, force):
     """torchrun starts each rank in a session of its own. A forced kill that SIGKILLed the
     agent before proving the ranks found them re-parented to init, no longer provably the

@@ -45,6 +45,7 @@ def test_worker_churn_over_many_epochs_logs_no_death_but_a_killed_worker_is_logg
     assert why.returncode == 0, why.stderr
 
 
+@pytest.mark.slow
 def test_fast_forward_keeps_the_watchers_cost_per_generation_flat(tmp_path):
     """300 epochs' worker sets (1,200 real processes) through the exit watcher: it holds
     nothing of the ended ones, and its CPU per generation does not grow (generous margins:

@@ -101,6 +101,7 @@ def test_the_shipped_rules_pass_promtool_and_the_hang_rule_names_the_launchers_h
     assert set(modes) == set(HANG_MODES)
 
 
+@pytest.mark.slow
 def test_a_hostile_run_folder_never_fails_a_scrape_nor_blocks_it(finished_run, tmp_path):
     """Every bad status file of the hostile-input tests, then every hostile value in every
     field of a record and of run.json: each scrape answers text that parses, within 5 s (a few

@@ -72,6 +72,7 @@ def wait_final(run: RunDir, timeout: float) -> dict:
                     interval=0.2, message=f"{run.run_id} to end")
 
 
+@pytest.mark.slow
 def test_program_that_resets_the_dump_signal_after_training_succeeds_unsignalled(runs_root, tmp_path):
     run = launch(tmp_path, "python", RESETS_HANDLER, "--stalled-after", "2")
     m = wait_final(run, 120)
@@ -185,6 +186,7 @@ def test_torchrun_without_instrumentation_succeeds_when_torchrun_does(runs_root,
     assert not list(run.status_dir.glob("rank-*.json"))  # nothing was instrumented
 
 
+@pytest.mark.slow
 def test_ranks_ups_cannot_watch_do_not_fail_a_run_that_succeeded(runs_root, tmp_path):
     """torchrun --no-python runs ranks that are no Python (a compiled trainer, a shell step):
     they write no record. torchrun's exit 0 is the truth; "never wrote a status record" is

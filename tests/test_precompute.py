@@ -82,6 +82,7 @@ def latents(cache: Path, split: str = "burgers1d_train") -> dict[str, torch.Tens
     return {p.name: torch.load(p, weights_only=True)["latent"] for p in sorted((cache / split).glob("sample_*.pt"))}
 
 
+@pytest.mark.slow
 def test_parallel_and_legacy_write_identical_latents(data_root, writers_config, fast_config, tmp_path, runs_root):
     res_p, run_p = launch("--config", str(writers_config), "--root", str(data_root), "--tasks", "burgers1d", "--tasks", "darcy2d",
                           "--cache-dir", str(tmp_path / "par"), "--num-workers", "2")
@@ -103,6 +104,7 @@ def test_parallel_and_legacy_write_identical_latents(data_root, writers_config, 
     assert res.returncode == 0, res.stdout
 
 
+@pytest.mark.slow
 def test_sigkill_halfway_then_rerun_resumes_without_recomputing(data_root, fast_config, tmp_path, runs_root):
     cache = tmp_path / "cache"
     res, run = launch_burgers(fast_config, data_root, cache, "--inject", "slow_read:delay=0.15", "--detach")
@@ -124,6 +126,7 @@ def test_sigkill_halfway_then_rerun_resumes_without_recomputing(data_root, fast_
     assert run_ups("cache", "verify", str(cache)).returncode == 0  # none corrupt, no temp files
 
 
+@pytest.mark.slow
 def test_injected_worker_hang_is_detected_killed_and_the_job_completes(data_root, fast_config, tmp_path, runs_root):
     res, run = launch_burgers(fast_config, data_root, tmp_path / "c", "--inject", "worker_hang:worker=1,after=1")
     assert res.returncode == 0, res.stderr
@@ -137,6 +140,7 @@ def test_injected_worker_hang_is_detected_killed_and_the_job_completes(data_root
     assert len(latents(tmp_path / "c")) == 24 and run.read_manifest()["state"] == "succeeded"
 
 
+@pytest.mark.slow
 def test_observe_only_watchdog_logs_the_hung_worker_and_leaves_it_alone(data_root, fast_config, tmp_path, runs_root):
     res, run = launch_burgers(fast_config, data_root, tmp_path / "c", "--inject", "worker_hang:worker=1,after=1",
                               "--observe-only", "--detach", "--json")
@@ -149,6 +153,7 @@ def test_observe_only_watchdog_logs_the_hung_worker_and_leaves_it_alone(data_roo
     assert run_ups("kill", str(run.path), "--grace", "2").returncode == 0
 
 
+@pytest.mark.slow
 def test_shard_that_hangs_after_the_launch_check_is_quarantined_with_its_stack(data_root, fast_config, tmp_path, runs_root):
     # `ups launch` refuses a FIFO shard up front (tests below); one that starts hanging after
     # that check (a mount that dies mid-run, or a job started without it) is the job's to
@@ -183,6 +188,7 @@ def test_shard_that_hangs_after_the_launch_check_is_quarantined_with_its_stack(d
     assert run_ups("cache", "verify", str(tmp_path / "c")).returncode == 0  # quarantined are accounted for
 
 
+@pytest.mark.slow
 def test_fallback_request_finishes_in_legacy_mode(data_root, fast_config, tmp_path, runs_root):
     res, _ = launch_burgers(fast_config, data_root, tmp_path / "c", "--inject", "slow_read:delay=0.2", "--detach", "--json")
     run = RunDir(json.loads(res.stdout)["run_dir"])
@@ -198,6 +204,7 @@ def test_fallback_request_finishes_in_legacy_mode(data_root, fast_config, tmp_pa
 
 
 @pytest.mark.parametrize("writers", [False, True], ids=["in-process", "writer-processes"])
+@pytest.mark.slow
 def test_failed_write_is_a_clear_error_with_no_partial_file(writers, data_root, fast_config, writers_config, tmp_path, runs_root):
     res, run = launch_burgers(writers_config if writers else fast_config, data_root, tmp_path / "c", "--inject", "write_enospc:after=5")
     assert res.returncode == 1
@@ -217,6 +224,7 @@ def test_failed_write_is_a_clear_error_with_no_partial_file(writers, data_root, 
 
 
 @pytest.mark.parametrize("writers", [False, True], ids=["in-process", "writer-processes"])
+@pytest.mark.slow
 def test_sigterm_stops_cleanly_and_marks_the_run_killed(writers, data_root, fast_config, writers_config, tmp_path, runs_root):
     res, _ = launch_burgers(writers_config if writers else fast_config, data_root, tmp_path / "c", "--inject", "slow_read:delay=0.2", "--detach", "--json")
     run = RunDir(json.loads(res.stdout)["run_dir"])
@@ -244,6 +252,7 @@ def shards_from_elsewhere(data_root: Path, root: Path, *, manifest: bool) -> lis
 
 
 @pytest.mark.parametrize("manifest", [True, False], ids=["our-synthetic-data", "data-from-elsewhere"])
+@pytest.mark.slow
 def test_bad_shards_refuse_the_launch_at_once_naming_every_one(manifest, data_root, fast_config, tmp_path, runs_root):
     _, fifo, corrupt = shards_from_elsewhere(data_root, tmp_path / "data", manifest=manifest)
     fifo.unlink()
@@ -276,6 +285,7 @@ sys.meta_path.insert(0, SlowH5py())
 """
 
 
+@pytest.mark.slow
 def test_a_slow_h5py_import_never_makes_a_good_shard_bad(data_root, tmp_path):
     """The check's child imports h5py inside its start-up allowance: imported at the first
     header instead, a 4 s import under a 1 s open timeout named every good shard hung."""
@@ -290,6 +300,7 @@ def test_a_slow_h5py_import_never_makes_a_good_shard_bad(data_root, tmp_path):
     assert len(survey.files) == 3 and survey.samples == {"burgers1d/train": 24}
 
 
+@pytest.mark.slow
 def test_a_launch_check_stuck_where_no_signal_reaches_is_killed_and_the_shard_named(data_root, fast_config, tmp_path, runs_root):
     # shard_probe_hang SIGSTOPs the check's process at that file: like an open on a hung
     # mount, nothing inside it can end the wait; the CLI kills it and checks the rest.
@@ -304,6 +315,7 @@ def test_a_launch_check_stuck_where_no_signal_reaches_is_killed_and_the_shard_na
     assert run is None and list(runs_root.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_skip_bad_shards_caches_the_rest_ends_partial_naming_them_and_never_mixes(data_root, fast_config, tmp_path, runs_root):
     good0, fifo, good2 = shards_from_elsewhere(data_root, tmp_path / "data", manifest=False)
     fifo.unlink()
@@ -340,6 +352,7 @@ def test_bad_input_is_one_line_and_leaves_no_run(tmp_path, runs_root):
     assert list(runs_root.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_worker_crash_is_retried_and_every_sample_cached(data_root, fast_config, tmp_path, runs_root):
     res, run = launch_burgers(fast_config, data_root, tmp_path / "c", "--inject", "worker_crash:worker=0,after=2,signal=SEGV")
     assert res.returncode == 0, res.stderr
@@ -350,6 +363,7 @@ def test_worker_crash_is_retried_and_every_sample_cached(data_root, fast_config,
     assert run.read_manifest()["precompute"]["worker_failures"] == 1
 
 
+@pytest.mark.slow
 def test_hung_cache_write_fails_the_job_naming_the_file_instead_of_hanging(data_root, tmp_path, runs_root):
     cfg = tmp_path / "hang.yaml"
     cfg.write_text(FAST.replace("write_workers: 0", "write_workers: 2\nwrite_timeout: 3"))
@@ -361,6 +375,7 @@ def test_hung_cache_write_fails_the_job_naming_the_file_instead_of_hanging(data_
     assert not list((tmp_path / "c").glob("*/.*.tmp"))
 
 
+@pytest.mark.slow
 def test_writers_die_with_the_job_process(data_root, writers_config, tmp_path, runs_root):
     res, _ = launch_burgers(writers_config, data_root, tmp_path / "c", "--inject", "slow_read:delay=0.3", "--detach", "--json")
     run = RunDir(json.loads(res.stdout)["run_dir"])

@@ -171,6 +171,7 @@ WRITER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_sixteen_writers_never_show_a_torn_record(runs_root, procs, tmp_path):
     run = RunDir.create(runs_root, "test")
     stop = tmp_path / "stop"

@@ -24,6 +24,7 @@ for i in range(STEPS):
 
 
 @pytest.mark.parametrize("how", ["deleted", "replaced"])
+@pytest.mark.slow
 def test_a_launcher_whose_run_folder_goes_ends_with_its_job(runs_root, tmp_path, how):
     prog = tmp_path / "loop.py"
     prog.write_text(PROGRAM.replace("STEPS", "16"))  # ~8 s of work

@@ -73,6 +73,7 @@ def no_process_left(run: RunDir) -> bool:
     return not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids)
 
 
+@pytest.mark.slow
 def test_happy_path_rank0_alone_checkpoints_and_talks_to_wandb(cache_dir, tmp_path, runs_root):
     config = tmp_path / "wandb.yaml"
     config.write_text(QUICK.replace("wandb_mode: disabled", "wandb_mode: offline"))
@@ -89,6 +90,7 @@ def test_happy_path_rank0_alone_checkpoints_and_talks_to_wandb(cache_dir, tmp_pa
     assert recs[0].metrics["loss"] > 0 and recs[0].total == 12 and recs[0].step == 12
 
 
+@pytest.mark.slow
 def test_sigsegv_on_rank1_in_model_build_is_named_with_its_traceback(cache_dir, quick, runs_root):
     res, run = launch(cache_dir, quick, "--inject", "segv:rank=1,phase=model.build")
     assert res.returncode == 1
@@ -105,6 +107,7 @@ def test_sigsegv_on_rank1_in_model_build_is_named_with_its_traceback(cache_dir, 
     wait_for(lambda: no_process_left(run), 15, message="no rank left running")
 
 
+@pytest.mark.slow
 def test_oom_on_rank1_skips_the_step_on_both_ranks_and_finishes(cache_dir, quick, runs_root):
     res, run = launch(cache_dir, quick, "--inject", "oom:rank=1,step=3")
     assert res.returncode == 0, res.stderr
@@ -140,6 +143,7 @@ def test_hang_on_rank1_shows_both_stalled_stacks_and_kill_ends_the_run(cache_dir
 
 
 @pytest.mark.xdist_group("port-29500")  # both hold the port: never at the same time
+@pytest.mark.slow
 def test_launch_starts_while_port_29500_is_busy(cache_dir, quick, runs_root):
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -161,6 +165,7 @@ def test_bad_input(cache_dir, quick, tmp_path, runs_root):
     assert list(runs_root.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_skipped_collective_is_named_as_a_mismatch(cache_dir, quick, runs_root):
     res, run = launch(cache_dir, quick, "--inject", "skip_collective:rank=1,step=4")
     assert res.returncode == 1
@@ -202,6 +207,7 @@ def test_pipeline_with_skip_bad_shards_trains_on_the_rest_and_ends_partial_namin
     assert len(list((tmp_path / "cache" / "burgers1d_train").glob("sample_*.pt"))) == 12  # shard 000's samples
 
 
+@pytest.mark.slow
 def test_more_ranks_than_gpus_trains_on_cpu_under_auto_and_is_refused_under_cuda(cache_dir, quick, tmp_path, runs_root):
     # One GPU, seen through a fake NVML (this box has none): the launcher decides before any rank starts.
     gpu = tmp_path / "gpu.json"
@@ -238,6 +244,7 @@ def two_task_cache(tmp_path_factory) -> Path:
     return root / "cache"
 
 
+@pytest.mark.slow
 def test_advection_and_steady_darcy_train_together_one_task_per_step(two_task_cache, tmp_path, runs_root):
     config = tmp_path / "two.yaml"
     config.write_text(QUICK.replace("batch_size: 8", "batch_size: 4"))

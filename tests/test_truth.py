@@ -76,6 +76,7 @@ def test_launcher_killed_mid_training_is_unsupervised_then_settled_from_the_reco
     assert [e for e in run.read_events() if e["event"] == "reconcile" and e["state"] == "succeeded"]
 
 
+@pytest.mark.slow
 def test_adopt_gives_the_run_a_new_launcher_that_names_the_root_cause(runs_root, tmp_path, procs):
     """The adopter arrives late: rank 1 left with os._exit and rank 0 failed after it (its peer
     gone) before `ups adopt` started, while torchrun's agent (frozen here, as a loaded box can

@@ -107,6 +107,7 @@ def _cache(tmp_path: Path) -> Path:
     return tmp_path / "cache"
 
 
+@pytest.mark.slow
 def test_observe_only_logs_the_automatic_dump_and_sends_nothing(runs_root, tmp_path):
     script = tmp_path / "stuck.py"  # a few optimizer steps, then stuck in its own code
     script.write_text(textwrap.dedent("""\
@@ -149,6 +150,7 @@ def test_an_ended_run_keeps_its_verdict_and_why_exits_by_it(runs_root, tmp_path)
     assert run_ups("why", str(tmp_path / "nope")).returncode == 2
 
 
+@pytest.mark.slow
 def test_why_on_a_healthy_live_run_says_nothing_is_wrong(runs_root, tmp_path):
     script = tmp_path / "fit.py"
     script.write_text(textwrap.dedent("""\
