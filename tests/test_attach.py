@@ -610,3 +610,30 @@ def test_scan_shows_a_strangers_command_line_as_text_never_as_terminal_control(r
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.slow
+@needs_pyspy
+def test_an_attached_job_sigkilled_as_a_whole_ends_ended_never_succeeded(runs_root, jobs, tmp_path):
+    """Every process of the job SIGKILLed at once (the OOM killer on a cgroup, a scheduler's
+    kill): its log names no failure, and its exit codes went to the parents that reaped them.
+    The run says it ended, not that it succeeded, and `ups why` says what would tell."""
+    agent, log = jobs.start_ready("step 3/")
+    jobs.remember()
+    run_id = attach(agent.pid)
+    wait_for(lambda: all((runs_root / run_id / "status" / f"rank-{r}.json").exists() for r in (0, 1)), 60,
+             interval=0.2, message="the observer's first records of the ranks")
+    jobs.remember()
+    sigkill(set(jobs.pids))
+
+    def ended():
+        m = json.loads((runs_root / run_id / "run.json").read_text())
+        return m if m["state"] not in ("launching", "running") else None
+    m = wait_for(ended, 90, interval=0.5, message="the run's end")
+    assert m["state"] == "ended", m
+    assert "exit codes are not visible from outside" in m["summary"] and m.get("exit_code") is None, m
+    v = ups_json("why", run_id)["verdict"]
+    assert v["mode"] == "ended" and "whether it succeeded is not known" in v["headline"], v
+    assert "succeeded" not in ups_json("status", run_id)["state"]
+    listed = {r.get("id") or r.get("run_id"): r for r in ups_json("runs")["runs"]}
+    assert listed[run_id]["state"] == "ended", listed.get(run_id)
