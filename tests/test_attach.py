@@ -451,9 +451,12 @@ def test_a_dataloader_worker_hung_in_open_behind_tee_is_named_with_its_index(run
     agent = wait_for(lambda: next((p for p in psutil.Process(shell.pid).children()
                                    if "torch.distributed.run" in " ".join(p.cmdline()) or "torchrun" in " ".join(p.cmdline())),
                                   None), 30, message="torchrun's agent")
-    wait_for(lambda: (d := ups_json("attach", str(agent.pid), "--dry-run")) and
-             sum(p["role"] == "worker" for p in d["processes"]) == 4 and d, 120, interval=1.0, message="two workers a rank")
+    job = wait_for(lambda: (d := ups_json("attach", str(agent.pid), "--dry-run")) and
+                   sum(p["role"] == "worker" for p in d["processes"]) == 4 and d, 120, interval=1.0,
+                   message="two workers a rank")
     jobs.remember()
+    # The log is the file tee writes, found through the pipe (its stdout is no file)
+    assert job["log"] == str(log) and "→ pipe → tee (pid " in job["log_via"], job["log_via"]
     res = run_ups("attach", str(agent.pid), "--json", env={"PATH": env["PATH"]})
     assert res.returncode == 0, res.stderr
     run_id = json.loads(res.stdout)["run_id"]
@@ -468,6 +471,10 @@ def test_a_dataloader_worker_hung_in_open_behind_tee_is_named_with_its_index(run
     site = f"ddp_tutorial.py:{tutorial_line('with open(path, ')}"
     assert v["where"]["site"] == site, v
     assert v["where"]["function"] == "__getitem__", v
+    # ... and copied into the run through tee's own open file: the job's lines are there
+    copied = runs_root / run_id / "logs" / "job.log"
+    head = wait_for(lambda: log.read_bytes()[:200], 30, message="a line in tee's file")
+    wait_for(lambda: copied.exists() and copied.read_bytes()[:200] == head, 30, message="tee's file copied")
     assert agent.is_running() and agent.status() != psutil.STATUS_ZOMBIE
 
 

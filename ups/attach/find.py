@@ -108,6 +108,37 @@ def log_of(pid: int) -> str | None:
     return None
 
 
+def piped_log(pid: int, candidates: list[int] | None = None) -> tuple[str, int, str] | None:
+    """Where the process's stdout goes when it is a pipe (``torchrun ... 2>&1 | tee train.log``):
+    the regular file that the pipe's reader writes, the reader's pid and its name, as
+    ``(path, reader, name)``; None when stdout is no pipe, or its reader writes no file.
+    ``candidates``: the processes to look among (by default every process whose descriptors can
+    be read, the job's user's or, as root, anyone's). Only ``/proc`` is read: descriptors and
+    their links, never a file."""
+    try:
+        pipe = os.readlink(f"/proc/{pid}/fd/1")
+    except OSError:
+        return None
+    if not pipe.startswith("pipe:"):
+        return None
+    pids = candidates if candidates is not None else [int(n) for n in os.listdir("/proc") if n.isdigit()]
+    for q in pids:
+        fds = procfs.fd_targets(q) if q != pid else None
+        if not fds or not any(t == pipe and procfs.fd_access(q, fd) == "r" for fd, t in fds.items()):
+            continue
+        for fd, target in sorted(fds.items()):
+            if fd < 1 or not target.startswith("/") or target.endswith(" (deleted)"):
+                continue
+            if procfs.fd_access(q, fd) not in ("w", "rw"):
+                continue
+            try:
+                if stat.S_ISREG(os.stat(f"/proc/{q}/fd/{fd}").st_mode):  # the open file's kind, never opened
+                    return target, q, procfs.comm(q) or str(q)
+            except OSError:
+                continue
+    return None
+
+
 def is_python(argv: list[str]) -> bool:
     return bool(argv) and os.path.basename(argv[0]).startswith("python")
 
@@ -194,7 +225,8 @@ class Job:
     orphan: bool = False  # ranks whose agent died (re-parented to init)
     roots: list[int] = field(default_factory=list)  # the tops of its trees: [top], or each orphaned rank or SLURM task
     slurm: slurm.Step | None = None  # the SLURM step its processes are (or run in)
-    log_holder: int | None = None  # a process outside the job that writes its log (a SLURM batch script)
+    log_holder: int | None = None  # a process outside the job that writes its log (a SLURM batch script, tee)
+    log_via: str | None = None  # how its output reaches the log, where a pipe is between: "rank 0 → pipe → tee ..."
 
     @property
     def root_pids(self) -> list[int]:
@@ -237,7 +269,8 @@ class Job:
         return f"{what}, top pid {top.pid} ({' '.join(top.argv)[:120]}), {len(self.ranks)} rank(s)"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"top": self.top, "given": self.given, "log": self.log, "world_size": self.world_size,
+        return {"top": self.top, "given": self.given, "log": self.log, "log_via": self.log_via,
+                "world_size": self.world_size,
                 "nnodes": self.nnodes, "node_rank": self.node_rank, "roots": self.root_pids,
                 "launched_by_ups": self.launched_by_ups, "orphan": self.orphan, "describe": self.describe(),
                 "slurm": self.slurm.to_dict() if self.slurm else None,
@@ -374,6 +407,13 @@ def find_job(pid: int, *, kids: dict[int, list[int]] | None = None, group: bool 
     job.log = top_proc.log or next((p.log for p in job.ranks if p.log), None)
     if job.log is None and step is not None:
         job.log, job.log_holder = slurm.output_file(step.job_id, log_of)
+    if job.log is None:  # behind a pipe: the file its reader (tee, a logger) writes
+        for p in [top_proc, *job.ranks][:4]:
+            found = piped_log(p.pid)
+            if found:
+                job.log, job.log_holder, reader = found
+                job.log_via = f"{p.label} → pipe → {reader} (pid {job.log_holder}) → {job.log}"
+                break
     if group and job.orphan:
         job = orphan_siblings(job, kids)
     return job

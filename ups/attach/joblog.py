@@ -37,6 +37,7 @@ from typing import Any
 
 from ups.attach.find import Job, uid_of
 from ups.runs.rundir import RunDir
+from ups.status import procfs
 from ups.status.confined import open_append
 from ups.status.procs import process_start_time, same_start
 
@@ -62,11 +63,15 @@ def held_log(job: Job) -> dict[str, Any] | None:
     (why it will not be read) when the file is not the job owner's. None without a log."""
     if not job.log:
         return None
-    holders = [(p.pid, p.start) for p in [job.top_proc, *job.ranks] if p.log == job.log]
-    if job.log_holder is not None:  # outside the job's tree: a SLURM step's batch script
-        holders.append((job.log_holder, process_start_time(job.log_holder)))
-    for pid, start in holders:
-        for fd in (1, 2):
+    holders = [(p.pid, p.start, (1, 2)) for p in [job.top_proc, *job.ranks] if p.log == job.log]
+    if job.log_holder is not None:  # outside the job's tree: a SLURM step's batch script, tee behind a pipe
+        fds = procfs.fd_targets(job.log_holder) or {}
+        holders.append((job.log_holder, process_start_time(job.log_holder), sorted(fds)))
+    job_owner = uid_of(job.top)
+    for pid, start, fds in holders:
+        if uid_of(pid) != job_owner:  # a reader outside the job that is not the job's user's: never read through it
+            continue
+        for fd in fds:
             link = f"/proc/{pid}/fd/{fd}"
             try:
                 if os.readlink(link) != job.log:
