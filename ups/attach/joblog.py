@@ -36,6 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ups.attach.find import Job, uid_of
+from ups.attach.pane import PaneReader
 from ups.runs.rundir import RunDir
 from ups.status import procfs
 from ups.status.confined import open_append
@@ -184,6 +185,8 @@ class JobLog:
         self.pos: int | None = None
         self.said: set[str] = set()
         self.mode = copy_mode(int(self.held.get("mode") or 0)) if self.held else 0o600
+        pane = attached.get("log_pane")
+        self.pane = PaneReader(pane) if isinstance(pane, dict) and not self.path else None  # a terminal's tmux pane
 
     def say(self, what: str, **fields: Any) -> None:
         """One event of each kind for the run's whole watch."""
@@ -239,6 +242,8 @@ class JobLog:
     def read(self) -> tuple[bytes, bool]:
         """What the job wrote since the last read (at most :data:`LOG_CHUNK`), and whether it is
         the backlog (written before the attach)."""
+        if self.pane is not None:
+            return self.pane.read()
         if not self.open():
             return b"", False
         assert self.fd is not None
