@@ -625,7 +625,7 @@ def test_an_attached_job_sigkilled_as_a_whole_ends_ended_never_succeeded(runs_ro
     """Every process of the job SIGKILLed at once (the OOM killer on a cgroup, a scheduler's
     kill): its log names no failure, and its exit codes went to the parents that reaped them.
     The run says it ended, not that it succeeded, and `ups why` says what would tell."""
-    agent, log = jobs.start_ready("step 3/")
+    agent, log = jobs.start_ready("step 20/")
     jobs.remember()
     run_id = attach(agent.pid)
     wait_for(lambda: all((runs_root / run_id / "status" / f"rank-{r}.json").exists() for r in (0, 1)), 60,
@@ -667,7 +667,7 @@ def test_a_job_typed_in_a_tmux_pane_is_attached_with_the_pane_as_its_log(runs_ro
         def pane_text() -> str:
             return subprocess.run(["tmux", "-S", str(sock), "capture-pane", "-p", "-J"], capture_output=True,
                                   text=True, timeout=10).stdout
-        wait_for(lambda: "step 3/" in pane_text(), 120, interval=0.5, message="the job's steps in the pane")
+        wait_for(lambda: "step 20/" in pane_text(), 120, interval=0.5, message="the job's steps in the pane")
         shell = int(subprocess.run(["tmux", "-S", str(sock), "list-panes", "-F", "#{pane_pid}"], capture_output=True,
                                    text=True, timeout=10).stdout.split()[0])
         agent = next(p for p in psutil.Process(shell).children(recursive=True)
@@ -679,10 +679,10 @@ def test_a_job_typed_in_a_tmux_pane_is_attached_with_the_pane_as_its_log(runs_ro
 
         def counting():
             st = ups_json("status", run_id)
-            return st if st["progress"]["step"] > 3 else None
+            return st if st["progress"]["step"] > 20 else None
         wait_for(counting, 60, interval=0.5, message="progress read from the pane")
         copied = runs_root / run_id / "logs" / "job.log"
-        assert "step 3/" in copied.read_text(errors="replace")
+        assert "step 20/" in copied.read_text(errors="replace")
         crash.touch()
 
         def ended():
