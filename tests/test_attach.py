@@ -451,9 +451,12 @@ def test_a_dataloader_worker_hung_in_open_behind_tee_is_named_with_its_index(run
     agent = wait_for(lambda: next((p for p in psutil.Process(shell.pid).children()
                                    if "torch.distributed.run" in " ".join(p.cmdline()) or "torchrun" in " ".join(p.cmdline())),
                                   None), 30, message="torchrun's agent")
-    wait_for(lambda: (d := ups_json("attach", str(agent.pid), "--dry-run")) and
-             sum(p["role"] == "worker" for p in d["processes"]) == 4 and d, 120, interval=1.0, message="two workers a rank")
+    job = wait_for(lambda: (d := ups_json("attach", str(agent.pid), "--dry-run")) and
+                   sum(p["role"] == "worker" for p in d["processes"]) == 4 and d, 120, interval=1.0,
+                   message="two workers a rank")
     jobs.remember()
+    # The log is the file tee writes, found through the pipe (its stdout is no file)
+    assert job["log"] == str(log) and "→ pipe → tee (pid " in job["log_via"], job["log_via"]
     res = run_ups("attach", str(agent.pid), "--json", env={"PATH": env["PATH"]})
     assert res.returncode == 0, res.stderr
     run_id = json.loads(res.stdout)["run_id"]
@@ -468,6 +471,10 @@ def test_a_dataloader_worker_hung_in_open_behind_tee_is_named_with_its_index(run
     site = f"ddp_tutorial.py:{tutorial_line('with open(path, ')}"
     assert v["where"]["site"] == site, v
     assert v["where"]["function"] == "__getitem__", v
+    # ... and copied into the run through tee's own open file: the job's lines are there
+    copied = runs_root / run_id / "logs" / "job.log"
+    head = wait_for(lambda: log.read_bytes()[:200], 30, message="a line in tee's file")
+    wait_for(lambda: copied.exists() and copied.read_bytes()[:200] == head, 30, message="tee's file copied")
     assert agent.is_running() and agent.status() != psutil.STATUS_ZOMBIE
 
 
@@ -610,3 +617,79 @@ def test_scan_shows_a_strangers_command_line_as_text_never_as_terminal_control(r
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.slow
+@needs_pyspy
+def test_an_attached_job_sigkilled_as_a_whole_ends_ended_never_succeeded(runs_root, jobs, tmp_path):
+    """Every process of the job SIGKILLed at once (the OOM killer on a cgroup, a scheduler's
+    kill): its log names no failure, and its exit codes went to the parents that reaped them.
+    The run says it ended, not that it succeeded, and `ups why` says what would tell."""
+    agent, log = jobs.start_ready("step 20/")
+    jobs.remember()
+    run_id = attach(agent.pid)
+    wait_for(lambda: all((runs_root / run_id / "status" / f"rank-{r}.json").exists() for r in (0, 1)), 60,
+             interval=0.2, message="the observer's first records of the ranks")
+    jobs.remember()
+    sigkill(set(jobs.pids))
+
+    def ended():
+        m = json.loads((runs_root / run_id / "run.json").read_text())
+        return m if m["state"] not in ("launching", "running") else None
+    m = wait_for(ended, 90, interval=0.5, message="the run's end")
+    assert m["state"] == "ended", m
+    assert "exit codes are not visible from outside" in m["summary"] and m.get("exit_code") is None, m
+    v = ups_json("why", run_id)["verdict"]
+    assert v["mode"] == "ended" and "whether it succeeded is not known" in v["headline"], v
+    assert "succeeded" not in ups_json("status", run_id)["state"]
+    listed = {r.get("id") or r.get("run_id"): r for r in ups_json("runs")["runs"]}
+    assert listed[run_id]["state"] == "ended", listed.get(run_id)
+
+
+@pytest.mark.slow
+@needs_pyspy
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (.ci/run installs it)")
+def test_a_job_typed_in_a_tmux_pane_is_attached_with_the_pane_as_its_log(runs_root, tmp_path):
+    """`torchrun train.py` typed in a tmux session (the way a job runs over SSH): its stdout is the
+    pane's terminal. The pane is found from the job's tty, read read-only with capture-pane; its
+    lines are the progress, and rank 1's crash in them is the run's cause."""
+    import tempfile
+
+    sock_dir = Path(tempfile.mkdtemp(prefix="ut", dir="/tmp"))  # a unix socket's path must be short
+    sock = sock_dir / "s"
+    crash = tmp_path / "crash-now"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UPS_", "TMUX"))}
+    env["ATTACH_DDP_FAULT"] = f"raise_when:{crash}"
+    line = shlex.join([*torchrun(), "--standalone", "--nproc-per-node", "2", str(PROGRAM)])
+    subprocess.run(["tmux", "-S", str(sock), "new-session", "-d", "-x", "160", "-y", "40", f"cd {shlex.quote(str(tmp_path))} && {line}; sleep 600"],
+                   env=env, check=True, timeout=30)
+    try:
+        def pane_text() -> str:
+            return subprocess.run(["tmux", "-S", str(sock), "capture-pane", "-p", "-J"], capture_output=True,
+                                  text=True, timeout=10).stdout
+        wait_for(lambda: "step 20/" in pane_text(), 120, interval=0.5, message="the job's steps in the pane")
+        shell = int(subprocess.run(["tmux", "-S", str(sock), "list-panes", "-F", "#{pane_pid}"], capture_output=True,
+                                   text=True, timeout=10).stdout.split()[0])
+        agent = next(p for p in psutil.Process(shell).children(recursive=True)
+                     if "torch.distributed.run" in " ".join(p.cmdline()) or "torchrun" in " ".join(p.cmdline()))
+        job = ups_json("attach", str(agent.pid), "--dry-run")
+        assert job["log"] is None and job["log_pane"]["socket"] == str(sock), job
+        assert "tmux pane %" in job["log_via"] and job["log_via"].startswith("/dev/pts/"), job["log_via"]
+        run_id = attach(agent.pid)
+
+        def counting():
+            st = ups_json("status", run_id)
+            return st if st["progress"]["step"] > 20 else None
+        wait_for(counting, 60, interval=0.5, message="progress read from the pane")
+        copied = runs_root / run_id / "logs" / "job.log"
+        assert "step 20/" in copied.read_text(errors="replace")
+        crash.touch()
+
+        def ended():
+            m = json.loads((runs_root / run_id / "run.json").read_text())
+            return m if m["state"] not in ("launching", "running") else None
+        m = wait_for(ended, 90, interval=0.5, message="the run's end")
+        assert m["state"] == "failed" and "rank 1" in m["summary"] and "ValueError" in m["summary"], m
+    finally:
+        subprocess.run(["tmux", "-S", str(sock), "kill-server"], capture_output=True, timeout=30)
+        shutil.rmtree(sock_dir, ignore_errors=True)

@@ -10,6 +10,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -177,3 +179,41 @@ def test_an_hf_trainer_job_under_torchrun_attached_shows_its_bar_as_progress_and
     st = healthy_with_progress(run_id, "log: tqdm progress bar", 20)
     assert st["progress"]["total"] == 1000000
     assert agent.poll() is None
+
+
+@pytest.mark.slow
+@needs_pyspy
+@pytest.mark.timeout(400)  # lightning's import in each rank, on a busy box
+def test_a_lightning_job_started_by_its_own_launcher_attached_is_seen_stepping_from_its_stacks_and_is_healthy(runs_root, jobs, tmp_path):
+    """Lightning's documented example (tests/programs/frameworks/lit.py), its default bar on, run with
+    a plain `python lit.py > lit.log`: the script is rank 0 and starts rank 1 itself; two DataLoader
+    workers a rank, made anew every epoch. Lightning's bar (rich's, where rich is installed, as it
+    is wherever typer is) draws nothing into a file until the end, so no line counts: progress
+    comes from the stacks' rhythm, said so, and the job is healthy through its workers' churn."""
+    log = tmp_path / "lit.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UPS_")}
+    with open(log, "wb") as out:
+        first = subprocess.Popen([sys.executable, str(FRAMEWORKS / "lit.py"), "--bar", "--steps", "1000000", "--step-time", "0.02"],
+                                 stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=tmp_path)
+    jobs.procs.append(first)
+    wait_for(lambda: (d := ups_json("attach", str(first.pid), "--dry-run")) and
+             sum(p["role"] == "rank" for p in d["processes"]) == 2 and d, 180, interval=1.0, message="rank 1 started")
+    jobs.remember()
+    run_id = attach(first.pid)
+    source = "stacks: back at its own loop line between stack reads"
+
+    def turning():  # a loop turn is seen only when a read catches a rank outside its sleep
+        st = ups_json("status", run_id)
+        return st if st["progress"]["step"] > 0 and st["progress"]["unit"] == "loop turns seen" else None
+    st = wait_for(turning, 90, interval=1.0, message="the stacks' rhythm as progress")
+    ranks = [p for p in st["processes"] if p["role"] == "rank"]
+    assert len(ranks) == 2 and first.pid in {p["pid"] for p in ranks}, ranks
+    assert source in {p["metrics"].get("progress_from") for p in ranks}, ranks
+    deadline, seen = time.monotonic() + 20, 0
+    while time.monotonic() < deadline or seen < 3:  # its workers churn every epoch (32 steps)
+        for p in ups_json("status", run_id)["processes"]:
+            assert p["health"] != "dead", json.dumps(p)
+        v = ups_json("why", run_id)["verdict"]
+        assert v["mode"] == "healthy", v
+        seen += 1
+    assert first.poll() is None

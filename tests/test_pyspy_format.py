@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ups.runs.pyspy import as_faulthandler, function_name, sample_in_flight
+from ups.runs.pyspy import as_faulthandler, function_name, loop_counters, sample_in_flight
 from ups.why import stacks
 
 DATA = Path(__file__).parent / "data" / "pyspy"
@@ -85,3 +85,15 @@ def test_the_recorded_json_has_every_field_ups_reads():
 ])
 def test_a_frame_is_compared_by_its_own_function_name(printed, own):
     assert function_name(printed) == own
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_ranks_loop_counters_are_the_main_threads_integer_locals_in_every_release(version):
+    """Two reads whose frames are alike but whose counters differ went round (ups.attach.observe):
+    the main thread's plain integers only; another thread's counter (the spinner's ``n``) and an
+    object's repr (which holds its address) are not counters."""
+    threads = json.loads((DATA / f"dump-{version}.json").read_text())
+    assert loop_counters(threads, MAIN) == (("__getitem__", "idx", 51), ("<listcomp>", "idx", 51))
+    assert loop_counters(threads, 1) == ()
+    moved = json.loads(json.dumps(threads).replace('"repr": "51"', '"repr": "52"'))
+    assert loop_counters(moved, MAIN) != loop_counters(threads, MAIN)

@@ -110,6 +110,7 @@ STATE_STYLES = {
     "failed": "bold red",
     "killed": "magenta",
     "lost": "red",
+    "ended": "yellow",
     "unsupervised": "bold yellow",
 }
 

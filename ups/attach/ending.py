@@ -39,16 +39,18 @@ def write_end(run: RunDir, seen: Mapping[str, Any], record: Callable[[Any, float
         failure = {"rank": reading.rank, "error": line[:500] or reading.summary,
                    "error_site": reading.site, "clean": None}
     elif text:
-        state, summary = "succeeded", f"{seen_end}; its log names no failure"
+        # Never "succeeded": a job SIGKILLed as a whole, or one that called exit(1) after its
+        # last line, leaves the same log. What is known is said, and no more.
+        state, summary = "ended", f"{seen_end}; its log names no failure"
     else:
         state, summary = "lost", f"{seen_end}, and it wrote no log ups could read: how it ended is not known"
     for s in seen.values():
-        # The last word on a process: done when the job ended with no failure in its log;
+        # The last word on a process: done (its end seen) when the job ended with no failure in its log;
         # failed, with the log's words, for the rank the log names; the others stay as last
         # seen (running, now gone): how they ended is not known from outside.
         named = reading is not None and reading.failed and reading.rank is not None and s.proc.rank == reading.rank \
             and s.proc.role == "rank"
-        if s.gone_at is None or s.inproc or not (state == "succeeded" or named):
+        if s.gone_at is None or s.inproc or not (state == "ended" or named):
             continue  # (an injected process wrote its own last word)
         rec = record(s, s.gone_at, time.monotonic())
         if named:

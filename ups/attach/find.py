@@ -31,11 +31,11 @@ with the ports they listen on and, where NVML exists, the GPU memory they hold.
 from __future__ import annotations
 
 import os
-import stat
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ups.attach import slurm
+from ups.attach.output import log_of, piped_log
 from ups.errors import UpsError
 from ups.status import procfs
 from ups.status.procfs import comm, environ
@@ -93,19 +93,6 @@ def children_map() -> dict[int, list[int]]:
             if st is not None:
                 kids.setdefault(st[1], []).append(int(name))
     return kids
-
-
-def log_of(pid: int) -> str | None:
-    """Where the process's stdout or stderr go, when that is a regular file."""
-    for fd in (1, 2):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            st = os.stat(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("/") and stat.S_ISREG(st.st_mode) and not target.endswith(" (deleted)"):
-            return target
-    return None
 
 
 def is_python(argv: list[str]) -> bool:
@@ -194,7 +181,9 @@ class Job:
     orphan: bool = False  # ranks whose agent died (re-parented to init)
     roots: list[int] = field(default_factory=list)  # the tops of its trees: [top], or each orphaned rank or SLURM task
     slurm: slurm.Step | None = None  # the SLURM step its processes are (or run in)
-    log_holder: int | None = None  # a process outside the job that writes its log (a SLURM batch script)
+    log_holder: int | None = None  # a process outside the job that writes its log (a SLURM batch script, tee)
+    log_via: str | None = None  # how its output reaches the log, where a pipe is between: "rank 0 → pipe → tee ..."
+    log_pane: dict | None = None  # its terminal's tmux pane, when its output goes to one (ups.attach.pane)
 
     @property
     def root_pids(self) -> list[int]:
@@ -237,7 +226,8 @@ class Job:
         return f"{what}, top pid {top.pid} ({' '.join(top.argv)[:120]}), {len(self.ranks)} rank(s)"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"top": self.top, "given": self.given, "log": self.log, "world_size": self.world_size,
+        return {"top": self.top, "given": self.given, "log": self.log, "log_via": self.log_via, "log_pane": self.log_pane,
+                "world_size": self.world_size,
                 "nnodes": self.nnodes, "node_rank": self.node_rank, "roots": self.root_pids,
                 "launched_by_ups": self.launched_by_ups, "orphan": self.orphan, "describe": self.describe(),
                 "slurm": self.slurm.to_dict() if self.slurm else None,
@@ -374,6 +364,20 @@ def find_job(pid: int, *, kids: dict[int, list[int]] | None = None, group: bool 
     job.log = top_proc.log or next((p.log for p in job.ranks if p.log), None)
     if job.log is None and step is not None:
         job.log, job.log_holder = slurm.output_file(step.job_id, log_of)
+    if job.log is None:  # behind a pipe: the file its reader (tee, a logger) writes
+        for p in [top_proc, *job.ranks][:4]:
+            found = piped_log(p.pid)
+            if found:
+                job.log, job.log_holder, reader = found
+                job.log_via = f"{p.label} → pipe → {reader} (pid {job.log_holder}) → {job.log}"
+                break
+    if job.log is None:  # a terminal that a tmux pane owns: the pane, read read-only (ups.attach.pane)
+        from ups.attach.pane import pane_of
+
+        pane = pane_of(top_proc.pid) or (pane_of(job.ranks[0].pid) if job.ranks else None)
+        if pane is not None and pane["uid"] == uid_of(top):  # the job's user's server only
+            job.log_pane = pane
+            job.log_via = f"{pane['tty']} → tmux pane {pane['pane']} ({pane['where']}, server pid {pane['server']})"
     if group and job.orphan:
         job = orphan_siblings(job, kids)
     return job

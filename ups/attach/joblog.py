@@ -36,7 +36,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ups.attach.find import Job, uid_of
+from ups.attach.pane import PaneReader
 from ups.runs.rundir import RunDir
+from ups.status import procfs
 from ups.status.confined import open_append
 from ups.status.procs import process_start_time, same_start
 
@@ -62,11 +64,15 @@ def held_log(job: Job) -> dict[str, Any] | None:
     (why it will not be read) when the file is not the job owner's. None without a log."""
     if not job.log:
         return None
-    holders = [(p.pid, p.start) for p in [job.top_proc, *job.ranks] if p.log == job.log]
-    if job.log_holder is not None:  # outside the job's tree: a SLURM step's batch script
-        holders.append((job.log_holder, process_start_time(job.log_holder)))
-    for pid, start in holders:
-        for fd in (1, 2):
+    holders = [(p.pid, p.start, (1, 2)) for p in [job.top_proc, *job.ranks] if p.log == job.log]
+    if job.log_holder is not None:  # outside the job's tree: a SLURM step's batch script, tee behind a pipe
+        fds = procfs.fd_targets(job.log_holder) or {}
+        holders.append((job.log_holder, process_start_time(job.log_holder), sorted(fds)))
+    job_owner = uid_of(job.top)
+    for pid, start, fds in holders:
+        if uid_of(pid) != job_owner:  # a reader outside the job that is not the job's user's: never read through it
+            continue
+        for fd in fds:
             link = f"/proc/{pid}/fd/{fd}"
             try:
                 if os.readlink(link) != job.log:
@@ -179,6 +185,8 @@ class JobLog:
         self.pos: int | None = None
         self.said: set[str] = set()
         self.mode = copy_mode(int(self.held.get("mode") or 0)) if self.held else 0o600
+        pane = attached.get("log_pane")
+        self.pane = PaneReader(pane) if isinstance(pane, dict) and not self.path else None  # a terminal's tmux pane
 
     def say(self, what: str, **fields: Any) -> None:
         """One event of each kind for the run's whole watch."""
@@ -234,6 +242,8 @@ class JobLog:
     def read(self) -> tuple[bytes, bool]:
         """What the job wrote since the last read (at most :data:`LOG_CHUNK`), and whether it is
         the backlog (written before the attach)."""
+        if self.pane is not None:
+            return self.pane.read()
         if not self.open():
             return b"", False
         assert self.fd is not None

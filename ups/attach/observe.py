@@ -55,6 +55,7 @@ from ups.errors import UpsError
 from ups.launch.lineprogress import LineProgress
 from ups.launch.proof import Observer
 from ups.runs.rundir import FINAL_RUN_STATES, RunDir
+from ups.status.health import STACK_READ_EVERY_S
 from ups.status.host import boot_id, hostname
 from ups.status.procs import process_start_time, same_start, this_process_start
 from ups.status.record import SCHEMA_VERSION, StatusRecord
@@ -64,7 +65,7 @@ from ups.status.vocabulary import is_stdlib_file
 from ups.why.rules.collectives import SEEN_FROM_OUTSIDE
 
 TICK_S = 1.0
-STACK_EVERY_S = 10.0
+STACK_EVERY_S = STACK_READ_EVERY_S
 """One py-spy dump of each process every 10 s: a pause of a few ms (measured by
 scripts/bench_attach.py), far below 1 % of the job's time."""
 STACK_KEEP_S = 60.0  # an unchanged stack is appended again at most this often
@@ -209,7 +210,7 @@ class AttachObserver:
                 continue
             s.dumped_mono = mono
             try:
-                d = pyspy.dump(s.proc.pid, s.proc.label, actor=ACTOR, with_locals=s.proc.role == "worker")
+                d = pyspy.dump(s.proc.pid, s.proc.label, actor=ACTOR, with_locals=s.proc.role in ("worker", "rank"))
             except pyspy.DumpRefused as exc:
                 if exc.lasting:
                     self.no_dumps = str(exc)
@@ -218,10 +219,12 @@ class AttachObserver:
                     return
                 continue
             before = s.dump.frames if s.dump is not None else None
+            # the same frames with other loop counters: it went round between the reads
+            went_round = before == d.frames and bool(d.counters) and s.dump.counters not in ((), d.counters)
             s.dump = d
-            if before is not None and d.frames != before:
+            if before is not None and (d.frames != before or went_round):
                 self.moved(s)
-                note_turn(s, before, d.frames, self.tick_at)  # the stacks' rhythm
+                note_turn(s, before, d.frames, self.tick_at, went_round)  # the stacks' rhythm
                 w = self.proof.watched.get(name)
                 if w is not None:
                     w.stacks.clear()  # it moved: "the same stack twice" starts again from this one

@@ -298,8 +298,9 @@ def take_progress(seen: Iterable, progress: LogProgress, now: float, mono: float
             s.progress_at, s.progress_mono = c["at"], mono - max(0.0, now - c["at"])
 
 
-def note_turn(s: Any, before: tuple, frames: tuple, at: float) -> None:
-    """A rank's new stack read (the observer's ``Seen``): back at its own loop line is one turn."""
-    if s.proc.role == "rank" and loop_line(before, frames) is not None:
+def note_turn(s: Any, before: tuple, frames: tuple, at: float, went_round: bool = False) -> None:
+    """A rank's new stack read (the observer's ``Seen``): back at its own loop line is one turn, and
+    so is the same stack with other loop counters (``went_round``: Lightning's ``batch_idx``)."""
+    if s.proc.role == "rank" and (went_round or loop_line(before, frames) is not None):
         s.extra["turns"] = s.extra.get("turns", 0) + 1
         s.extra["turned_at"] = at

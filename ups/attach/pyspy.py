@@ -21,6 +21,7 @@ from ups.runs.pyspy import (
     as_faulthandler,
     dump_json,
     executable,
+    loop_counters,
     sample_in_flight,
 )
 from ups.status import vocabulary
@@ -41,6 +42,7 @@ class Dump:
     section: stacks.Section | None
     at: float
     item: str | None = None  # a DataLoader worker's sample in flight: "index 51 (batch [212, 51, 73, 99])"
+    counters: tuple = ()  # a rank's loop counters (ups.runs.pyspy.loop_counters): moved when they differ
 
     @property
     def frames(self) -> tuple:
@@ -65,7 +67,8 @@ def dump(pid: int, label: str, *, actor: str = "attach", exe: str | None = None,
     ``with_locals``: read the frames' local variables too (a DataLoader worker's index)."""
     threads = dump_json(pid, timeout=timeout, with_locals=with_locals, exe=exe)
     text = format_dump(threads, label, pid, actor)
-    return Dump(text, stacks.latest(text), time.time(), sample_in_flight(threads, pid))
+    return Dump(text, stacks.latest(text), time.time(), sample_in_flight(threads, pid),
+                loop_counters(threads, pid) if with_locals else ())
 
 
 def format_dump(threads: list[dict], label: str, pid: int, actor: str) -> str:

@@ -83,7 +83,7 @@ def create_run(job: Job, runs_root: str | os.PathLike[str], *, run_id: str | Non
         "world_size": job.world_size,
         "thresholds": THRESHOLDS,
         "attached": {"by": who(), "at": time.time(), "given_pid": job.given, "log": job.log,
-                     "log_file": held_log(job), "log_cap": log_cap,
+                     "log_file": held_log(job), "log_cap": log_cap, "log_pane": job.log_pane,
                      "processes": [{"pid": p.pid, "start": p.start, "role": p.role, "name": p.name, "rank": p.rank,
                                     "local_rank": p.local_rank}
                                    for p in job.procs]},

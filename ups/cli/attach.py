@@ -101,7 +101,7 @@ def attach_cmd(
             typer.echo("no PyTorch job on this host that ups does not watch")
             return
         for j in found["jobs"]:
-            _say(("ORPHAN (its agent died) " if j["orphan"] else "") + j["describe"] + (f"; log {j['log']}" if j["log"] else ""))
+            _say(("ORPHAN (its agent died) " if j["orphan"] else "") + j["describe"] + (f"; log {j.get('log_via') or j['log']}" if j["log"] or j.get("log_pane") else ""))
             for p in j["processes"]:
                 held = ""
                 if p.get("ports"):
@@ -165,7 +165,9 @@ def _say(text: str) -> None:
 
 
 def _show(job, *, joined: bool = False) -> None:  # ups.attach.find.Job, imported lazily
-    _say(job.describe() + (f"; log {job.log}" if job.log else "; no log file (stdout and stderr are not files)"))
+    _say(job.describe() + (f"; log {job.log_via or job.log}" if job.log or job.log_pane else
+                           "; no log file (stdout and stderr are not files, no reader of a pipe writes one, and no "
+                           "tmux pane here owns its terminal)"))
     if job.orphan:
         typer.echo(f"its torchrun agent is gone: the {len(job.ranks)} rank(s) it left on this host (re-parented to "
                    "init) are watched as one job")

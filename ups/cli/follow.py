@@ -17,7 +17,7 @@ from ups.runs.read import open_run
 from ups.runs.rundir import FINAL_RUN_STATES, RunDir
 from ups.runs.view import RunView
 
-EXIT_BY_STATE = {"succeeded": 0, "partial": 3, "failed": 1, "killed": 1, "lost": 1}
+EXIT_BY_STATE = {"succeeded": 0, "partial": 3, "failed": 1, "killed": 1, "lost": 1, "ended": 1}
 
 
 def follow_line(view: RunView) -> str:

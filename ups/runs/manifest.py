@@ -24,17 +24,19 @@ from ups.status.confined import write_atomic_at
 from ups.status.host import hostname
 from ups.status.safeio import BadFile, read_json
 
-FINAL_RUN_STATES = ("succeeded", "partial", "failed", "killed", "lost")
-"""``lost``: the launcher and every process vanished and nothing recorded how the run ended
+FINAL_RUN_STATES = ("succeeded", "partial", "failed", "killed", "lost", "ended")
+"""``ended``: an attached job whose every process was seen to end, its log naming no failure: how each
+ended (its exit code) is not visible from outside, so success is never claimed (ups.attach.ending).
+``lost``: the launcher and every process vanished and nothing recorded how the run ended
 (a reboot, everything SIGKILLed)."""
 # The per-node keys of a multi-node manifest; the run's own (shared) keys stay in run.json.
-NODE_STATE_ORDER = ("killed", "failed", "lost", "partial", "succeeded")
+NODE_STATE_ORDER = ("killed", "failed", "lost", "partial", "ended", "succeeded")
 
 
 def merge_node_states(nodes: dict[str, dict[str, Any]], nnodes: int | None = None) -> dict[str, Any]:
     """The run's state from its nodes' manifests (those this reader sees: every node's on a
     shared folder, its own otherwise): running while any node runs; once every node has
-    ended, the worst of their ends (killed, failed, lost, partial, succeeded), with a summary
+    ended, the worst of their ends (killed, failed, lost, partial, ended, succeeded), with a summary
     that names the nodes that did not succeed. ``nnodes``: how many nodes the run has."""
     if not nodes:
         return {"state": "launching"}

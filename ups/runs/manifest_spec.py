@@ -30,7 +30,7 @@ from ups.status.safeio import (
     text,
 )
 
-RUN_STATES = ("launching", "running", "succeeded", "partial", "failed", "killed", "lost")
+RUN_STATES = ("launching", "running", "succeeded", "partial", "failed", "killed", "lost", "ended")
 MANIFEST_SCHEMA = 1
 
 

@@ -8,6 +8,7 @@ hang proof) runs it through :func:`dump_json` and reads its JSON here:
 * :func:`as_faulthandler` writes it as faulthandler writes a dump, under the header of a
   requested dump, so that :mod:`ups.why.stacks` reads it like any other stack file;
 * :func:`sample_in_flight` reads a DataLoader worker's index from its frames' locals;
+* :func:`loop_counters` a rank's loop counters from them (its steps when its stack stays alike);
 * :func:`function_name` is a frame's own function name. py-spy 0.4.3 prints a frame's
   qualified name (``co_qualname``: ``Trainer._run_epoch``, ``Outer.<locals>.inner``) where
   0.4.1 and older printed ``_run_epoch``; a rule compares the last dotted part, and a reader
@@ -113,6 +114,25 @@ def as_faulthandler(threads: list[dict], label: str, pid: int, actor: str, note:
             lines.append(f'  File "{f.get("filename")}", line {f.get("line")} in {f.get("name")}')
         lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def loop_counters(threads: list[dict], pid: int) -> tuple:
+    """The main thread's integer locals, frame by frame (function, name, value), innermost first:
+    a loop's counters (Lightning's ``batch_idx`` in ``training_step`` and in its epoch loop, a
+    plain loop's ``step`` or ``i``). Two reads of a rank whose frames are the same but whose
+    counters differ went round in between (a step that sleeps or waits most of its time is read
+    at the same line every time). Only plain integers: an object's repr carries its address,
+    which changes with every new tensor."""
+    main = next((t for t in threads if isinstance(t, dict) and t.get("os_thread_id") == pid), None)
+    if main is None:
+        return ()
+    found = []
+    for f in _frames(main):
+        for v in f.get("locals") or []:
+            r = v.get("repr") if isinstance(v, dict) else None
+            if isinstance(r, str) and 0 < len(r) <= 20 and r.lstrip("-").isdigit():
+                found.append((function_name(f.get("name")), str(v.get("name")), int(r)))
+    return tuple(found)
 
 
 def sample_in_flight(threads: list[dict], pid: int) -> str | None:

@@ -344,6 +344,12 @@ def stragglers(records: list[StatusRecord], verdicts: dict[str, HealthVerdict],
 # the next collective): what it is doing, in an operator's words.
 BUSY_PHASES = {"eval": "evaluating", "checkpoint": "writing a checkpoint", "load": "loading a checkpoint"}
 PAUSE_SAID_AFTER_S = 5.0  # no progress this long is a pause worth saying (or watching); shorter is a step
+STACK_READ_EVERY_S = 10.0
+"""An attached job's processes are read by py-spy this often (ups.attach.observe). A rank whose
+only progress signal is its stacks' rhythm (no line of its log counts) can be seen to go round
+only at a read, and a read may find it where the last one did: its progress is as old as two
+reads before it is quiet at all."""
+RHYTHM = "stacks:"  # how a counter from the stacks' rhythm names its source (``progress_from``)
 
 
 def busy_doing(record: StatusRecord) -> str | None:

@@ -162,3 +162,32 @@ def status(pid: int | str, tid: int | None = None) -> dict[str, str] | None:
         if sep:
             out[key.decode(errors="replace")] = value.decode(errors="replace").strip()
     return out
+
+
+def fd_targets(pid: int) -> dict[int, str] | None:
+    """Every open descriptor of ``pid`` and what the kernel's link names (``/path``, ``pipe:[N]``,
+    ``socket:[N]``); None when its ``fd`` folder cannot be read (gone, or another user's)."""
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return None
+    out = {}
+    for name in names:
+        try:
+            out[int(name)] = os.readlink(f"/proc/{pid}/fd/{name}")
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def fd_access(pid: int, fd: int) -> str | None:
+    """How a descriptor was opened (``fdinfo``'s flags): ``r``, ``w`` or ``rw``; None unknown."""
+    data = _read(f"/proc/{pid}/fdinfo/{fd}", 4096)
+    for line in (data or b"").splitlines():
+        if line.startswith(b"flags:"):
+            try:
+                mode = int(line.split()[1], 8) & 3  # O_ACCMODE
+            except (IndexError, ValueError):
+                return None
+            return {0: "r", 1: "w", 2: "rw"}.get(mode)
+    return None

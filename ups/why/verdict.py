@@ -9,7 +9,7 @@ from typing import Any
 from ups.status.record import StatusRecord
 
 MODES = (
-    "healthy", "succeeded", "starting", "settling", "worker_stuck_in_read", "worker_stuck", "rank_stuck_peers_wait", "one_sided_collective", "collective_mismatch", "collective_timeout",
+    "healthy", "succeeded", "ended", "starting", "settling", "worker_stuck_in_read", "worker_stuck", "rank_stuck_peers_wait", "one_sided_collective", "collective_mismatch", "collective_timeout",
     "crashed_by_signal", "exception", "worker_exception", "cuda_in_worker", "no_normal_exit", "out_of_memory", "disk_full", "rendezvous_failed",
     "dataloader_resources", "stalled", "unresponsive", "dead", "failed", "killed", "lost", "unsupervised",
     "node_unreachable", "oom_killed", "killed_from_outside", "stopped_from_outside",

@@ -49,11 +49,12 @@ def main() -> None:
     p.add_argument("--fail", choices=["raise", "exit", "hang"])
     p.add_argument("--fail-rank", type=int, default=1)
     p.add_argument("--fail-step", type=int, default=5)
+    p.add_argument("--bar", action="store_true", help="Lightning's tqdm bar on (its default)")
     args = p.parse_args()
     data = TensorDataset(torch.randn(512, 16), torch.randn(512, 1))
     loader = DataLoader(data, batch_size=8, num_workers=args.workers)
     trainer = L.Trainer(devices=2, strategy="ddp", accelerator="cpu", max_steps=args.steps, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+                        enable_checkpointing=False, enable_progress_bar=args.bar, enable_model_summary=False)
     trainer.fit(LitRegressor(args), loader)
 
 

@@ -39,7 +39,7 @@ __all__ = ["RULES", "Rule", "first_verdict", "healthy", "with_recorded"]
 
 # Verdicts on the training's numbers or a start: the ranks' collectives say nothing about them.
 NOT_COLLECTIVE = frozenset(("loss_nonfinite", "loss_diverged", "step_rate_dropped", "gpu_memory_leak", "starting",
-                            "succeeded", "healthy", "straggler_input", "straggler_compute", "straggler_host",
+                            "succeeded", "ended", "healthy", "straggler_input", "straggler_compute", "straggler_host",
                             "straggler_node", "straggler_unknown"))
 
 RULES: tuple[Rule, ...] = (lost_node, ended_training, ended, full_disk, unsupervised, settling, live_failure, busy_pause,

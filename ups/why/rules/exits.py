@@ -58,6 +58,11 @@ def ended(ev: Evidence) -> Verdict | None:
         skipped = oom_skipped(ev)  # survived, but worth knowing: a step skipped for lack of memory
         return Verdict("succeeded", f"nothing wrong: the run succeeded ({summary})", ok=True,
                        evidence=[skipped.headline] if skipped else [], next=f"ups status {view.run_id}")
+    if state == "ended":
+        return Verdict("ended", f"the job ended, and its log names no failure; whether it succeeded is not known ({summary})",
+                       ok=True, evidence=["ups attached to this job from outside: its processes' exit codes are not "
+                                          "visible (only the parent that reaps a process learns its code)"],
+                       next=f"the job's own output or its scheduler (sacct) says how it exited; ups status {view.run_id}")
     if state == "killed":
         kill = next((e for e in reversed(ev.events) if e.get("event") == "kill"), {})
         who = kill.get("actor", "an operator")

@@ -11,7 +11,7 @@ idle, the rules that name a stuck process speak.
 from __future__ import annotations
 
 from ups.runs.view import ProcessView
-from ups.status.health import PAUSE_SAID_AFTER_S, Health
+from ups.status.health import PAUSE_SAID_AFTER_S, RHYTHM, STACK_READ_EVERY_S, Health
 from ups.why.evidence import Evidence
 from ups.why.rules.common import in_backward, label_list, shown_function, where_of
 from ups.why.verdict import Verdict, who_of
@@ -28,9 +28,15 @@ def _at(where: dict) -> str:
 
 
 def quiet_for(ev: Evidence, p: ProcessView) -> float:
-    """How long the process has made no progress (its phase changes count as progress)."""
+    """How long the process has made no progress (its phase changes count as progress). Progress
+    seen only from the stacks' rhythm is seen only at a read: quiet starts two reads after it."""
     r = p.record
-    return max(0.0, ev.now - max(r.progress_at, r.phase_at)) if r.step else max(0.0, ev.now - r.started_at)
+    if not r.step:
+        return max(0.0, ev.now - r.started_at)
+    quiet = max(0.0, ev.now - max(r.progress_at, r.phase_at))
+    if str(r.metrics.get("progress_from", "")).startswith(RHYTHM):
+        quiet = max(0.0, quiet - 2 * STACK_READ_EVERY_S)
+    return quiet
 
 
 def waited_for(ev: Evidence, p: ProcessView, waiting: list[ProcessView], waits_in: str | None) -> Verdict | None:
