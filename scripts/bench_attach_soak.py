@@ -95,7 +95,7 @@ def soak(minutes: float, window: float, notify: bool) -> dict:
                 break
             windows.append({"t_s": round(t1 - t_start), "observer_cpu_pct": round(100 * (c1 - c0) / (t1 - t0), 2),
                             "observer_rss_mib": rss_mib(observer), "observer_fds": fds(observer),
-                            "events": len(read_events(run)), **folder(run)})
+                            "events": len(read_events(run)), **folder(run), **seen_by_user(env)})
     finally:
         if observer is not None:
             with contextlib.suppress(OSError):
@@ -116,8 +116,24 @@ def soak(minutes: float, window: float, notify: bool) -> dict:
         out[f"{key.removesuffix('_bytes')}_kib_per_hour"] = round((last[key] - first[key]) / 1024 / hours, 1)
     out["events_by_kind"] = _kinds(read_events(tmp / "runs" / "soak"))
     out["notified"] = _notified(tmp / "notified")
+    out["dead_shown"] = sum(w["dead"] for w in windows)  # a process `ups status` called dead, over all windows
+    out["verdicts"] = sorted({w["verdict"] for w in windows})
     out["run_dir"] = str(tmp / "runs" / "soak")
     return out
+
+
+def seen_by_user(env: dict) -> dict:
+    """What a user sees at the end of a window: how many processes `ups status` shows dead, and
+    `ups why`'s verdict (a healthy job with worker churn: none dead, "healthy")."""
+    def ups(*args: str) -> dict:
+        res = subprocess.run([sys.executable, "-m", "ups", *args, "soak", "--json"], capture_output=True, text=True,
+                             env=env, timeout=60)
+        try:
+            return json.loads(res.stdout)  # `ups why` exits 1 when it names a problem: its JSON still says which
+        except ValueError:
+            return {"verdict": {"mode": f"unreadable: {res.stderr.strip()[:80]}"}}
+    procs = ups("status").get("processes") or []
+    return {"dead": sum(p.get("health") == "dead" for p in procs), "verdict": (ups("why").get("verdict") or {}).get("mode")}
 
 
 def _notified(path: Path) -> list[str]:
