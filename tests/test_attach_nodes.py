@@ -138,7 +138,7 @@ def test_two_nodes_attached_into_their_own_runs_folders_read_over_ssh_name_rank_
         remote_ups = f"env UPS_HOSTNAME=node1 PYTHONPATH={os.environ['PYTHONPATH']} {sys.executable} -m ups"
         env = {"UPS_HOSTNAME": "node0", "UPS_RUNS_DIR": str(folders[0]), "UPS_SSH": sshd, "UPS_REMOTE_UPS": remote_ups}
         assert not (folders[0] / "exp-ssh" / "stacks" / "rank-1.txt").exists()  # node1's stacks stay on node1
-        v = wait_for(lambda: stuck_rank_1("exp-ssh", "--remote", f"127.0.0.1:{folders[1]}", env=env), 60, interval=1.0,
+        v = wait_for(lambda: stuck_rank_1("exp-ssh", "--remote", f"127.0.0.1:{folders[1]}", env=env), 120, interval=1.0,
                      message="ups why on node0 to name rank 1 on node1")
         rank1 = next(p for p in found[1][1]["processes"] if p["role"] == "rank")
         assert (v["who"]["rank"], v["who"]["pid"], v["who"]["host"]) == (1, rank1["pid"], "node1"), v["who"]
