@@ -59,21 +59,3 @@ def piped_log(pid: int, candidates: list[int] | None = None) -> tuple[str, int, 
             except OSError:
                 continue
     return None
-    if not pipe.startswith("pipe:"):
-        return None
-    pids = candidates if candidates is not None else [int(n) for n in os.listdir("/proc") if n.isdigit()]
-    for q in pids:
-        fds = procfs.fd_targets(q) if q != pid else None
-        if not fds or not any(t == pipe and procfs.fd_access(q, fd) == "r" for fd, t in fds.items()):
-            continue
-        for fd, target in sorted(fds.items()):
-            if fd < 1 or not target.startswith("/") or target.endswith(" (deleted)"):
-                continue
-            if procfs.fd_access(q, fd) not in ("w", "rw"):
-                continue
-            try:
-                if stat.S_ISREG(os.stat(f"/proc/{q}/fd/{fd}").st_mode):  # the open file's kind, never opened
-                    return target, q, procfs.comm(q) or str(q)
-            except OSError:
-                continue
-    return None
