@@ -190,3 +190,33 @@ def test_sixteen_writers_never_show_a_torn_record(runs_root, procs, tmp_path):
     for w in writers:
         assert w.wait(timeout=30) == 0
     assert reads == 1000, f"only {reads} reads in 60 s"
+
+
+@pytest.mark.notorch
+def test_a_metric_sampler_that_fails_one_tick_goes_on_and_one_that_keeps_failing_says_why(tmp_path):
+    """A value read while the training thread changed it fails one tick: the next ticks still
+    bring the loss (it was dropped for the process's life, and a Lightning rank's record then
+    never showed a loss). Three failures in a row stop it, and the record says why."""
+    from ups.status.samplers import METRIC_ERRORS_KEPT, Samplers
+
+    ticks = iter([RuntimeError("deque mutated during iteration"), {"loss": 0.5}, {"loss": 0.25}])
+
+    def flaky():
+        t = next(ticks)
+        if isinstance(t, Exception):
+            raise t
+        return dict(t)
+    s = Samplers(str(tmp_path), None, history=False)
+    s.metric_samplers.append(flaky)
+    metrics: dict = {}
+    s.sample_metrics(metrics)
+    assert metrics == {"metrics_error": "RuntimeError: deque mutated during iteration"}
+    s.sample_metrics(metrics)
+    assert metrics == {"loss": 0.5} and s.metric_samplers == [flaky]
+
+    def broken():
+        raise KeyError("lr")
+    s.metric_samplers = [broken]
+    for _ in range(METRIC_ERRORS_KEPT):
+        s.sample_metrics(metrics)
+    assert s.metric_samplers == [] and metrics["metrics_error"] == "KeyError: 'lr'"

@@ -235,6 +235,7 @@ _KNOWN_METRICS: dict[str, Check] = {
     "loss_nonfinite": obj({"step": integer(0, INT_MAX), "value": text(8), "at": optional(number(0.0))}, required=("step",)),
     "logged": dict_of(_training_value, max_items=64),  # what the program gave wandb/TensorBoard/Lightning/HF
     "file": text(4096),
+    "metrics_error": text(256),  # why the last tick had no metrics (ups.status.samplers)
     # A launcher's record: the counter the job prints ("converted 5/40 files": ups.launch.lineprogress).
     "output_progress": obj({"k": integer(0, INT_MAX), "n": integer(1, INT_MAX), "at": number(0.0), "text": text(512),
                             "rate": optional(number(0.0, 1e15)), "unit": text(64, cut=False)}, required=("k", "n", "at")),

@@ -35,12 +35,16 @@ def series_number(value: Any) -> Any:
     return None
 
 
+METRIC_ERRORS_KEPT = 3  # a metric sampler that fails this many ticks in a row is stopped
+
+
 class Samplers:
     """The metric samplers, the GPU sampler, the loss trace and the series of one process."""
 
     def __init__(self, run_dir: str, gpu_sampler: Callable[[], Any] | None, *, history: bool) -> None:
         self.run_dir = run_dir
         self.metric_samplers: list[Callable[[], dict[str, Any]]] = []
+        self._metric_errors: dict[int, int] = {}  # id(sampler) -> its errors in a row
         self._gpu_sampler = gpu_sampler
         # A rank's series is started by the heartbeat thread once there is a point to keep (the
         # read of an earlier attempt's file off every process's start-up). Its module is
@@ -76,9 +80,17 @@ class Samplers:
         for sampler in list(self.metric_samplers):
             try:
                 values = sampler()
-            except Exception:  # noqa: BLE001 - a broken sampler must not stop heartbeats
-                self.metric_samplers.remove(sampler)
+            except Exception as exc:  # noqa: BLE001 - a broken sampler must not stop heartbeats
+                # One error (a value read while the training thread changed it) is a tick without
+                # metrics, not the end of them for a days-long run: only METRIC_ERRORS_KEPT in a
+                # row stop a sampler, and the record says why.
+                errors = self._metric_errors[id(sampler)] = self._metric_errors.get(id(sampler), 0) + 1
+                metrics["metrics_error"] = f"{type(exc).__name__}: {exc}"[:200]
+                if errors >= METRIC_ERRORS_KEPT:
+                    self.metric_samplers.remove(sampler)
                 continue
+            if self._metric_errors.pop(id(sampler), None) is not None:
+                metrics.pop("metrics_error", None)
             if values:
                 trace = values.pop(LOSS_TRACE, None)
                 if trace:
