@@ -115,7 +115,10 @@ def test_the_reporter_splits_each_step_into_input_collective_backward_and_the_re
     # the first step has no start: 39 steps
     assert 0.002 <= parts["data"][0] < 0.02 and 0.001 <= parts["collective"][0] < 0.02
     assert parts["backward"][0] == 0.0 and 0.001 <= parts["other"][0] < 0.02
-    assert parts["step"][0] >= parts["data"][0] + parts["collective"][0] + parts["other"][0] - 1e-6
+    # The parts make up the step: a median each, so their sum is near the step's median, not
+    # bound by it (CI, loaded: step 0.00425 against 0.002079 + 0.001082 + 0.001091).
+    total = parts["data"][0] + parts["collective"][0] + parts["other"][0]
+    assert 0.8 * total <= parts["step"][0] <= 1.25 * total + 0.001, parts
 
 
 def test_a_slow_job_is_judged_on_its_last_30_steps_while_they_are_recent():
