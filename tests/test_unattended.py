@@ -95,7 +95,9 @@ def test_a_hang_that_happens_once_is_restarted_and_the_run_succeeds(runs_root, t
                   "--hang-once", str(tmp_path / "hung-once"), "--ckpt", str(tmp_path / "ckpt.pt"), cwd=tmp_path)
     wait_for(lambda: run.read_manifest()["state"] in ("succeeded", "failed", "killed"), 150, interval=0.25,
              message="the run's end")
-    m = run.read_manifest()
+    # The last attempt's entry is written just after the run's end (it reads the end's verdict).
+    m = wait_for(lambda: (m := run.read_manifest()) and len(m.get("attempts") or []) >= m.get("attempt", 1) and m, 10,
+                 interval=0.25, message="the last attempt's entry")
     assert m["state"] == "succeeded" and m["attempt"] == 2 and m["restarts"] == 1, m.get("summary")
     assert "after 1 restart(s) on hang" in m["summary"], m["summary"]
     assert [a["ended"].split(" ")[0] for a in m["attempts"]] == ["restarted", "ended"], m["attempts"]

@@ -38,6 +38,7 @@ SYNC_SPREAD = 0.15  # mean steps further apart than this: the ranks do not step 
 EXPLAINS = 0.5  # a part explains the gap when it is at least this share of it
 HOST_EXPLAINS = 0.3  # run-queue wait: a share of the gap (the rest is the same work done slower)
 RUNQ_FLOOR = 0.05  # a main thread waiting less than this share of wall time for a core is not crowded
+MIN_GAP_S = 0.002  # a rank under 2 ms a step slower than its peers is a shared box's noise, never named
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,7 @@ def judge(records: Iterable[Any], threshold: float = THRESHOLD) -> tuple[list[Ra
     peers = [t for t in ranks if t is not slow]
     peer_own = statistics.median(t.own for t in peers)
     gap = slow.own - peer_own
-    if gap <= 0 or statistics.median(t.wait for t in peers) - slow.wait < EXPLAINS * gap:
+    if gap < MIN_GAP_S or statistics.median(t.wait for t in peers) - slow.wait < EXPLAINS * gap:
         return ranks, None  # the others do not wait for it
     cause, why, node_ranks = _cause(slow, peers, ranks, gap, threshold)
     # Every step waits ``gap`` for it: without it the mean step (what the rate sees, an epoch's
