@@ -103,12 +103,18 @@ def test_a_straggler_is_named_with_its_cause_and_cost(tmp_path, runs, job, fault
     parts = rank1["metrics"]["step_parts"]
     assert parts["n"] >= 30 and parts["step"][0] > 0, parts
     # What a user types: the real commands agree (a reading or two later: each costs ~0.3 s of CPU).
+    seen: list[tuple] = []
+
     def real():
         why = json.loads(run_ups("why", str(run.path), "--json").stdout)["verdict"]
         status = json.loads(run_ups("status", str(run.path), "--json").stdout)
-        named = [p for p in status["processes"] if p["health"] == "straggler"]
-        return why if why["mode"] == f"straggler_{cause}" and [p["rank"] for p in named] == [1] else None
-    wait_for(real, 90, interval=1, message="`ups why` and `ups status` naming rank 1")
+        named = [(p["rank"], p["reason"]) for p in status["processes"] if p["health"] == "straggler"]
+        seen.append((why["mode"], why["headline"][:160], named))
+        return why if why["mode"] == f"straggler_{cause}" and [r for r, _ in named] == [1] else None
+    try:
+        wait_for(real, 90, interval=1, message="`ups why` and `ups status` naming rank 1")
+    except AssertionError as exc:  # say what the commands said instead
+        raise AssertionError(f"{exc}; the last readings: {seen[-3:]}") from None
     # Told once (--notify): the message says who, the cause and the cost; not again while it lasts.
     wait_for(lambda: told.exists() and "straggler" in told.read_text(), 30, interval=0.5, message="the notification")
     wait_for(lambda: status_now(run)["straggler"], 30, interval=0.5, message="still named")
