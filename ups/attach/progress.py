@@ -42,7 +42,7 @@ FORMS = (
     ), dict(  # progress bars: tqdm's (HF Trainer, Lightning), Lightning's rich bar, the rate they print
         TQDM=r"(?:^|(?<=[\s:]))(\d{1,3})%(?:\s*\|[^|]*\||\s)\s*(\d+)/(\d+) \[(?:\d+:)?\d+:\d+(?:<|\])",
         TQDM_NO_TOTAL=r"(?:^|(?<=[\s:]))(\d+)it \[(?:\d+:)?\d+:\d+,",
-        RICH=r"Epoch (\d+)/(\d+)\s+[━╸╺─ ]+\s*(\d+)/(\d+)",
+        RICH=r"Epoch (\d+)/(-?\d+)\s+[━╸╺─ ]+\s*(\d+)/(\d+)",  # "/-2": max_epochs -1 (no end; max_steps set)
         RATE=r"(\d+(?:\.\d+)?)\s?(it|s)/(s|it)\b",
     ), dict(  # a bar that is not the training's; the epoch in a bar's description
         NOT_TRAINING=r"(?i)valid|sanity|test|eval|predict|load|sav|download|map\b|token|shard|class\s+images|"
@@ -129,8 +129,9 @@ def read_line(line: str) -> Reading | None:
     if m := P.MINGPT.search(line):
         return Reading("pytorch/examples minGPT iteration line", k=int(m.group(3)), epoch=int(m.group(2)), rank=int(m.group(1)))
     if m := P.RICH.search(line):
+        last = int(m.group(2))  # the bar prints max_epochs - 1: -2 where max_epochs is -1, no end in epochs
         return Reading("Lightning rich progress bar", k=int(m.group(3)), n=int(m.group(4)), epoch=int(m.group(1)),
-                       epochs=int(m.group(2)) + 1, rank=rank, rate=_rate(line[m.end():]))
+                       epochs=last + 1 if last >= 0 else None, rank=rank, rate=_rate(line[m.end():]))
     if m := P.TQDM.search(line) or P.TQDM_NO_TOTAL.search(line):
         desc = line[:m.start()]
         if P.NOT_TRAINING.search(desc) or "/" in desc.split("|")[-1].strip(" :")[:12]:
