@@ -41,6 +41,13 @@ def pytest_configure(config: pytest.Config) -> None:
         compileall.compile_dir(str(REPO / package), quiet=2, workers=1)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The slow tests first, each file's in its own order: xdist hands out tests in collection
+    order, so a long drill collected last ran alone at the end while the other workers sat idle
+    (longest first packs the workers). Every worker sorts the same collection the same way."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture
 def runs_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """An empty runs root, also exported as UPS_RUNS_DIR for CLI calls and subprocesses.

@@ -19,10 +19,11 @@ pytestmark = pytest.mark.notorch  # also run on each other Python, without torch
 
 
 def rank(r: int, *, data=0.001, coll=0.0, bwd=0.004, other=0.001, step=None, host="node0", runq=0.02, mean=None,
-         n=200) -> StatusRecord:
+         n=200, workers_runq=None) -> StatusRecord:
     step = step if step is not None else data + coll + bwd + other
     now = time.time()
     parts = {"n": n, "window_s": 5.0, "step_mean": mean or step, "runq": runq, "cpu": 0.5,
+             **({"workers_runq": workers_runq} if workers_runq is not None else {}),
              **{k: [v, v * 1.5] for k, v in (("step", step), ("data", data), ("collective", coll), ("backward", bwd),
                                               ("other", other))}}
     return StatusRecord.from_dict({"schema": 1, "run_id": "r", "role": "rank", "name": f"rank-{r}", "pid": 100 + r,
@@ -51,6 +52,52 @@ def test_an_input_straggler_is_named_input():
     _, found = judge([rank(0, bwd=0.009, step=0.015), rank(1, data=0.006, step=0.015)])
     assert found is not None and (found.rank.rank, found.cause) == (1, "input")
     assert "DataLoader" in found.why
+
+
+def test_late_input_from_workers_crowded_off_their_cores_is_host_not_input():
+    """CI at 1256887 under -n 6: a healthy run's rank 0 named an input straggler (it waited 5.68 ms
+    a step for its DataLoader, the others 1.84 ms), its workers crowded by the suite's other jobs.
+    Its workers waiting for a core more than the others' say the box, not its data loading."""
+    _, found = judge([rank(0, data=0.006, step=0.015, workers_runq=0.55), rank(1, bwd=0.009, step=0.015, workers_runq=0.2)])
+    assert found is not None and (found.rank.rank, found.cause) == (0, "host"), found
+    assert "workers wait for a CPU core 55%" in found.why and "(the others' 20%)" in found.why, found.why
+    assert any("its workers 55% of theirs" in e for e in found.evidence), found.evidence
+    # Workers as crowded as the others' (a box busy for everyone): its data loading is what is slower.
+    _, found = judge([rank(0, data=0.006, step=0.015, workers_runq=0.3), rank(1, bwd=0.009, step=0.015, workers_runq=0.25)])
+    assert (found.rank.rank, found.cause) == (0, "input"), found
+
+
+def test_the_step_window_reads_how_long_the_stepping_threads_children_wait_for_a_core():
+    """Real child processes of this thread, as a rank's DataLoader workers are: three spinning on
+    one core wait about two thirds of the time they could run. With no child, the record has no
+    workers_runq."""
+    import subprocess
+    import sys
+    import threading
+    from collections import deque
+
+    from ups.status.steptime import StepWindow
+
+    spin = "import os,time; os.sched_setaffinity(0, {0}); t=time.time()\nwhile time.time()-t < 30: pass"
+    parts = deque((time.monotonic(), 0.01, 0.001, 0.0, 0.005) for _ in range(40))
+    window, tid = StepWindow(), threading.get_native_id()
+    kids = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(3)]
+    try:
+        window.summary(parts, tid)
+        def crowded():
+            now = time.monotonic()
+            parts.append((now, 0.01, 0.001, 0.0, 0.005))
+            got = window.summary(parts, tid, now=now).get("workers_runq")
+            return got if got is not None and got >= 0.4 else None
+        share = wait_for(crowded, 25, interval=1.0, message="three children on one core seen waiting for it")
+        assert share < 0.95, share
+    finally:
+        for k in kids:
+            k.kill()
+            k.wait()
+    window = StepWindow()
+    parts.append((time.monotonic(), 0.01, 0.001, 0.0, 0.005))
+    assert "workers_runq" not in window.summary(parts, tid)
 
 
 def test_a_crowded_core_is_named_host_before_the_work_it_slows():

@@ -110,6 +110,13 @@ def schedstat(pid: int, tid: int | None = None) -> tuple[int, int] | None:
         return None
 
 
+def children(pid: int, tid: int) -> list[int]:
+    """``/proc/PID/task/TID/children``: the live processes thread TID started (a kernel built
+    without CONFIG_PROC_CHILDREN has no such file: none)."""
+    data = _read(f"/proc/{pid}/task/{tid}/children", 64 << 10)
+    return [int(w) for w in (data or b"").split() if w.isdigit()]
+
+
 def parse_cmdline(data: bytes) -> list[str]:
     """One ``cmdline`` file's text: the arguments, each ended by a NUL. A process that rewrote
     its command line in place (setproctitle) may leave no NUL at the end, or none at all: the

@@ -6,9 +6,13 @@ progress with the clock reads its hooks make anyway (the DataLoader's ``next``, 
 enter and leave, ``backward()``'s start and end) and appends each finished step's sums. The
 heartbeat thread summarizes the steps of the last ``WINDOW_S`` seconds (or, for a job slower than
 three steps a second, its last ``MIN_STEPS`` steps) once a second into the
-record's ``metrics.step_parts``: median and p90 of each part, and the share of wall time the
+record's ``metrics.step_parts``: median and p90 of each part, the share of wall time the
 rank's main thread spent runnable but not running (``/proc/.../schedstat``: another task had
-its core). ``ups.status.straggler`` compares the ranks' summaries. Standard library only.
+its core), and the same for the processes that thread started (its DataLoader's workers, read
+from ``/proc/PID/task/TID/children``): the share of the time they were runnable that they
+waited for a core (``workers_runq``), so a rank whose input is slow because its workers are
+crowded off their cores is told from one whose data loading is slower. ``ups.status.straggler``
+compares the ranks' summaries. Standard library only.
 """
 
 from __future__ import annotations
@@ -41,6 +45,10 @@ class StepWindow:
         self._sched: deque[tuple[float, int, int]] = deque()
         self._tid: int | None = None
         self._pid: int | None = None
+        # The stepping thread's child processes: their (run, wait) ns when last read, by pid,
+        # and each read's increments summed over them, (time, run, wait), for the window.
+        self._kids: dict[int, tuple[int, int]] = {}
+        self._kid_sched: deque[tuple[float, int, int]] = deque()
 
     def summary(self, parts: deque, tid: int | None = None, now: float | None = None) -> dict | None:
         """``{"n", "window_s", "step_mean", "step": [median, p90], "data", "collective", "backward",
@@ -68,7 +76,35 @@ class StepWindow:
             out[name] = _med_p90(values)
         out["runq"] = runq
         out["cpu"] = cpu
+        workers = self._workers_runq(now, tid)
+        if workers is not None:
+            out["workers_runq"] = workers
         return out
+
+    def _workers_runq(self, now: float, tid: int | None) -> float | None:
+        """Of the time the stepping thread's child processes were runnable over the window, the
+        share they waited for a core (None: no child ran in it). A child born since the last
+        read counts from its start; one that ended between two reads, its last interval lost."""
+        if tid is None:
+            return None
+        kids: dict[int, tuple[int, int]] = {}
+        run = wait = 0
+        for pid in procfs.children(os.getpid(), tid):
+            got = procfs.schedstat(pid)
+            if got is None:
+                continue
+            kids[pid] = got
+            before = self._kids.get(pid, (0, 0))
+            run += max(0, got[0] - before[0])
+            wait += max(0, got[1] - before[1])
+        self._kids = kids
+        samples = self._kid_sched
+        samples.append((now, run, wait))
+        while samples and samples[0][0] <= now - WINDOW_S:
+            samples.popleft()
+        ran = sum(r for _, r, _ in samples)
+        waited = sum(w for _, _, w in samples)
+        return round(waited / (ran + waited), 4) if ran + waited > 0 else None
 
     def _sched_shares(self, now: float, tid: int | None) -> tuple[float | None, float | None]:
         pid = os.getpid()

@@ -19,7 +19,8 @@ split into its wait and its own time (``own = step - wait``):
 A rank is named when its score is below the threshold (``THRESHOLD``, per run:
 ``thresholds.straggler_score`` in run.json), the ranks step together (their median steps agree)
 and the others' wait rose to match its extra time. The cause is what explains most of the gap:
-its main thread waiting for a core (``host``), its DataLoader (``input``), its own work outside
+its main thread waiting for a core, or its DataLoader's workers waiting for theirs while its input
+is late (``host``), its DataLoader (``input``), its own work outside
 backward (``compute``), or every rank of one node of several (``node``); else ``unknown``, with
 the numbers. The cost: every step waits the gap (its own time less the others' median own time)
 for it, so the mean step without it is that much shorter: the gap over the mean step is the share
@@ -38,6 +39,7 @@ SYNC_SPREAD = 0.15  # mean steps further apart than this: the ranks do not step 
 EXPLAINS = 0.5  # a part explains the gap when it is at least this share of it
 HOST_EXPLAINS = 0.3  # run-queue wait: a share of the gap (the rest is the same work done slower)
 RUNQ_FLOOR = 0.05  # a main thread waiting less than this share of wall time for a core is not crowded
+WORKERS_CROWDED = 0.1  # its workers wait this much more of their runnable time than the others': crowded, not slower
 MIN_GAP_S = 0.002  # a rank under 2 ms a step slower than its peers is a shared box's noise, never named
 
 
@@ -56,6 +58,7 @@ class RankTime:
     other: float
     runq: float | None
     step_mean: float | None = None
+    workers_runq: float | None = None  # of their runnable time, the share its DataLoader's workers waited for a core
     wait: float = 0.0
     own: float = 0.0
     score: float = 1.0
@@ -63,7 +66,7 @@ class RankTime:
     def to_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "host": self.host, "steps": self.n, "step_s": self.step, "data_s": self.data,
                 "collective_s": self.collective, "backward_s": self.backward, "other_s": self.other,
-                "runq": self.runq, "wait_s": round(self.wait, 6), "own_s": round(self.own, 6),
+                "runq": self.runq, "workers_runq": self.workers_runq, "wait_s": round(self.wait, 6), "own_s": round(self.own, 6),
                 "score": round(self.score, 3)}
 
 
@@ -105,7 +108,7 @@ def rank_times(records: Iterable[Any]) -> list[RankTime]:
             continue
         raw.append(RankTime(r.name, r.rank, r.host, parts["n"], parts["step"][0], parts["data"][0],
                             parts["collective"][0], parts["backward"][0], parts["other"][0], parts.get("runq"),
-                            parts.get("step_mean")))
+                            parts.get("step_mean"), parts.get("workers_runq")))
     if not raw:
         return []
     # Backward's own compute is the same on every rank (same model, same batch) and its wall time
@@ -150,6 +153,7 @@ def judge(records: Iterable[Any], threshold: float = THRESHOLD) -> tuple[list[Ra
         f"rank {t.rank}: step {_ms(t.step)} = own {_ms(t.own)} (input {_ms(t.data)}, backward {_ms(t.backward)}, "
         f"rest {_ms(t.other)}) + waiting for peers {_ms(t.wait)}"
         + (f"; waits for a core {t.runq:.0%} of the time" if t.runq is not None else "")
+        + (f", its workers {t.workers_runq:.0%} of theirs" if t.workers_runq is not None else "")
         + f"; score {t.score:.2f}" for t in ranks)
     return ranks, Straggler(slow, cause, why, evidence, cost, step - gap, len(ranks), threshold, node_ranks)
 
@@ -173,6 +177,11 @@ def _cause(slow: RankTime, peers: list[RankTime], ranks: list[RankTime], gap: fl
                     f"{med(peer_runq):.0%}): another process shares its cores", ())
     data_gap = slow.data - med(t.data for t in peers)
     if data_gap >= EXPLAINS * gap:
+        peer_workers = [t.workers_runq for t in peers if t.workers_runq is not None]
+        if slow.workers_runq is not None and peer_workers and slow.workers_runq - med(peer_workers) >= WORKERS_CROWDED:
+            return ("host", f"its DataLoader's workers wait for a CPU core {slow.workers_runq:.0%} of the time they "
+                    f"could run (the others' {med(peer_workers):.0%}), so its next batch is late ({_ms(slow.data)} a "
+                    f"step, the others {_ms(med(t.data for t in peers))}): another process shares their cores", ())
         return ("input", f"it waits {_ms(slow.data)} a step for its DataLoader's next batch (the others "
                 f"{_ms(med(t.data for t in peers))}): its data loading is slower", ())
     work_gap = slow.other - med(t.other for t in peers)
