@@ -19,6 +19,8 @@ import pytest
 from helpers import wait_for
 from test_attach import PlainJobs, attach, needs_pyspy, ups_json
 
+from ups.attach.progress import FIT_LOOP
+
 MULTIGPU = Path(__file__).parent / "programs" / "multigpu_torchrun.py"
 EPOCH = re.compile(r"\[GPU0\] Epoch (\d+) \|")
 
@@ -107,15 +109,19 @@ def test_the_tutorial_job_attached_shows_epochs_and_a_rate_no_dead_worker_throug
     # taken for a helper of its rank, whose end is logged (docs/attach.md, "What cannot be known")
     assert [e["event"] for e in events if "-helper-" not in e.get("name", "")] == ["attach"], events
 
-    # Rank 0's workers SIGKILLed mid-epoch (what the OOM killer does): torch raises in rank 0, the
-    # job ends. The workers are taken from /proc, not from ups's record, which a busy box leaves a
-    # generation behind the churn; killing both of the moment's pair hits the epoch's loader
-    # unless it was between two generations, then the next pair is tried.
-    rank0 = json.loads((runs_root / run_id / "status" / "rank-0.json").read_text())["pid"]
+    a_killed_worker_is_named(runs_root, run_id, log, rank0=json.loads((runs_root / run_id / "status" / "rank-0.json").read_text())["pid"])
+
+def a_killed_worker_is_named(runs_root: Path, run_id: str, log: Path, rank0: int, ranks: frozenset = frozenset()) -> None:
+    """Rank 0's workers SIGKILLed mid-epoch (what the OOM killer does): torch raises in rank 0, the
+    job ends failed, and the worker is named. The workers are taken from /proc, not from ups's
+    record, which a busy box leaves a generation behind the churn; killing both of the moment's
+    pair hits the epoch's loader unless it was between two generations, then the next pair is
+    tried. ``ranks``: rank 0's children that are ranks, not workers (Lightning's rank 1)."""
     victims, text = set(), None
     deadline = time.monotonic() + 90
     while text is None and time.monotonic() < deadline:
-        pair = wait_for(lambda: workers_of(rank0) or None, 30, interval=0.02, message="live workers of rank 0")
+        pair = wait_for(lambda: [w for w in workers_of(rank0) if w not in ranks] or None, 30, interval=0.02,
+                        message="live workers of rank 0")
         for pid in pair:
             os.kill(pid, signal.SIGKILL)
         victims |= set(pair)
@@ -184,12 +190,15 @@ def test_an_hf_trainer_job_under_torchrun_attached_shows_its_bar_as_progress_and
 @pytest.mark.slow
 @needs_pyspy
 @pytest.mark.timeout(400)  # lightning's import in each rank, on a busy box
-def test_a_lightning_job_started_by_its_own_launcher_attached_is_seen_stepping_from_its_stacks_and_is_healthy(runs_root, jobs, tmp_path):
+def test_a_lightning_job_started_by_its_own_launcher_attached_shows_epochs_and_a_rate_no_dead_worker_healthy_and_a_killed_worker_named(
+        runs_root, jobs, tmp_path):
     """Lightning's documented example (tests/programs/frameworks/lit.py), its default bar on, run with
     a plain `python lit.py > lit.log`: the script is rank 0 and starts rank 1 itself; two DataLoader
     workers a rank, made anew every epoch. Lightning's bar (rich's, where rich is installed, as it
     is wherever typer is) draws nothing into a file until the end, so no line counts: progress
-    comes from the stacks' rhythm, said so, and the job is healthy through its workers' churn."""
+    comes from its fit loop's epoch and batch, read in each rank's stacks (``optimizer_step``'s
+    arguments), with a rate within 15 s of the attach; healthy through 20 epochs of its workers'
+    churn; a worker SIGKILLed mid-epoch is named."""
     log = tmp_path / "lit.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("UPS_")}
     with open(log, "wb") as out:
@@ -198,22 +207,44 @@ def test_a_lightning_job_started_by_its_own_launcher_attached_is_seen_stepping_f
     jobs.procs.append(first)
     wait_for(lambda: (d := ups_json("attach", str(first.pid), "--dry-run")) and
              sum(p["role"] == "rank" for p in d["processes"]) == 2 and d, 180, interval=1.0, message="rank 1 started")
+    wait_for(lambda: workers_of(first.pid) or None, 120, interval=0.2, message="rank 0's first workers (training began)")
     jobs.remember()
     run_id = attach(first.pid)
-    source = "stacks: back at its own loop line between stack reads"
+    attached = time.monotonic()
 
-    def turning():  # a loop turn is seen only when a read catches a rank outside its sleep
+    last = []
+
+    def counting():
         st = ups_json("status", run_id)
-        return st if st["progress"]["step"] > 0 and st["progress"]["unit"] == "loop turns seen" else None
-    st = wait_for(turning, 90, interval=1.0, message="the stacks' rhythm as progress")
+        p = st["progress"]
+        last[:] = [p, [(r["name"], r["step"], r["rate"], r["metrics"].get("progress_from")) for r in st["processes"]]]
+        read = [r for r in st["processes"] if r["role"] == "rank" and r["metrics"].get("progress_from") == FIT_LOOP]
+        return st if p["rate"] and p["unit"] in ("epochs", "steps") and read else None  # (epoch 0 is a step 0)
+    try:
+        st = wait_for(counting, 15, interval=0.5, message="epoch progress and a rate within 15 s of the attach")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the last reading: {last}") from None
+    assert time.monotonic() - attached <= 15.5
     ranks = [p for p in st["processes"] if p["role"] == "rank"]
     assert len(ranks) == 2 and first.pid in {p["pid"] for p in ranks}, ranks
-    assert source in {p["metrics"].get("progress_from") for p in ranks}, ranks
-    deadline, seen = time.monotonic() + 20, 0
-    while time.monotonic() < deadline or seen < 3:  # its workers churn every epoch (32 steps)
+    assert FIT_LOOP in {p["metrics"].get("progress_from") for p in ranks}, ranks
+    assert any(isinstance(p["metrics"].get("epoch"), int) for p in ranks), ranks
+
+    # 20 epochs of churn, counted from /proc (each epoch, rank 0 gets a new pair of workers): no
+    # process dead at any reading, the verdict healthy with its rate.
+    rank_pids = frozenset(r["pid"] for r in ranks)  # rank 1 is a child of rank 0, the script
+    generations, readings, verdicts = set(), 0, []
+    while len(generations - rank_pids) < 2 * 20:
+        generations |= set(workers_of(first.pid))
+        jobs.remember()
         for p in ups_json("status", run_id)["processes"]:
             assert p["health"] != "dead", json.dumps(p)
-        v = ups_json("why", run_id)["verdict"]
-        assert v["mode"] == "healthy", v
-        seen += 1
-    assert first.poll() is None
+        readings += 1
+        if readings % 3 == 0:
+            v = ups_json("why", run_id)["verdict"]
+            verdicts.append(v["mode"])
+            assert v["mode"] == "healthy" and re.search(r"(epochs|steps)/s", v["headline"]), v
+        assert first.poll() is None
+        generations |= set(workers_of(first.pid))
+    assert verdicts, readings
+    a_killed_worker_is_named(runs_root, run_id, log, rank0=first.pid, ranks=rank_pids)

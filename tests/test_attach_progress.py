@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from ups.attach.progress import LogProgress, loop_line, read_line
+from ups.attach.progress import (
+    FIT_LOOP,
+    LogProgress,
+    loop_line,
+    position_counter,
+    rank_counter,
+    read_line,
+)
 
 DATA = Path(__file__).parent / "data" / "progress_lines"
 
@@ -76,3 +83,27 @@ def test_the_stacks_rhythm_is_the_programs_own_frame_two_different_reads_share()
     assert loop_line(step_a, step_b) == (F, 67, "_run_epoch")
     assert loop_line(step_a, step_a) is None  # the same read twice: it stayed in one call
     assert loop_line(step_a, ((LIB, 5, "x"),)) is None
+
+
+def test_a_lightning_ranks_reads_give_epochs_a_second_where_epochs_pass_between_reads():
+    """Stack reads ~10 s apart of a rank whose epochs take a second: its epochs, and epochs a
+    second; its steps are not counted (reads that far apart cannot)."""
+    c = position_counter([(100.0, 6, 18), (110.0, 16, 8), (120.0, 27, 30)])
+    assert (c["k"], c["unit"], c["epoch"], c["n"], c["source"]) == (27, "epochs", 27, None, FIT_LOOP)
+    assert c["rate"] == pytest.approx(21 / 20)
+    assert position_counter([(100.0, 6, 18), (110.0, 16, 8)], max_epochs=100)["n"] == 100
+
+
+def test_a_long_epoch_read_twice_gives_its_batches_a_second():
+    c = position_counter([(100.0, 3, 100), (110.0, 3, 400)])
+    assert (c["k"], c["unit"], c["epoch"]) == (400, "steps", 3) and c["rate"] == pytest.approx(30.0)
+
+
+def test_one_read_is_a_position_with_no_rate_and_a_log_counter_comes_first():
+    c = position_counter([(100.0, 6, 18)])
+    assert (c["k"], c["unit"], c["rate"]) == (6, "epochs", None)
+    assert position_counter([]) is None and position_counter(None) is None
+    logged = {"k": 5, "unit": "steps", "source": "log: tqdm progress bar"}
+    assert rank_counter(logged, 3, 1.0, c) is logged
+    assert rank_counter(None, 3, 1.0, c) is c
+    assert rank_counter(None, 3, 1.0, None)["unit"] == "loop turns seen"

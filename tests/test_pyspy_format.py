@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from ups.runs.pyspy import as_faulthandler, function_name, loop_counters, sample_in_flight
+from ups.runs.pyspy import (
+    as_faulthandler,
+    function_name,
+    loop_counters,
+    sample_in_flight,
+    trainer_position,
+)
 from ups.why import stacks
 
 DATA = Path(__file__).parent / "data" / "pyspy"
@@ -97,3 +103,19 @@ def test_a_ranks_loop_counters_are_the_main_threads_integer_locals_in_every_rele
     assert loop_counters(threads, 1) == ()
     moved = json.loads(json.dumps(threads).replace('"repr": "51"', '"repr": "52"'))
     assert loop_counters(moved, MAIN) != loop_counters(threads, MAIN)
+
+
+@pytest.mark.parametrize(("name", "position"), [
+    ("lightning-0.4.3.json", {"epoch": 6, "batch_idx": 18}),
+    ("lightning-0.4.3-next.json", {"epoch": 7, "batch_idx": 8}),
+    ("lightning-0.4.1.json", {"epoch": 8, "batch_idx": 1}),
+    ("lightning-0.4.1-between-epochs.json", None),
+])
+def test_a_lightning_ranks_epoch_and_batch_are_read_from_its_optimizer_step_in_every_release(name, position):
+    """Real dumps (``--json --nonblocking --locals``) of rank 0 of tests/programs/frameworks/lit.py
+    run by `python lit.py --bar --steps 1000000 --step-time 0.02` (Lightning 2.6.6, max_steps set,
+    so max_epochs -1 and no end in epochs): ``LightningModule.optimizer_step``'s arguments
+    (0.4.3 prints the class, 0.4.1 not); a read between two epochs says nothing."""
+    threads = json.loads((DATA / name).read_text())
+    assert trainer_position(threads, MAIN) == position
+    assert trainer_position(threads, 1) is None  # not its main thread

@@ -46,6 +46,7 @@ from ups.attach.find import Proc, node_names, session_led, tree_procs
 from ups.attach.joblog import JobLog
 from ups.attach.progress import (
     LogProgress,
+    note_position,
     note_turn,
     progress_fields,
     progress_metrics,
@@ -68,6 +69,12 @@ TICK_S = 1.0
 STACK_EVERY_S = STACK_READ_EVERY_S
 """One py-spy dump of each process every 10 s: a pause of a few ms (measured by
 scripts/bench_attach.py), far below 1 % of the job's time."""
+SECOND_LOOK_S = 1.5
+EARLY_READS = 10
+"""A rank's first :data:`EARLY_READS` reads come :data:`SECOND_LOOK_S` apart, until two of them
+caught its fit loop's position (a Lightning rank's epoch and batch, where no line counts): its
+rate within seconds of the attach, though a read between two epochs or in its data loading
+catches none. Then every :data:`STACK_EVERY_S`."""
 STACK_KEEP_S = 60.0  # an unchanged stack is appended again at most this often
 STACK_FILE_MAX = 1 << 20
 PHASE = "attached"
@@ -206,7 +213,9 @@ class AttachObserver:
             return
         mono = time.monotonic()
         for name, s in self.seen.items():
-            if s.gone_at is not None or s.proc.role not in WATCHED_ROLES or mono - s.dumped_mono < STACK_EVERY_S:
+            early = s.extra.get("reads", 0) < EARLY_READS and len(s.extra.get("positions", ())) < 2
+            every = SECOND_LOOK_S if s.proc.role == "rank" and early else STACK_EVERY_S
+            if s.gone_at is not None or s.proc.role not in WATCHED_ROLES or mono - s.dumped_mono < every:
                 continue
             s.dumped_mono = mono
             try:
@@ -218,6 +227,9 @@ class AttachObserver:
                     self.run.append_event("attach.no_stacks", actor=ACTOR, reason=str(exc))
                     return
                 continue
+            if d.position is not None and s.proc.role == "rank":
+                note_position(s, d)  # a Lightning rank's epoch and batch, read from its frames
+            s.extra["reads"] = s.extra.get("reads", 0) + 1
             before = s.dump.frames if s.dump is not None else None
             # the same frames with other loop counters: it went round between the reads
             went_round = before == d.frames and bool(d.counters) and s.dump.counters not in ((), d.counters)

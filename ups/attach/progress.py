@@ -260,11 +260,47 @@ def loop_line(before: tuple, now: tuple) -> tuple | None:
     return shared[0]  # the innermost of them (faulthandler's order: most recent call first)
 
 
-def rank_counter(logged: dict | None, turns: int, turned_at: float | None) -> dict | None:
-    """A rank's counter: its log's, else the stacks' rhythm (how many stack reads found it back
-    at its own loop line, after going inside it: a lower bound of its steps, with no rate)."""
+POSITIONS_KEPT = 16
+FIT_LOOP = "stacks: Lightning's optimizer_step(epoch, batch_idx) between stack reads"
+
+
+def note_position(s: Any, d: Any) -> None:
+    """A rank's stack read that caught its fit loop in a step (``d.position``: Lightning's
+    epoch and batch): kept, timed, for :func:`position_counter`."""
+    points = s.extra.setdefault("positions", deque(maxlen=POSITIONS_KEPT))
+    points.append((d.at, d.position["epoch"], d.position["batch_idx"]))
+    if d.position.get("max_epochs"):
+        s.extra["max_epochs"] = d.position["max_epochs"]
+
+
+def position_counter(points: Iterable[tuple[float, int, int]] | None, max_epochs: int | None = None) -> dict | None:
+    """A counter from the stack reads that caught a rank's fit loop: (at, epoch, batch) each. Where
+    the epoch moved between the reads of the last minute, epochs and epochs a second; where it
+    did not, the batch of this epoch and batches a second (a long epoch); one read, its epoch and
+    no rate. Reads seconds apart cannot count the steps of a fast loop's epochs, so none is
+    claimed."""
+    points = list(points or ())
+    if not points:
+        return None
+    at, epoch, batch = points[-1]
+    recent = [p for p in points if p[0] >= at - RATE_WINDOW_S and p[1] <= epoch]
+    t0, e0, b0 = recent[0]
+    base = {"at": at, "text": None, "epoch": epoch, "source": FIT_LOOP}
+    if epoch == e0 and batch > b0 and at > t0:
+        return {**base, "k": batch, "n": None, "unit": "steps", "rate": (batch - b0) / (at - t0)}
+    rate = (epoch - e0) / (at - t0) if epoch > e0 and at > t0 else None
+    return {**base, "k": epoch, "n": max_epochs if max_epochs and max_epochs > 0 else None, "unit": "epochs",
+            "rate": rate}
+
+
+def rank_counter(logged: dict | None, turns: int, turned_at: float | None, fit_loop: dict | None = None) -> dict | None:
+    """A rank's counter: its log's, else its fit loop's position read from its stacks
+    (:func:`position_counter`), else the stacks' rhythm (how many stack reads found it back at
+    its own loop line, after going inside it: a lower bound of its steps, with no rate)."""
     if logged is not None:
         return logged
+    if fit_loop is not None:
+        return fit_loop
     if turns and turned_at is not None:
         return {"k": turns, "n": None, "unit": "loop turns seen", "at": turned_at, "rate": None, "text": None,
                 "epoch": None, "source": "stacks: back at its own loop line between stack reads"}
@@ -292,11 +328,20 @@ def take_progress(seen: Iterable, progress: LogProgress, now: float, mono: float
     for s in seen:
         if s.gone_at is not None or s.proc.role != "rank":
             continue
-        c = rank_counter(progress.counter(s.proc.rank), s.extra.get("turns", 0), s.extra.get("turned_at"))
+        c = rank_counter(progress.counter(s.proc.rank), s.extra.get("turns", 0), s.extra.get("turned_at"),
+                         position_counter(s.extra.get("positions"), s.extra.get("max_epochs")))
         before = s.extra.get("counter")
         s.extra["counter"] = c
-        if c is not None and (before is None or c["k"] != before["k"]) and c["at"] > s.progress_at:
-            s.progress_at, s.progress_mono = c["at"], mono - max(0.0, now - c["at"])
+        if c is None:
+            continue
+        moved = before is None or (c["k"], c.get("epoch"), c["unit"]) != (before["k"], before.get("epoch"), before["unit"])
+        at = c["at"] if moved else 0.0
+        if c["source"] == FIT_LOOP:
+            # Reads that miss its fit loop (between two epochs, waiting for data) may still see it
+            # go round: a turn is progress too, or a rank caught stepping once would look stuck.
+            at = max(at, s.extra.get("turned_at") or 0.0)
+        if at > s.progress_at:
+            s.progress_at, s.progress_mono = at, mono - max(0.0, now - at)
 
 
 def note_turn(s: Any, before: tuple, frames: tuple, at: float, went_round: bool = False) -> None:

@@ -23,6 +23,7 @@ from ups.runs.pyspy import (
     executable,
     loop_counters,
     sample_in_flight,
+    trainer_position,
 )
 from ups.status import vocabulary
 from ups.why import stacks
@@ -43,6 +44,7 @@ class Dump:
     at: float
     item: str | None = None  # a DataLoader worker's sample in flight: "index 51 (batch [212, 51, 73, 99])"
     counters: tuple = ()  # a rank's loop counters (ups.runs.pyspy.loop_counters): moved when they differ
+    position: dict | None = None  # a Lightning rank's {"epoch", "batch_idx"[, "max_epochs"]} (ups.runs.pyspy.trainer_position)
 
     @property
     def frames(self) -> tuple:
@@ -68,7 +70,7 @@ def dump(pid: int, label: str, *, actor: str = "attach", exe: str | None = None,
     threads = dump_json(pid, timeout=timeout, with_locals=with_locals, exe=exe)
     text = format_dump(threads, label, pid, actor)
     return Dump(text, stacks.latest(text), time.time(), sample_in_flight(threads, pid),
-                loop_counters(threads, pid) if with_locals else ())
+                loop_counters(threads, pid) if with_locals else (), trainer_position(threads, pid) if with_locals else None)
 
 
 def format_dump(threads: list[dict], label: str, pid: int, actor: str) -> str:

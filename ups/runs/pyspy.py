@@ -129,10 +129,40 @@ def loop_counters(threads: list[dict], pid: int) -> tuple:
     found = []
     for f in _frames(main):
         for v in f.get("locals") or []:
-            r = v.get("repr") if isinstance(v, dict) else None
-            if isinstance(r, str) and 0 < len(r) <= 20 and r.lstrip("-").isdigit():
-                found.append((function_name(f.get("name")), str(v.get("name")), int(r)))
+            value = _int(v.get("repr")) if isinstance(v, dict) else None
+            if value is not None:
+                found.append((function_name(f.get("name")), str(v.get("name")), value))
     return tuple(found)
+
+
+LIGHTNING_MODULE = ("lightning/pytorch/core/module.py", "pytorch_lightning/core/module.py")
+LIGHTNING_TRAINER = ("lightning/pytorch/trainer/trainer.py", "pytorch_lightning/trainer/trainer.py")
+
+
+def _int(r: object) -> int | None:
+    return int(r) if isinstance(r, str) and 0 < len(r) <= 20 and r.lstrip("-").isdigit() else None
+
+
+def trainer_position(threads: list[dict], pid: int) -> dict | None:
+    """Where a Lightning rank's fit loop is, from its main thread's frames (py-spy ``--locals``):
+    ``LightningModule.optimizer_step(epoch, batch_idx, ...)``'s arguments, and ``max_epochs``
+    from ``Trainer._run``'s locals where it is set (-1: no end in epochs). None when the read
+    caught the rank anywhere else (between two epochs, validating, waiting for its data): no
+    guess. Recorded samples: tests/data/pyspy/lightning-*.json."""
+    main = next((t for t in threads if isinstance(t, dict) and t.get("os_thread_id") == pid), None)
+    if main is None:
+        return None
+    found: dict = {}
+    for f in _frames(main):
+        path = str(f.get("filename") or "").replace("\\", "/")
+        name = function_name(f.get("name"))
+        got = {v.get("name"): _int(v.get("repr")) for v in f.get("locals") or [] if isinstance(v, dict)}
+        if name == "optimizer_step" and path.endswith(LIGHTNING_MODULE) and "epoch" not in found:
+            if got.get("epoch") is not None and got.get("batch_idx") is not None:
+                found.update(epoch=got["epoch"], batch_idx=got["batch_idx"])
+        elif name == "_run" and path.endswith(LIGHTNING_TRAINER) and (got.get("max_epochs") or 0) > 0:
+            found["max_epochs"] = got["max_epochs"]
+    return found if "epoch" in found else None
 
 
 def sample_in_flight(threads: list[dict], pid: int) -> str | None:

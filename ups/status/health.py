@@ -284,14 +284,16 @@ def stall_limit_of(record: StatusRecord, thresholds: Thresholds, *, rhythm: bool
 
 
 def peer_median_rates(records: Iterable[StatusRecord]) -> dict[str, float | None]:
-    """Median rate of running peers per record name (peers: same role, at least 2 of them)."""
-    by_role: dict[str, list[float]] = {}
+    """Median rate of running peers per record name (peers: same role and unit, at least 2 of
+    them: an attached Lightning rank read in epochs a second is not slower than one read in
+    batches a second)."""
+    by_role: dict[tuple[str, str], list[float]] = {}
     running = [r for r in records if r.state == "running"]
     for r in running:
         if r.rate is not None and r.step > 0:
-            by_role.setdefault(r.role, []).append(r.rate)
-    medians = {role: statistics.median(rates) for role, rates in by_role.items() if len(rates) >= 2}
-    return {r.name: medians.get(r.role) for r in running}
+            by_role.setdefault((r.role, r.unit), []).append(r.rate)
+    medians = {key: statistics.median(rates) for key, rates in by_role.items() if len(rates) >= 2}
+    return {r.name: medians.get((r.role, r.unit)) for r in running}
 
 
 def classify_run(
