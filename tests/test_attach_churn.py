@@ -66,6 +66,7 @@ def last_epoch(log: Path) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("attach-churn")  # one after another: each drill's job keeps a core busy through its churn
 @needs_pyspy
 def test_the_tutorial_job_attached_shows_epochs_and_a_rate_no_dead_worker_through_20_epochs_healthy_and_a_killed_worker_named(
         runs_root, jobs, tmp_path):
@@ -75,12 +76,15 @@ def test_the_tutorial_job_attached_shows_epochs_and_a_rate_no_dead_worker_throug
     run_id = attach(agent.pid)
     attached = time.monotonic()
 
+    asked = []  # when each reading was asked for (a loaded box may take seconds to answer it)
+
     def counting():
+        asked.append(time.monotonic())
         st = ups_json("status", run_id)
         p = st["progress"]
         return st if p["step"] > 0 and p["rate"] and p["unit"] == "steps" else None
     st = wait_for(counting, 15, interval=0.5, message="epoch progress and a rate within 15 s of the attach")
-    assert time.monotonic() - attached <= 15.5
+    assert asked[-1] - attached <= 15
     ranks = {p["rank"]: p for p in st["processes"] if p["role"] == "rank"}
     assert ranks[0]["metrics"]["progress_from"] == "log: pytorch/examples epoch line"
     assert ranks[0]["step"] == ranks[0]["metrics"]["epoch"] * 32 and "Steps: 32" in ranks[0]["item"]
@@ -173,21 +177,50 @@ def healthy_with_progress(run_id: str, source: str, seconds: float) -> dict:
     return st
 
 
+def healthy_through_20_epochs(run_id: str, jobs: PlainJobs, rank0: int, ranks: frozenset, rate_unit: str) -> None:
+    """20 epochs of churn, counted from /proc (each epoch, rank 0 gets a new pair of DataLoader
+    workers; ``ranks``: its children that are ranks): no process dead at any reading, the
+    verdict healthy with its rate."""
+    generations, readings, verdicts = set(), 0, []
+    while len(generations - ranks) < 2 * 20:
+        generations |= set(workers_of(rank0))
+        jobs.remember()
+        for p in ups_json("status", run_id)["processes"]:
+            assert p["health"] != "dead", json.dumps(p)
+        readings += 1
+        if readings % 3 == 0:
+            v = ups_json("why", run_id)["verdict"]
+            verdicts.append(v["mode"])
+            assert v["mode"] == "healthy" and re.search(rate_unit, v["headline"]), v
+        assert os.path.exists(f"/proc/{rank0}/task"), "rank 0 ended"
+        generations |= set(workers_of(rank0))
+    assert verdicts, readings
+
+
 @pytest.mark.slow
+@pytest.mark.xdist_group("attach-churn")  # one after another: each drill's job keeps a core busy through its churn
 @needs_pyspy
 @pytest.mark.timeout(400)  # transformers' import in each rank, on a busy box
-def test_an_hf_trainer_job_under_torchrun_attached_shows_its_bar_as_progress_and_is_healthy(runs_root, jobs, tmp_path):
-    """HF Trainer (tests/programs/frameworks/hf_trainer.py), its tqdm bar on, under a plain torchrun."""
+def test_an_hf_trainer_job_under_torchrun_attached_shows_its_bar_and_a_rate_healthy_through_20_epochs_and_a_killed_worker_named(
+        runs_root, jobs, tmp_path):
+    """HF Trainer (tests/programs/frameworks/hf_trainer.py), its tqdm bar on, under a plain torchrun;
+    two DataLoader workers a rank (``dataloader_num_workers=2``), made anew every epoch of 32
+    steps: progress and a rate within 15 s of the attach, healthy through 20 epochs of churn, and
+    a worker SIGKILLed mid-epoch named."""
     agent, log = jobs.start_ready("/1000000 [", program=FRAMEWORKS / "hf_trainer.py", timeout=180,
                                   args=("--bar", "--steps", "1000000", "--step-time", "0.02"), name="hf")
     jobs.remember()
     run_id = attach(agent.pid)
-    st = healthy_with_progress(run_id, "log: tqdm progress bar", 20)
+    st = healthy_with_progress(run_id, "log: tqdm progress bar", 5)
     assert st["progress"]["total"] == 1000000
+    rank0 = next(p["pid"] for p in st["processes"] if p["role"] == "rank" and p["rank"] == 0)
+    healthy_through_20_epochs(run_id, jobs, rank0, frozenset(), r"steps/s")
     assert agent.poll() is None
+    a_killed_worker_is_named(runs_root, run_id, log, rank0=rank0)
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("attach-churn")  # one after another: each drill's job keeps a core busy through its churn
 @needs_pyspy
 @pytest.mark.timeout(400)  # lightning's import in each rank, on a busy box
 def test_a_lightning_job_started_by_its_own_launcher_attached_shows_epochs_and_a_rate_no_dead_worker_healthy_and_a_killed_worker_named(
@@ -212,9 +245,10 @@ def test_a_lightning_job_started_by_its_own_launcher_attached_shows_epochs_and_a
     run_id = attach(first.pid)
     attached = time.monotonic()
 
-    last = []
+    last, asked = [], []  # asked: when each reading was asked for (a loaded box may take seconds to answer it)
 
     def counting():
+        asked.append(time.monotonic())
         st = ups_json("status", run_id)
         p = st["progress"]
         last[:] = [p, [(r["name"], r["step"], r["rate"], r["metrics"].get("progress_from")) for r in st["processes"]]]
@@ -224,27 +258,13 @@ def test_a_lightning_job_started_by_its_own_launcher_attached_shows_epochs_and_a
         st = wait_for(counting, 15, interval=0.5, message="epoch progress and a rate within 15 s of the attach")
     except AssertionError as exc:
         raise AssertionError(f"{exc}; the last reading: {last}") from None
-    assert time.monotonic() - attached <= 15.5
+    assert asked[-1] - attached <= 15
     ranks = [p for p in st["processes"] if p["role"] == "rank"]
     assert len(ranks) == 2 and first.pid in {p["pid"] for p in ranks}, ranks
     assert FIT_LOOP in {p["metrics"].get("progress_from") for p in ranks}, ranks
     assert any(isinstance(p["metrics"].get("epoch"), int) for p in ranks), ranks
 
-    # 20 epochs of churn, counted from /proc (each epoch, rank 0 gets a new pair of workers): no
-    # process dead at any reading, the verdict healthy with its rate.
     rank_pids = frozenset(r["pid"] for r in ranks)  # rank 1 is a child of rank 0, the script
-    generations, readings, verdicts = set(), 0, []
-    while len(generations - rank_pids) < 2 * 20:
-        generations |= set(workers_of(first.pid))
-        jobs.remember()
-        for p in ups_json("status", run_id)["processes"]:
-            assert p["health"] != "dead", json.dumps(p)
-        readings += 1
-        if readings % 3 == 0:
-            v = ups_json("why", run_id)["verdict"]
-            verdicts.append(v["mode"])
-            assert v["mode"] == "healthy" and re.search(r"(epochs|steps)/s", v["headline"]), v
-        assert first.poll() is None
-        generations |= set(workers_of(first.pid))
-    assert verdicts, readings
+    healthy_through_20_epochs(run_id, jobs, first.pid, rank_pids, r"(epochs|steps)/s")
+    assert first.poll() is None
     a_killed_worker_is_named(runs_root, run_id, log, rank0=first.pid, ranks=rank_pids)

@@ -69,10 +69,11 @@ TICK_S = 1.0
 STACK_EVERY_S = STACK_READ_EVERY_S
 """One py-spy dump of each process every 10 s: a pause of a few ms (measured by
 scripts/bench_attach.py), far below 1 % of the job's time."""
-SECOND_LOOK_S = 1.5
-EARLY_READS = 10
-"""A rank's first :data:`EARLY_READS` reads come :data:`SECOND_LOOK_S` apart, until two of them
-caught its fit loop's position (a Lightning rank's epoch and batch, where no line counts): its
+SECOND_LOOK_S = 1.0
+EARLY_READS = 12
+"""A rank's first :data:`EARLY_READS` reads come :data:`SECOND_LOOK_S` apart (one refused, as a
+read that races the running process may be, is made again at once), until two of them caught its
+fit loop's position (a Lightning rank's epoch and batch, where no line counts): its
 rate within seconds of the attach, though a read between two epochs or in its data loading
 catches none. Then every :data:`STACK_EVERY_S`."""
 STACK_KEEP_S = 60.0  # an unchanged stack is appended again at most this often
@@ -219,7 +220,14 @@ class AttachObserver:
                 continue
             s.dumped_mono = mono
             try:
-                d = pyspy.dump(s.proc.pid, s.proc.label, actor=ACTOR, with_locals=s.proc.role in ("worker", "rank"))
+                try:
+                    d = pyspy.dump(s.proc.pid, s.proc.label, actor=ACTOR, with_locals=s.proc.role in ("worker", "rank"))
+                except pyspy.DumpRefused as exc:
+                    if exc.lasting or not (s.proc.role == "rank" and early):
+                        raise
+                    # A read of a running process that lost a race with it (py-spy reads its memory
+                    # as it runs); in a rank's first seconds, read it again at once.
+                    d = pyspy.dump(s.proc.pid, s.proc.label, actor=ACTOR, with_locals=True)
             except pyspy.DumpRefused as exc:
                 if exc.lasting:
                     self.no_dumps = str(exc)

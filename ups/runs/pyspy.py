@@ -70,7 +70,9 @@ def dump_json(pid: int, *, timeout: float = DUMP_TIMEOUT_S, with_locals: bool = 
         low = err.lower()
         if "permission denied" in low or "operation not permitted" in low or "ptrace" in low:
             raise DumpRefused(f"pid {pid}: {PTRACE_FIX}", True)
-        raise DumpRefused(f"py-spy dump of pid {pid} failed: {err.splitlines()[-1] if err else res.returncode}", False)
+        # Its first line says why ("Error: ..."); a backtrace may follow (its last line: "10: main").
+        said = next((line.strip() for line in err.splitlines() if line.strip()), None)
+        raise DumpRefused(f"py-spy dump of pid {pid} failed: {said or res.returncode}", False)
     try:
         threads = json.loads(res.stdout)
     except ValueError:
