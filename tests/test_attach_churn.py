@@ -6,6 +6,7 @@ verdict; a worker SIGKILLed mid-epoch is still named."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -127,7 +128,8 @@ def a_killed_worker_is_named(runs_root: Path, run_id: str, log: Path, rank0: int
         pair = wait_for(lambda: [w for w in workers_of(rank0) if w not in ranks] or None, 30, interval=0.02,
                         message="live workers of rank 0")
         for pid in pair:
-            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # ended in the churn since it was listed
+                os.kill(pid, signal.SIGKILL)
         victims |= set(pair)
         # torch's word, or rank 0's end (a busy box may take seconds to print it: then wait for it)
         try:
@@ -137,8 +139,12 @@ def a_killed_worker_is_named(runs_root: Path, run_id: str, log: Path, rank0: int
         except AssertionError:
             continue  # its DataLoader was done with them: the next pair
         if said == "gone":
-            text = wait_for(lambda v=frozenset(victims): said_of(v, log.read_text(errors="replace")), 60, interval=0.5,
-                            message="torch's word in the log after rank 0 ended")
+            try:
+                text = wait_for(lambda v=frozenset(victims): said_of(v, log.read_text(errors="replace")), 60, interval=0.5,
+                                message="torch's word in the log after rank 0 ended")
+            except AssertionError as exc:
+                tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+                raise AssertionError(f"{exc}; killed {sorted(victims)}; the log ends:\n{tail}") from None
         else:
             text = said
     assert text, "torch never said a worker died"

@@ -117,6 +117,16 @@ def test_a_symptom_yields_to_its_cause():
     # ... and to the program's own error, when that came first
     own = tb("/home/u/train.py:30:main", error="[rank1]: ValueError: Expected input batch_size (16) to match target batch_size (8).")
     assert read_log(own.replace('  File', '[rank1]:   File') + text.splitlines()[0] + "\n").kind == "user_code"
+    # ... and when it came after: a peer's traceback is often printed after the survivor's (a
+    # Lightning job's rank 1 lost rank 0, whose DataLoader workers the OOM killer took)
+    lost = ("[rank1]: RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+            "[127.0.0.1]:18648. This is typically caused by a remote worker crashing.\n")
+    died = tb("/home/u/lit.py:58:main", "/venv/torch/utils/data/dataloader.py:1304:_try_get_data",
+              error="RuntimeError: DataLoader worker (pid(s) 4333, 4336) exited unexpectedly")
+    died = "".join(f"[rank0]: {line}\n" for line in died.splitlines())
+    for log in (lost + died, died + lost):
+        reading = read_log(log)
+        assert reading.rank == 0 and "DataLoader worker (pid(s) 4333, 4336) exited unexpectedly" in reading.line, reading
     # ... but alone it is named
     assert read_log(text.splitlines()[0]).name == "peer_lost"
 

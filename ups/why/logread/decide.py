@@ -256,7 +256,12 @@ def decide(events: list[Event], lines: list[Line] | None = None) -> Reading:
         # A CUDA error no class knows, and the driver's Xid beside it: the Xid says what the GPU saw.
         own = [ev for ev in own if "CUDA error" not in ev.text]
     if symptoms or own:
-        pick = _first(symptoms + [Candidate(SYMPTOM, ev, None) for ev in own])
+        pool = symptoms + [Candidate(SYMPTOM, ev, None) for ev in own]
+        # "this rank failed because another went away" is never the cause where the log holds
+        # another failure: whichever printed first (a peer's error is often written after the
+        # survivor's, as the peer unwinds its traceback), the other one is read.
+        pool = [c for c in pool if c.cls is None or c.cls.name != "peer_lost"] or pool
+        pick = _first(pool)
         return _class_reading(pick) if pick.cls is not None else _exception_reading(pick.event)
     exits = [c for c in classed if c.tier == EXIT]
     if exits:
