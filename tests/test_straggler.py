@@ -8,6 +8,11 @@ change: ups.instrument.torch.rehearse) a few seconds after its first step:
   rank 1, ``input``;
 - a healthy run with a one-off 3 s pause on rank 1, where no rank may be named.
 
+Every rank's step is paced as a GPU job's is (``slow_step`` on all ranks from the start, ``wait``:
+the host waits for its device): the CPU copies of these programs would otherwise step flat out on
+both cores of a 2-core box, an elastic load that slowed every test running beside them, while on
+a GPU most of a step is the host waiting. The faults come on top of that pace.
+
 Each polls the code `ups status --json` and `ups why --json` run, every 0.5 s, with a deadline;
 the last reading is checked through the real commands. The judgement's own arithmetic is tested
 on records the real Reporter wrote (test_straggler_judge below).
@@ -26,21 +31,24 @@ from helpers import run_ups, status_now, wait_for, why_now
 from ups.runs.rundir import RunDir
 
 PROGRAMS = Path(__file__).parent / "programs"
-# (program, args, env, {fault: its size}): each straggler about twice its rank's own time a step
-# (the DDP tutorial's step is ~7 ms here, FSDP2's ~120 ms), so a busy box cannot hide it.
-DDP = (PROGRAMS / "multigpu_torchrun.py", ("1000000", "100000"), {}, {"slow_step": "ms=12", "slow_sample": "ms=3"})
-# FSDP2's input straggler: 8 samples a batch, two workers: 120 ms a sample is ~480 ms a batch on
-# rank 1, twice a step that a loaded box has made ~250 ms (at 60 ms a sample, CI under load hid
-# it: the workers' prefetch kept up with a slowed step, and no rank waited for its data).
+# (program, args, env, {fault: its size}, the device's pace): each straggler about twice its rank's
+# own time a step (the DDP tutorial's step is ~7 ms of CPU here, paced to ~15 ms; FSDP2's ~120 ms,
+# paced to ~180 ms), so a busy box cannot hide it.
+DDP = (PROGRAMS / "multigpu_torchrun.py", ("1000000", "100000"), {}, {"slow_step": "ms=16", "slow_sample": "ms=3"},
+       "slow_step:ms=8")
+# FSDP2's input straggler: 8 samples a batch, two workers: 160 ms a sample is ~640 ms a batch on
+# rank 1, about twice a paced step that a loaded box has made ~300 ms (at 60 ms a sample and no
+# pace, CI under load hid it: the workers' prefetch kept up with a slowed step, and no rank waited
+# for its data).
 FSDP2 = (PROGRAMS / "sharded" / "fsdp2_tutorial.py", (), {"TUTORIAL_STEPS": "20000"},  # its dataset is 16 samples a step
-         {"slow_step": "ms=150", "slow_sample": "ms=120"})
+         {"slow_step": "ms=150", "slow_sample": "ms=160"}, "slow_step:ms=60")
 AFTER_S = 4
-STARTED = re.compile(r"ups: rehearsing (\S+) on rank (\d+) from ([\d.]+)")
+STARTED = re.compile(r"ups: rehearsing (\S*rank=1\S*) on rank (\d+) from ([\d.]+)")  # the fault (the pace has no rank)
 
 
 def launch(tmp_path: Path, job: tuple, inject: str, *ups_options: str) -> RunDir:
-    program, args, env, _ = job
-    res = run_ups("launch", "torchrun", "--detach", "--json", "--inject", inject, *ups_options, "--nproc-per-node", "2",
+    program, args, env, _, pace = job
+    res = run_ups("launch", "torchrun", "--detach", "--json", "--inject", f"{pace};{inject}", *ups_options, "--nproc-per-node", "2",
                   str(program), *args, env=env, cwd=tmp_path, timeout=120)
     assert res.returncode == 0, res.stderr
     return RunDir(tmp_path / json.loads(res.stdout)["run_dir"])
