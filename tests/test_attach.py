@@ -5,6 +5,7 @@ The job is never signalled by the attach and goes on running."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -12,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -619,12 +621,26 @@ def test_scan_shows_a_strangers_command_line_as_text_never_as_terminal_control(r
         proc.wait()
 
 
+def kernel_tells_exits() -> bool:
+    """This process may hear exits from the kernel's taskstats (root, a kernel built with it)."""
+    from ups.status import taskstats
+
+    listener = taskstats.start()
+    if listener is None:
+        return False
+    listener.close()
+    return True
+
+
 @pytest.mark.slow
 @needs_pyspy
-def test_an_attached_job_sigkilled_as_a_whole_ends_ended_never_succeeded(runs_root, jobs, tmp_path):
+def test_an_attached_job_sigkilled_as_a_whole_ends_failed_with_the_kernels_word_never_succeeded(runs_root, jobs, tmp_path):
     """Every process of the job SIGKILLed at once (the OOM killer on a cgroup, a scheduler's
-    kill): its log names no failure, and its exit codes went to the parents that reaped them.
-    The run says it ended, not that it succeeded, and `ups why` says what would tell."""
+    kill): its log names no failure, and its exit statuses went to the parents that reaped them.
+    An observer that may listen to the kernel's taskstats (root) hears each end: the run ends
+    failed, killed by SIGKILL, each rank's record with it; never succeeded, nor "stopped"."""
+    if not kernel_tells_exits():
+        pytest.skip("the kernel's taskstats is not open to this process (not root, or a kernel without it)")
     agent, log = jobs.start_ready("step 20/")
     jobs.remember()
     run_id = attach(agent.pid)
@@ -637,13 +653,99 @@ def test_an_attached_job_sigkilled_as_a_whole_ends_ended_never_succeeded(runs_ro
         m = json.loads((runs_root / run_id / "run.json").read_text())
         return m if m["state"] not in ("launching", "running") else None
     m = wait_for(ended, 90, interval=0.5, message="the run's end")
-    assert m["state"] == "ended", m
-    assert "exit codes are not visible from outside" in m["summary"] and m.get("exit_code") is None, m
-    v = ups_json("why", run_id)["verdict"]
-    assert v["mode"] == "ended" and "whether it succeeded is not known" in v["headline"], v
+    assert m["state"] == "failed" and m["exit_code"] == -9, m
+    assert f"(pid {agent.pid}," in m["summary"] and "killed by SIGKILL" in m["summary"] and "taskstats" in m["summary"], m
+    for r in (0, 1):
+        rec = json.loads((runs_root / run_id / "status" / f"rank-{r}.json").read_text())
+        assert rec["exit_code"] == -9 and rec["state"] == "failed", rec
+    gone = [json.loads(line) for line in (runs_root / run_id / "events.jsonl").read_text().splitlines()
+            if '"process.gone"' in line]
+    assert gone and all(e.get("exit_code") == -9 for e in gone), gone
     assert "succeeded" not in ups_json("status", run_id)["state"]
     listed = {r.get("id") or r.get("run_id"): r for r in ups_json("runs")["runs"]}
-    assert listed[run_id]["state"] == "ended", listed.get(run_id)
+    assert listed[run_id]["state"] == "failed", listed.get(run_id)
+    v = ups_json("why", run_id)["verdict"]
+    assert "SIGKILL" in v["headline"] + " ".join(v["evidence"]) and "operator" not in v["headline"], v
+
+
+ONE_RANK = """\
+import os, sys, time
+print("step 1/10", flush=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.05)
+if sys.argv[2] == "kill":
+    os.kill(os.getpid(), 9)
+sys.exit(int(sys.argv[2]))
+"""
+
+
+@pytest.mark.parametrize(("how", "kernel", "state", "said"), [
+    ("0", True, "succeeded", "exited with code 0"),
+    ("3", True, "failed", "exited with code 3"),
+    ("kill", False, "ended", "exit codes are not visible from outside"),
+], ids=["exit-0", "exit-3", "sigkill-unheard"])
+def test_an_attached_jobs_end_is_its_exit_status_where_the_kernel_tells_it_and_never_invented(
+        runs_root, tmp_path, how, kernel, state, said):
+    """A one-process job (a rank by its environment, no torch), attached, ends by itself: with
+    the kernel's taskstats heard, its exit status decides (0 succeeded, 3 failed); where it is
+    not (an observer that is not root: here ``UPS_NO_TASKSTATS=1``), a job SIGKILLed reads
+    "ended", its log naming no failure: never succeeded, and `ups why` says what would tell."""
+    if kernel and not kernel_tells_exits():
+        pytest.skip("the kernel's taskstats is not open to this process (not root, or a kernel without it)")
+    program, go, log = tmp_path / "one_rank.py", tmp_path / "go", tmp_path / "job.log"
+    program.write_text(ONE_RANK)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UPS_")}
+    env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29998")
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, str(program), str(go), how], stdout=out, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True, cwd=tmp_path)
+    try:
+        wait_for(lambda: "step 1/10" in log.read_text(), 60, interval=0.1, message="the job's first line")
+        res = run_ups("attach", str(proc.pid), "--json", env={} if kernel else {"UPS_NO_TASKSTATS": "1"})
+        assert res.returncode == 0, res.stderr
+        run_id = json.loads(res.stdout)["run_id"]
+        wait_for(lambda: (runs_root / run_id / "status" / "rank-0.json").exists(), 60, interval=0.1,
+                 message="the observer's first record")
+        go.touch()
+        proc.wait(timeout=30)
+
+        def ended():
+            m = json.loads((runs_root / run_id / "run.json").read_text())
+            return m if m["state"] not in ("launching", "running") else None
+        m = wait_for(ended, 60, interval=0.3, message="the run's end")
+        assert m["state"] == state and said in m["summary"], m
+        if kernel:
+            assert m["exit_code"] == int(how), m
+            rec = json.loads((runs_root / run_id / "status" / "rank-0.json").read_text())
+            assert rec["exit_code"] == int(how) and rec["state"] == ("done" if how == "0" else "failed"), rec
+        else:
+            assert m.get("exit_code") is None, m
+            v = ups_json("why", run_id)["verdict"]
+            assert v["mode"] == "ended" and "whether it succeeded is not known" in v["headline"], v
+        listed = {r.get("id") or r.get("run_id"): r for r in ups_json("runs")["runs"]}
+        assert listed[run_id]["state"] == state, listed.get(run_id)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait()
+
+
+def the_terminal_is_the_log(runs_root: Path, run_id: str, crash: Path) -> None:
+    """The attached job's progress read from its terminal's lines, copied into the run's log, and
+    rank 1's crash (``crash`` made) in them the run's cause."""
+    def counting():
+        st = ups_json("status", run_id)
+        return st if st["progress"]["step"] > 20 else None
+    wait_for(counting, 90, interval=0.5, message="progress read from the terminal")
+    copied = runs_root / run_id / "logs" / "job.log"
+    assert "step 20/" in copied.read_text(errors="replace")
+    crash.touch()
+
+    def ended():
+        m = json.loads((runs_root / run_id / "run.json").read_text())
+        return m if m["state"] not in ("launching", "running") else None
+    m = wait_for(ended, 90, interval=0.5, message="the run's end")
+    assert m["state"] == "failed" and "rank 1" in m["summary"] and "ValueError" in m["summary"], m
 
 
 @pytest.mark.slow
@@ -653,8 +755,6 @@ def test_a_job_typed_in_a_tmux_pane_is_attached_with_the_pane_as_its_log(runs_ro
     """`torchrun train.py` typed in a tmux session (the way a job runs over SSH): its stdout is the
     pane's terminal. The pane is found from the job's tty, read read-only with capture-pane; its
     lines are the progress, and rank 1's crash in them is the run's cause."""
-    import tempfile
-
     sock_dir = Path(tempfile.mkdtemp(prefix="ut", dir="/tmp"))  # a unix socket's path must be short
     sock = sock_dir / "s"
     crash = tmp_path / "crash-now"
@@ -675,21 +775,42 @@ def test_a_job_typed_in_a_tmux_pane_is_attached_with_the_pane_as_its_log(runs_ro
         job = ups_json("attach", str(agent.pid), "--dry-run")
         assert job["log"] is None and job["log_pane"]["socket"] == str(sock), job
         assert "tmux pane %" in job["log_via"] and job["log_via"].startswith("/dev/pts/"), job["log_via"]
-        run_id = attach(agent.pid)
-
-        def counting():
-            st = ups_json("status", run_id)
-            return st if st["progress"]["step"] > 20 else None
-        wait_for(counting, 60, interval=0.5, message="progress read from the pane")
-        copied = runs_root / run_id / "logs" / "job.log"
-        assert "step 20/" in copied.read_text(errors="replace")
-        crash.touch()
-
-        def ended():
-            m = json.loads((runs_root / run_id / "run.json").read_text())
-            return m if m["state"] not in ("launching", "running") else None
-        m = wait_for(ended, 90, interval=0.5, message="the run's end")
-        assert m["state"] == "failed" and "rank 1" in m["summary"] and "ValueError" in m["summary"], m
+        the_terminal_is_the_log(runs_root, attach(agent.pid), crash)
     finally:
         subprocess.run(["tmux", "-S", str(sock), "kill-server"], capture_output=True, timeout=30)
         shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+@pytest.mark.slow
+@needs_pyspy
+@pytest.mark.skipif(shutil.which("screen") is None, reason="GNU screen is not installed (.ci/run installs it)")
+def test_a_job_typed_in_a_screen_window_is_attached_with_the_window_as_its_log(runs_root, tmp_path):
+    """`torchrun train.py` started in a GNU screen session (`screen -dmS`, as a job is left running
+    over SSH): its stdout is the window's terminal. The window is found from the session and
+    window screen put in the job's environment, checked against /proc; read read-only with
+    `hardcopy -h`, its lines are the progress, and rank 1's crash in them is the run's cause."""
+    session = f"ups-test-{os.getpid()}-{time.monotonic_ns() % 10**6}"
+    crash = tmp_path / "crash-now"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UPS_", "TMUX", "STY", "WINDOW"))}
+    env["ATTACH_DDP_FAULT"] = f"raise_when:{crash}"
+    line = shlex.join([*torchrun(), "--standalone", "--nproc-per-node", "2", str(PROGRAM)])
+    subprocess.run(["screen", "-dmS", session, "bash", "-c", f"cd {shlex.quote(str(tmp_path))} && {line}; sleep 600"],
+                   env=env, check=True, timeout=30)
+    try:
+        server = wait_for(lambda: next((p for p in psutil.process_iter(["name", "cmdline"])
+                                        if p.info["name"] == "screen" and session in " ".join(p.info["cmdline"] or [])), None),
+                          30, interval=0.2, message="the screen session")
+
+        def agent_of():  # under the window's shell (whose own command line names torchrun too)
+            return next((p for shell in server.children() for p in shell.children(recursive=True)
+                         if "torch.distributed.run" in " ".join(p.cmdline()) or "torchrun" in " ".join(p.cmdline())), None)
+        agent = wait_for(agent_of, 60, interval=0.2, message="torchrun in the window")
+        job = wait_for(lambda: (d := ups_json("attach", str(agent.pid), "--dry-run")) and
+                       sum(p["role"] == "rank" for p in d["processes"]) == 2 and d, 120, interval=1.0, message="both ranks")
+        assert job["log"] is None and job["log_pane"]["kind"] == "screen", job
+        assert job["log_pane"]["session"] == f"{server.pid}.{session}" and job["log_pane"]["window"] == "0", job
+        assert job["log_via"].startswith("/dev/pts/") and "screen window 0" in job["log_via"], job["log_via"]
+        the_terminal_is_the_log(runs_root, attach(agent.pid), crash)
+        assert not list(Path(tempfile.gettempdir()).glob("ups-screen-*")), "a hardcopy folder left behind"
+    finally:
+        subprocess.run(["screen", "-S", session, "-X", "quit"], capture_output=True, timeout=30)

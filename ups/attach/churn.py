@@ -22,6 +22,7 @@ from typing import Any
 from ups.attach.ending import ACTOR
 
 LOADER_DEATH = re.compile(r"DataLoader worker \(pid\(?s?\)? ?([\d, ]+)\)\s*(?:is killed by signal: ([^.\n]+)|exited unexpectedly)")
+SHUTDOWN_SIGNALS = (15, 2)  # SIGTERM (a DataLoader's own shutdown of a worker it waited on), SIGINT (Ctrl-C)
 LOG_WORD_S = 6.0  # how long a normal-looking end waits for the log's word of a death
 TOLD_KEPT = 256
 
@@ -67,14 +68,19 @@ class WorkerChurn:
         self.ends = WorkerEnds()  # the log's word on a worker's death
         self.pending: list[tuple[Any, float]] = []  # ends that looked normal: (its Seen, until when the log may still say)
 
-    def gone(self, s: Any, seen: dict[str, Any], now: float, mono: float) -> None:
+    def gone(self, s: Any, seen: dict[str, Any], now: float, mono: float, ended: Any = None) -> None:
         """Worker ``s`` ended while its rank lives: churn (its last record says done, no event)
-        unless the log says it died; the log's word, or a worker it ran beside outliving it, may
-        still come (:meth:`settle`)."""
+        unless the log says it died, or the kernel does (``ended``: its exit from taskstats,
+        ups.status.taskstats, where the observer may read it: a signal other than the SIGTERM
+        of a DataLoader's own shutdown); the log's word, or a worker it ran beside outliving
+        it, may still come (:meth:`settle`)."""
         s.gone_at = now
         how = self.ends.how(s.proc.pid)
         if how is not None:
             self.died(s, seen, how, "the job's log")
+            return
+        if ended is not None and ended.code < 0 and -ended.code not in SHUTDOWN_SIGNALS:
+            self.died(s, seen, ended.describe(), "the kernel's taskstats")
             return
         self.write_final(s, seen, "done")
         s.extra["peers"] = [x.proc.pid for x in seen.values() if x is not s and x.proc.role == "worker"
@@ -96,11 +102,15 @@ class WorkerChurn:
                 keep.append((s, until))
         self.pending = keep
 
-    def gone_detail(self, p: Any) -> str:
-        """The event's words for a process seen gone with its rank (the log's, for a worker it names)."""
+    def gone_detail(self, p: Any, ended: Any = None) -> str:
+        """The event's words for a process seen gone with its rank (the log's, for a worker it
+        names; the kernel's, where taskstats told its exit: ``ended``)."""
         how = self.ends.how(p.pid) if p.role == "worker" else None
-        return f"DataLoader worker {how} (the job's log)" if how else \
-            "seen gone from outside; its exit code is not visible to an observer"
+        if how:
+            return f"DataLoader worker {how} (the job's log)"
+        if ended is not None:
+            return f"{ended.describe()} (its exit status from the kernel's taskstats)"
+        return "seen gone from outside; its exit code is not visible to an observer"
 
     def died(self, s: Any, seen: dict[str, Any], how: str, said: str) -> None:
         self.run.append_event("process.gone", actor=ACTOR, name=s.proc.name, pid=s.proc.pid,

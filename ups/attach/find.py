@@ -183,7 +183,7 @@ class Job:
     slurm: slurm.Step | None = None  # the SLURM step its processes are (or run in)
     log_holder: int | None = None  # a process outside the job that writes its log (a SLURM batch script, tee)
     log_via: str | None = None  # how its output reaches the log, where a pipe is between: "rank 0 → pipe → tee ..."
-    log_pane: dict | None = None  # its terminal's tmux pane, when its output goes to one (ups.attach.pane)
+    log_pane: dict | None = None  # its terminal's tmux pane or screen window, when its output goes to one (ups.attach.pane)
 
     @property
     def root_pids(self) -> list[int]:
@@ -371,13 +371,13 @@ def find_job(pid: int, *, kids: dict[int, list[int]] | None = None, group: bool 
                 job.log, job.log_holder, reader = found
                 job.log_via = f"{p.label} → pipe → {reader} (pid {job.log_holder}) → {job.log}"
                 break
-    if job.log is None:  # a terminal that a tmux pane owns: the pane, read read-only (ups.attach.pane)
-        from ups.attach.pane import pane_of
+    if job.log is None:  # a terminal that a tmux pane or screen window owns: read read-only (ups.attach.pane)
+        from ups.attach.pane import describe, pane_of
 
         pane = pane_of(top_proc.pid) or (pane_of(job.ranks[0].pid) if job.ranks else None)
         if pane is not None and pane["uid"] == uid_of(top):  # the job's user's server only
             job.log_pane = pane
-            job.log_via = f"{pane['tty']} → tmux pane {pane['pane']} ({pane['where']}, server pid {pane['server']})"
+            job.log_via = describe(pane)
     if group and job.orphan:
         job = orphan_siblings(job, kids)
     return job

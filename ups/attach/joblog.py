@@ -186,7 +186,7 @@ class JobLog:
         self.said: set[str] = set()
         self.mode = copy_mode(int(self.held.get("mode") or 0)) if self.held else 0o600
         pane = attached.get("log_pane")
-        self.pane = PaneReader(pane) if isinstance(pane, dict) and not self.path else None  # a terminal's tmux pane
+        self.pane = PaneReader(pane) if isinstance(pane, dict) and not self.path else None  # a terminal's tmux pane or screen window
 
     def say(self, what: str, **fields: Any) -> None:
         """One event of each kind for the run's whole watch."""

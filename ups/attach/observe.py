@@ -137,6 +137,7 @@ class AttachObserver:
         self.inject = bool(self.manifest.get("inject"))
         self.told_mono = 0.0
         self.published: dict[str, Any] = {}  # the last ``observed`` given to the reporter
+        self.exits = exit_listener()
 
     # -- the process tree ----------------------------------------------------------------
     def refresh(self) -> None:
@@ -161,7 +162,8 @@ class AttachObserver:
             s = self.seen.get(name)
             if s is None or s.proc.pid != p.pid or s.gone_at is not None:
                 if s is not None and s.gone_at is None and s.proc.role == "worker" and s.proc.pid != p.pid:
-                    self.churn.gone(s, self.seen, now, self.tick_mono)  # the next generation took its slot first
+                    # the next generation took its slot first
+                    self.churn.gone(s, self.seen, now, self.tick_mono, self.exit_of(s.proc))
                 self.seen[name] = Seen(p, mono, now, mono, phase_at=now, phase_mono=mono,
                                        phase={"agent": "agent", "helper": "helper"}.get(p.role, PHASE))
             else:
@@ -169,11 +171,13 @@ class AttachObserver:
         for name, s in list(self.seen.items()):
             if s.gone_at is None and name not in live and not same_start(process_start_time(s.proc.pid), s.proc.start):
                 s.gone_at = now
+                ended = self.exit_of(s.proc)
                 if s.proc.role == "worker" and rank_lives(s.proc, live.values()):
-                    self.churn.gone(s, self.seen, now, self.tick_mono)
+                    self.churn.gone(s, self.seen, now, self.tick_mono, ended)
                     continue
                 self.run.append_event("process.gone", actor=ACTOR, name=name, pid=s.proc.pid,
-                                      detail=self.churn.gone_detail(s.proc))
+                                      detail=self.churn.gone_detail(s.proc, ended),
+                                      **({"exit_code": ended.code} if ended is not None else {}))
                 if is_pid_named(s.proc):
                     self.forget(s)
 
@@ -184,7 +188,7 @@ class AttachObserver:
         and by the judge every 2 s). Its end stays in events.jsonl and, among the latest
         :data:`ENDED_KEPT`, in the end's list; its record, ours, goes."""
         del self.seen[s.proc.name]
-        self.ended.append({"name": s.proc.name, "pid": s.proc.pid, "gone_at": s.gone_at})
+        self.ended.append({"name": s.proc.name, "pid": s.proc.pid, "gone_at": s.gone_at, "start": s.proc.start})
         if not s.inproc:  # a record the process wrote itself (--inject) is its own, and stays
             with contextlib.suppress(OSError), self.run.folder("status") as status:
                 os.unlink(f"{s.proc.name}.json", dir_fd=status)
@@ -207,6 +211,10 @@ class AttachObserver:
 
     def alive(self) -> list[Seen]:
         return [s for s in self.seen.values() if s.gone_at is None]
+
+    def exit_of(self, p: Proc) -> Any:
+        """The kernel's word on how ``p`` ended (ups.status.taskstats), where this observer may listen."""
+        return self.exits.exit_of(p.pid, p.start, wait_s=0.2) if self.exits is not None else None
 
     # -- stacks --------------------------------------------------------------------------
     def dumps(self) -> None:
@@ -360,7 +368,8 @@ class AttachObserver:
     # -- the end -------------------------------------------------------------------------
     def finish(self) -> None:
         self.copy_log()
-        write_end(self.run, self.seen, self.record, ended=list(self.ended))
+        write_end(self.run, self.seen, self.record, ended=list(self.ended),
+                  exit_of=self.exits.exit_of if self.exits is not None else None, top=(self.top, self.top_start))
 
     def on_signal(self, signum: int, _frame: Any) -> None:
         self.stop = signal.Signals(signum).name
@@ -399,6 +408,14 @@ class AttachObserver:
         if changes:
             reporter.metrics(**changes)
         return True
+
+
+def exit_listener() -> Any:
+    """Exit statuses from the kernel (ups.status.taskstats), where this process may listen (root)
+    and ``UPS_NO_TASKSTATS`` does not say otherwise; None elsewhere."""
+    from ups.status import taskstats
+
+    return None if os.environ.get("UPS_NO_TASKSTATS") else taskstats.start()
 
 
 def tell(run: RunDir, proof: Observer, notifier: Any) -> None:

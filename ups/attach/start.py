@@ -115,7 +115,8 @@ def start_observer(run: RunDir) -> subprocess.Popen[bytes]:
     """The observer, detached (a session of its own), its output in ``logs/launcher.log``."""
     log = os.fdopen(run.open_log("launcher"), "ab")  # never through a link; handed to the child
     try:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("UPS_") or k in ("UPS_RUNS_DIR", "UPS_HOSTNAME")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("UPS_")
+               or k in ("UPS_RUNS_DIR", "UPS_HOSTNAME", "UPS_NO_TASKSTATS")
                or k.startswith("UPS_NOTIFY_")}  # the notifier's time limit and rate, as a launcher has them
         here = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")

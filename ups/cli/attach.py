@@ -167,7 +167,7 @@ def _say(text: str) -> None:
 def _show(job, *, joined: bool = False) -> None:  # ups.attach.find.Job, imported lazily
     _say(job.describe() + (f"; log {job.log_via or job.log}" if job.log or job.log_pane else
                            "; no log file (stdout and stderr are not files, no reader of a pipe writes one, and no "
-                           "tmux pane here owns its terminal)"))
+                           "tmux pane or screen window here owns its terminal)"))
     if job.orphan:
         typer.echo(f"its torchrun agent is gone: the {len(job.ranks)} rank(s) it left on this host (re-parented to "
                    "init) are watched as one job")
