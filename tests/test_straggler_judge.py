@@ -19,11 +19,12 @@ pytestmark = pytest.mark.notorch  # also run on each other Python, without torch
 
 
 def rank(r: int, *, data=0.001, coll=0.0, bwd=0.004, other=0.001, step=None, host="node0", runq=0.02, mean=None,
-         n=200, workers_runq=None) -> StatusRecord:
+         n=200, workers_runq=None, workers_wait=None) -> StatusRecord:
     step = step if step is not None else data + coll + bwd + other
     now = time.time()
     parts = {"n": n, "window_s": 5.0, "step_mean": mean or step, "runq": runq, "cpu": 0.5,
              **({"workers_runq": workers_runq} if workers_runq is not None else {}),
+             **({"workers_wait": workers_wait} if workers_wait is not None else {}),
              **{k: [v, v * 1.5] for k, v in (("step", step), ("data", data), ("collective", coll), ("backward", bwd),
                                               ("other", other))}}
     return StatusRecord.from_dict({"schema": 1, "run_id": "r", "role": "rank", "name": f"rank-{r}", "pid": 100 + r,
@@ -58,19 +59,35 @@ def test_late_input_from_workers_crowded_off_their_cores_is_host_not_input():
     """CI at 1256887 under -n 6: a healthy run's rank 0 named an input straggler (it waited 5.68 ms
     a step for its DataLoader, the others 1.84 ms), its workers crowded by the suite's other jobs.
     Its workers waiting for a core more than the others' say the box, not its data loading."""
-    _, found = judge([rank(0, data=0.006, step=0.015, workers_runq=0.55), rank(1, bwd=0.009, step=0.015, workers_runq=0.2)])
+    _, found = judge([rank(0, data=0.006, step=0.015, workers_runq=0.55, workers_wait=0.45),
+                      rank(1, bwd=0.009, step=0.015, workers_runq=0.2, workers_wait=0.1)])
     assert found is not None and (found.rank.rank, found.cause) == (0, "host"), found
     assert "workers wait for a CPU core 55%" in found.why and "(the others' 20%)" in found.why, found.why
     assert any("its workers 55% of theirs" in e for e in found.evidence), found.evidence
     # Workers as crowded as the others' (a box busy for everyone): its data loading is what is slower.
-    _, found = judge([rank(0, data=0.006, step=0.015, workers_runq=0.3), rank(1, bwd=0.009, step=0.015, workers_runq=0.25)])
+    _, found = judge([rank(0, data=0.006, step=0.015, workers_runq=0.3, workers_wait=0.2),
+                      rank(1, bwd=0.009, step=0.015, workers_runq=0.25, workers_wait=0.18)])
     assert (found.rank.rank, found.cause) == (0, "input"), found
+
+
+def test_workers_that_sleep_on_a_slow_source_are_input_however_crowded_their_little_runnable_time():
+    """CI at 8967e41: rank 1's DataLoader workers slept 160 ms a sample (a slow disk), the suite's
+    other jobs crowded the box: they waited for a core 66% of the little time they were runnable
+    (the others' 39%), which lost them ~2% of their wall time, a few ms against a 420 ms input gap.
+    Its data loading is slower; the box only adds to it."""
+    _, found = judge([rank(0, data=0.0022, bwd=0.1, step=0.425, workers_runq=0.39, workers_wait=0.012),
+                      rank(1, data=0.42, bwd=0.002, step=0.425, workers_runq=0.66, workers_wait=0.023)])
+    assert found is not None and (found.rank.rank, found.cause) == (1, "input"), found
+    # a record of an older ups (no workers_wait): the share alone never makes it the host
+    _, found = judge([rank(0, data=0.0022, bwd=0.1, step=0.425, workers_runq=0.39),
+                      rank(1, data=0.42, bwd=0.002, step=0.425, workers_runq=0.66)])
+    assert (found.rank.rank, found.cause) == (1, "input"), found
 
 
 def test_the_step_window_reads_how_long_the_stepping_threads_children_wait_for_a_core():
     """Real child processes of a thread, as a rank's DataLoader workers are of its stepping
-    thread: three spinning on one core wait about two thirds of the time they could run. A
-    thread with no child has no workers_runq. (Each in a thread of its own: the test process's
+    thread: three spinning on one core wait about two thirds of the time they could run, and of
+    their wall time (they are always runnable). A thread with no child has no workers_runq. (Each in a thread of its own: the test process's
     main thread has other tests' children.)"""
     import subprocess
     import sys
@@ -82,6 +99,7 @@ def test_the_step_window_reads_how_long_the_stepping_threads_children_wait_for_a
     spin = "import os,time; os.sched_setaffinity(0, {0}); t=time.time()\nwhile time.time()-t < 30: pass"
     parts = deque((time.monotonic(), 0.01, 0.001, 0.0, 0.005) for _ in range(40))
     got: dict = {}
+    waits: dict = {}
 
     def stepping(spinners: int) -> None:
         window, tid = StepWindow(), threading.get_native_id()
@@ -93,8 +111,9 @@ def test_the_step_window_reads_how_long_the_stepping_threads_children_wait_for_a
                 time.sleep(1.0)
                 now = time.monotonic()
                 parts.append((now, 0.01, 0.001, 0.0, 0.005))
-                got[spinners] = window.summary(parts, tid, now=now).get("workers_runq")
-                if not spinners or (got[spinners] or 0) >= 0.4:
+                summary = window.summary(parts, tid, now=now)
+                got[spinners], waits[spinners] = summary.get("workers_runq"), summary.get("workers_wait")
+                if not spinners or ((got[spinners] or 0) >= 0.4 and (waits[spinners] or 0) >= 0.4):
                     return
         finally:
             for k in kids:
@@ -106,7 +125,8 @@ def test_the_step_window_reads_how_long_the_stepping_threads_children_wait_for_a
         t.start()
         t.join()
     assert 0.4 <= got[3] < 0.95, got  # three on one core: each waits ~2/3 of the time it could run
-    assert got[0] is None, got
+    assert 0.4 <= waits[3] < 0.95, waits  # ... and, always runnable, ~2/3 of its wall time
+    assert got[0] is None and waits[0] is None, (got, waits)
 
 
 def test_a_crowded_core_is_named_host_before_the_work_it_slows():

@@ -250,7 +250,7 @@ _KNOWN_METRICS: dict[str, Check] = {
     "step_parts": obj({"n": integer(1, INT_MAX), "window_s": number(0.0, 1e9), "step_mean": optional(number(0.0, 1e9)),
                        **dict.fromkeys(("step", "data", "collective", "backward", "other"), _median_p90),
                        "runq": optional(number(0.0, 1e3)), "cpu": optional(number(0.0, 1e3)),
-                       "workers_runq": optional(number(0.0, 1.0))},
+                       "workers_runq": optional(number(0.0, 1.0)), "workers_wait": optional(number(0.0, 1.0))},
                       required=("n", "step", "data", "collective", "backward", "other")),
     # A launcher's record: what it sees of the processes it watches (ups.launch.proof), by name.
     "observed": dict_of(obj({

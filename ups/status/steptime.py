@@ -78,13 +78,16 @@ class StepWindow:
         out["cpu"] = cpu
         workers = self._workers_runq(now, tid)
         if workers is not None:
-            out["workers_runq"] = workers
+            out["workers_runq"], out["workers_wait"] = workers
         return out
 
-    def _workers_runq(self, now: float, tid: int | None) -> float | None:
+    def _workers_runq(self, now: float, tid: int | None) -> tuple[float, float | None] | None:
         """Of the time the stepping thread's child processes were runnable over the window, the
-        share they waited for a core (None: no child ran in it). A child born since the last
-        read counts from its start; one that ended between two reads, its last interval lost."""
+        share they waited for a core, and the share of wall time each waited (their mean): None
+        when no child ran in it. A worker that sleeps most of the time (waiting on a slow disk)
+        may wait for a core most of the little time it is runnable on a busy box, and still lose
+        little time to it: the second share says how much. A child born since the last read
+        counts from its start; one that ended between two reads, its last interval lost."""
         if tid is None:
             return None
         kids: dict[int, tuple[int, int]] = {}
@@ -99,12 +102,16 @@ class StepWindow:
             wait += max(0, got[1] - before[1])
         self._kids = kids
         samples = self._kid_sched
-        samples.append((now, run, wait))
+        dt = now - samples[-1][0] if samples else 0.0
+        samples.append((now, run, wait, dt * len(kids)))  # child-seconds of wall time since the last read
         while samples and samples[0][0] <= now - WINDOW_S:
             samples.popleft()
-        ran = sum(r for _, r, _ in samples)
-        waited = sum(w for _, _, w in samples)
-        return round(waited / (ran + waited), 4) if ran + waited > 0 else None
+        ran = sum(s[1] for s in samples)
+        waited = sum(s[2] for s in samples)
+        lived = sum(s[3] for s in samples)
+        if ran + waited <= 0:
+            return None
+        return round(waited / (ran + waited), 4), (round(min(1.0, waited / 1e9 / lived), 4) if lived > 0 else None)
 
     def _sched_shares(self, now: float, tid: int | None) -> tuple[float | None, float | None]:
         pid = os.getpid()

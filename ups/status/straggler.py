@@ -59,6 +59,7 @@ class RankTime:
     runq: float | None
     step_mean: float | None = None
     workers_runq: float | None = None  # of their runnable time, the share its DataLoader's workers waited for a core
+    workers_wait: float | None = None  # of wall time, the share each of them waited for a core (their mean)
     wait: float = 0.0
     own: float = 0.0
     score: float = 1.0
@@ -108,7 +109,7 @@ def rank_times(records: Iterable[Any]) -> list[RankTime]:
             continue
         raw.append(RankTime(r.name, r.rank, r.host, parts["n"], parts["step"][0], parts["data"][0],
                             parts["collective"][0], parts["backward"][0], parts["other"][0], parts.get("runq"),
-                            parts.get("step_mean"), parts.get("workers_runq")))
+                            parts.get("step_mean"), parts.get("workers_runq"), parts.get("workers_wait")))
     if not raw:
         return []
     # Backward's own compute is the same on every rank (same model, same batch) and its wall time
@@ -178,7 +179,13 @@ def _cause(slow: RankTime, peers: list[RankTime], ranks: list[RankTime], gap: fl
     data_gap = slow.data - med(t.data for t in peers)
     if data_gap >= EXPLAINS * gap:
         peer_workers = [t.workers_runq for t in peers if t.workers_runq is not None]
-        if slow.workers_runq is not None and peer_workers and slow.workers_runq - med(peer_workers) >= WORKERS_CROWDED:
+        peer_waits = [t.workers_wait for t in peers if t.workers_wait is not None]
+        # Crowded, and the time its workers lost to it explains the late batches: a worker that
+        # sleeps on a slow source waits for a core most of its little runnable time on a busy
+        # box (CI at 8967e41: 66% against 39%, a 420 ms input gap), and loses a few ms to it.
+        lost = (slow.workers_wait - med(peer_waits)) * slow.step if slow.workers_wait is not None and peer_waits else 0.0
+        if slow.workers_runq is not None and peer_workers and slow.workers_runq - med(peer_workers) >= WORKERS_CROWDED \
+                and lost >= HOST_EXPLAINS * data_gap:
             return ("host", f"its DataLoader's workers wait for a CPU core {slow.workers_runq:.0%} of the time they "
                     f"could run (the others' {med(peer_workers):.0%}), so its next batch is late ({_ms(slow.data)} a "
                     f"step, the others {_ms(med(t.data for t in peers))}): another process shares their cores", ())
