@@ -47,7 +47,8 @@ def write_end(run: RunDir, seen: Mapping[str, Any], record: Callable[[Any, float
     seen_end = "every process of the job was seen to end; their exit codes are not visible from outside"
     top_exit = told.get(top[0]) if top is not None else None
     failure = None
-    if reading is not None and reading.failed:
+    failure_read = reading if reading is not None and reading.failed else None
+    if failure_read is not None:
         state = "failed"
         who = f"rank {reading.rank}: " if reading.rank is not None else ""
         summary = f"{who}{reading.summary} (read from the job's log: {reading.line.strip()[:200]})"
@@ -80,7 +81,9 @@ def write_end(run: RunDir, seen: Mapping[str, Any], record: Callable[[Any, float
         # seen (running, now gone): how they ended is not known from outside.
         named = reading is not None and reading.failed and reading.rank is not None and s.proc.rank == reading.rank \
             and s.proc.role == "rank"
-        kernel = told.get(s.proc.pid)
+        # the kernel's word on each process, where it decided the run (a failure the log names
+        # stays the reading: its records as before)
+        kernel = told.get(s.proc.pid) if top_exit is not None and failure_read is None else None
         if s.gone_at is None or s.inproc or not (state == "ended" or named or kernel is not None):
             continue  # (an injected process wrote its own last word)
         rec = record(s, s.gone_at, time.monotonic())
