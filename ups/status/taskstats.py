@@ -208,7 +208,7 @@ def start() -> ExitListener | None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         sock.settimeout(1.0)  # the listener's reads: close() is seen within a second
         return ExitListener(sock)
-    except (OSError, struct.error, ValueError):
+    except (OSError, struct.error, ValueError, AttributeError):  # AttributeError: no AF_NETLINK (not Linux)
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.close()
