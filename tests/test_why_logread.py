@@ -131,6 +131,19 @@ def test_a_symptom_yields_to_its_cause():
     assert read_log(text.splitlines()[0]).name == "peer_lost"
 
 
+def test_the_dataloaders_word_on_a_dead_worker_explains_the_error_it_caught():
+    # CI at 36dc6dd: a worker SIGKILLed while rank 0 rebuilt a tensor it had sent; the refused
+    # connection is printed first, as the chain's cause, then torch's own finding.
+    caught = tb("/venv/torch/multiprocessing/reductions.py:538:rebuild_storage_fd",
+                "/usr/lib/python3.11/multiprocessing/connection.py:646:SocketClient",
+                error="ConnectionRefusedError: [Errno 111] Connection refused")
+    found = tb("/home/u/lit.py:58:main", "/venv/torch/utils/data/dataloader.py:1304:_try_get_data",
+               error="RuntimeError: DataLoader worker (pid(s) 16813, 16814) exited unexpectedly")
+    chain = caught + "\nThe above exception was the direct cause of the following exception:\n\n" + found
+    reading = read_log("".join(f"[rank0]: {line}\n" for line in chain.splitlines()))
+    assert reading.rank == 0 and "DataLoader worker (pid(s) 16813, 16814) exited unexpectedly" in reading.line, reading
+
+
 def test_a_more_specific_reading_of_one_event_wins():
     dup = """torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:275, invalid usage (run with NCCL_DEBUG=WARN for details), NCCL version 2.20.5
 ncclInvalidUsage: This usually reflects invalid usage of NCCL library.

@@ -7,6 +7,7 @@ calling ``init_process_group`` with its rank). It knows nothing of ups.
 
 import argparse
 import os
+import socket
 import time
 
 import torch
@@ -63,7 +64,11 @@ def main() -> None:
     args = p.parse_args()
     ngpus_per_node = 2
     args.world_size = ngpus_per_node
-    port = 20000 + os.getpid() % 20000
+    # a port the kernel says is free now (20000 + pid % 20000 fell in the ephemeral range, and a
+    # client's connection there once made rank 0's store fail with EADDRINUSE)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     args.dist_url = f"tcp://127.0.0.1:{port}"
     mp.spawn(main_worker, nprocs=ngpus_per_node, args=(ngpus_per_node, args))
 

@@ -252,6 +252,9 @@ def decide(events: list[Event], lines: list[Line] | None = None) -> Reading:
             return _class_reading(_first(hits))
     symptoms = [c for c in classed if c.tier == SYMPTOM]
     own = [ev for ev in unclassed if ev.kind == "exception" and not ev.wrapper]
+    # torch's DataLoader found its worker dead: that explains the error it caught while fetching (a
+    # refused connection to the dead worker's tensors, printed first as the chain's cause)
+    own = [ev for ev in own if _WORKER_DIED.search(ev.text)] or own
     if any(c.cls is not None and c.cls.name == "gpu_xid" for c in symptoms):
         # A CUDA error no class knows, and the driver's Xid beside it: the Xid says what the GPU saw.
         own = [ev for ev in own if "CUDA error" not in ev.text]
@@ -289,6 +292,7 @@ def _first_nonfinite_loss(lines: list[Line]) -> Line | None:
 
 
 _RAISED = re.compile(r"\s*[\w.]*(?:Error|Exception)\b")
+_WORKER_DIED = re.compile(r"DataLoader worker \(pids?(?:\(s\))? [\d, ]+\) exited unexpectedly")
 
 
 def _raised_later(events: list[Event], ev: Event) -> bool:
