@@ -27,6 +27,8 @@ TYPE_CHECKING = False  # typing costs ~10 ms to import; annotations here are str
 if TYPE_CHECKING:
     from typing import Any
 
+PHASE_WRITE_WAIT_S = 0.2  # at most, and only while the heartbeat thread is writing
+
 
 class RecordCounters:
     """The record's counters and their hot-path updates (a base of the Reporter)."""
@@ -117,9 +119,12 @@ class RecordCounters:
     def phase(self, name: str, *, flush: bool = True) -> None:
         """Enter a phase (``dist.init``, ``data.open``, ``encode`` ...).
 
-        Written at once by default, so a crash right after the change shows it. Phases that
-        change many times a second (one per sample or per batch) pass ``flush=False``: the
-        heartbeat thread writes them within ``interval``, and the hot path does no I/O.
+        Written at once by default, so a crash right after the change shows it: waiting up to
+        :data:`PHASE_WRITE_WAIT_S` for a heartbeat write under way, whose record, made before the
+        change, would otherwise be the last one (CI: a SIGSEGV right after ``model.build`` left
+        ``data.load`` in the record). Phases that change many times a second (one per sample or
+        per batch) pass ``flush=False``: the heartbeat thread writes them within ``interval``,
+        and the hot path does no I/O.
         """
         mono = time.monotonic()
         self._phase = name
@@ -128,7 +133,7 @@ class RecordCounters:
         # A phase change is progress: the loop moved on.
         self._phase_mono = self._progress_mono = mono
         if flush:
-            self.flush()
+            self.flush(wait=PHASE_WRITE_WAIT_S)
 
     @property
     def current_phase(self) -> str:
