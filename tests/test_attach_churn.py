@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import wait_for
+from helpers import status_now, wait_for, why_now
 from test_attach import PlainJobs, attach, needs_pyspy, ups_json
 
 from ups.attach.progress import FIT_LOOP
@@ -61,6 +61,19 @@ def workers_of(pid: int) -> list[int]:
     return live
 
 
+def ups_run_dir(run_id: str) -> Path:
+    """The run's folder under the test's runs root (``runs_root`` exports it as UPS_RUNS_DIR)."""
+    return Path(os.environ["UPS_RUNS_DIR"]) / run_id
+
+
+def alive(pid: int) -> bool:
+    """The process runs (a zombie, such as a rank the test itself started and has not reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def last_epoch(log: Path) -> int:
     found = EPOCH.findall(log.read_text(errors="replace"))
     return int(found[-1]) if found else -1
@@ -94,19 +107,23 @@ def test_the_tutorial_job_attached_shows_epochs_and_a_rate_no_dead_worker_throug
     # dead at any reading, the verdict healthy with its rate.
     first = last_epoch(log)
     seen_workers, verdicts, readings = set(), [], 0
-    while last_epoch(log) < first + 20:
+    run = runs_root / run_id
+    while True:
+        real = last_epoch(log) >= first + 20  # the last reading: by the real commands
         jobs.remember()
-        st = ups_json("status", run_id)
+        st = ups_json("status", run_id) if real else status_now(run)
         readings += 1
         for p in st["processes"]:
             assert p["health"] != "dead", json.dumps(p)
             if p["role"] == "worker":
                 seen_workers.add(p["pid"])
-        if readings % 3 == 0:
-            v = ups_json("why", run_id)["verdict"]
+        if real or readings % 3 == 0:
+            v = ups_json("why", run_id)["verdict"] if real else why_now(run)
             verdicts.append(v["mode"])
             assert v["mode"] == "healthy" and "steps/s" in v["headline"], v
         assert agent.poll() is None
+        if real:
+            break
         time.sleep(0.5)
     assert len(seen_workers) > 4 and verdicts, (seen_workers, verdicts)
     events = [json.loads(line) for line in (runs_root / run_id / "events.jsonl").read_text().splitlines()]
@@ -117,49 +134,63 @@ def test_the_tutorial_job_attached_shows_epochs_and_a_rate_no_dead_worker_throug
     a_killed_worker_is_named(runs_root, run_id, log, rank0=json.loads((runs_root / run_id / "status" / "rank-0.json").read_text())["pid"])
 
 def a_killed_worker_is_named(runs_root: Path, run_id: str, log: Path, rank0: int, ranks: frozenset = frozenset()) -> None:
-    """Rank 0's workers SIGKILLed mid-epoch (what the OOM killer does): torch raises in rank 0, the
-    job ends failed, and the worker is named. The workers are taken from /proc, not from ups's
-    record, which a busy box leaves a generation behind the churn; killing both of the moment's
-    pair hits the epoch's loader unless it was between two generations, then the next pair is
-    tried. ``ranks``: rank 0's children that are ranks, not workers (Lightning's rank 1)."""
-    victims, text = set(), None
+    """Rank 0's workers SIGKILLed mid-epoch (what the OOM killer does: a worker that has been
+    running, so ups has seen it): the job ends failed, and a killed worker is named, by torch
+    ("DataLoader worker (pid 123) is killed by signal", or "... exited unexpectedly") or by ups
+    (its end, heard from the kernel). torch does not always say it: when the loader's wait caught
+    another error first and the worker is not reaped yet, it re-raises that error as is. The
+    victims are the workers of rank 0 that ``ups status`` lists and that are rank 0's children in
+    /proc at the kill; a pair its loader was done with (between two epochs) ends no rank, and the
+    next listed pair is tried. ``ranks``: rank 0's children that are ranks (Lightning's rank 1)."""
+    run = runs_root / run_id
+    victims: set[int] = set()
+
+    def listed_live_workers():
+        listed = {p["pid"] for p in status_now(run)["processes"] if p["role"] == "worker" and p["rank"] == 0}
+        return [w for w in workers_of(rank0) if w in listed and w not in ranks] or None
+
+    def named(gone_only: bool = False) -> str | None:
+        for e in events_of(run):
+            if e["event"] == "process.gone" and e.get("pid") in victims and any(
+                    w in e.get("detail", "") for w in ("killed by signal: Killed", "exited unexpectedly", "killed by SIGKILL")):
+                return json.dumps(e)
+        return None if gone_only else said_of(victims, log.read_text(errors="replace"))
+
     deadline = time.monotonic() + 90
-    while text is None and time.monotonic() < deadline:
-        pair = wait_for(lambda: [w for w in workers_of(rank0) if w not in ranks] or None, 30, interval=0.02,
-                        message="live workers of rank 0")
+    while alive(rank0) and time.monotonic() < deadline:
+        try:
+            pair = wait_for(listed_live_workers, 30, interval=0.05, message="rank 0's workers, listed by ups and live")
+        except AssertionError as exc:
+            if not alive(rank0):
+                break
+            seen = [(p["name"], p["pid"], p["health"]) for p in status_now(run)["processes"]]
+            raise AssertionError(f"{exc}: ups lists {seen}; rank 0's children {workers_of(rank0)}") from None
         for pid in pair:
             with contextlib.suppress(ProcessLookupError):  # ended in the churn since it was listed
                 os.kill(pid, signal.SIGKILL)
         victims |= set(pair)
-        # torch's word, or rank 0's end (a busy box may take seconds to print it: then wait for it)
-        try:
-            said = wait_for(lambda v=frozenset(victims): said_of(v, log.read_text(errors="replace")) or
-                            (None if os.path.exists(f"/proc/{rank0}/task") else "gone"), 15, interval=0.2,
-                            message="torch's word or rank 0's end")
-        except AssertionError:
-            continue  # its DataLoader was done with them: the next pair
-        if said == "gone":
-            try:
-                text = wait_for(lambda v=frozenset(victims): said_of(v, log.read_text(errors="replace")), 60, interval=0.5,
-                                message="torch's word in the log after rank 0 ended")
-            except AssertionError as exc:
-                tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
-                raise AssertionError(f"{exc}; killed {sorted(victims)}; the log ends:\n{tail}") from None
-        else:
-            text = said
-    assert text, "torch never said a worker died"
-    victim = next(v for v in victims if str(v) in text)
+        with contextlib.suppress(AssertionError):  # rank 0 lives on: its loader was done with them
+            wait_for(lambda: not alive(rank0), 15, interval=0.2, message="rank 0's end")
+    assert victims and not alive(rank0), f"rank 0 lives on after {sorted(victims)} were killed"
 
     def ended():
-        m = json.loads((runs_root / run_id / "run.json").read_text())
+        m = json.loads((run / "run.json").read_text())
         return m if m["state"] not in ("launching", "running") else None
     m = wait_for(ended, 90, interval=0.5, message="the run's end")
-    events = [json.loads(line) for line in (runs_root / run_id / "events.jsonl").read_text().splitlines()]
-    gone = [e for e in events if e["event"] == "process.gone" and e.get("pid") == victim]
-    said = json.dumps(m) + json.dumps(gone) + json.dumps(ups_json("why", run_id)["verdict"])
-    assert text in said or (gone and any(w in gone[0]["detail"] for w in ("killed by signal: Killed", "exited unexpectedly",
-                                                                       "killed by SIGKILL"))), said
     assert m["state"] == "failed", m
+    try:
+        said = wait_for(named, 30, interval=0.5, message="a killed worker named, by torch's log or by ups")
+    except AssertionError as exc:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+        raise AssertionError(f"{exc}; killed {sorted(victims)}; events {events_of(run)}; the log ends:\n{tail}") from None
+    # what a user reads: the run's record, its events or its verdict name the worker
+    victim = next(v for v in victims if str(v) in said)
+    shown = json.dumps(m) + json.dumps(events_of(run)) + json.dumps(ups_json("why", run_id)["verdict"])
+    assert str(victim) in shown and (named(gone_only=True) or said in shown), shown
+
+
+def events_of(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines() if line.strip()]
 
 
 FRAMEWORKS = Path(__file__).parent / "programs" / "frameworks"
@@ -167,40 +198,58 @@ FRAMEWORKS = Path(__file__).parent / "programs" / "frameworks"
 
 def healthy_with_progress(run_id: str, source: str, seconds: float) -> dict:
     """Progress with a rate from ``source`` within 15 s of the attach, then ``seconds`` of
-    readings: no process dead, the verdict healthy with its rate."""
+    readings: no process dead, the verdict healthy with its rate. Readings twice a second by the
+    code `ups status`/`ups why` run (a subprocess a reading kept a core busy, taken from the job),
+    the last one by the real commands."""
+    run = ups_run_dir(run_id)
+
     def counting():
-        st = ups_json("status", run_id)
+        st = status_now(run)
         p = st["progress"]
         return st if p["step"] > 0 and p["rate"] and p["unit"] == "steps" else None
     st = wait_for(counting, 15, interval=0.5, message="progress and a rate within 15 s of the attach")
     assert {p["metrics"].get("progress_from") for p in st["processes"] if p["role"] == "rank"} == {source}, st["processes"]
     deadline, modes = time.monotonic() + seconds, []
     while time.monotonic() < deadline or len(modes) < 3:  # at least 3 readings, however slow a busy box makes each
-        for p in ups_json("status", run_id)["processes"]:
+        last = time.monotonic() >= deadline and len(modes) == 2
+        processes = (ups_json("status", run_id) if last else status_now(run))["processes"]
+        for p in processes:
             assert p["health"] != "dead", json.dumps(p)
-        v = ups_json("why", run_id)["verdict"]
+        v = ups_json("why", run_id)["verdict"] if last else why_now(run)
         modes.append(v["mode"])
         assert v["mode"] == "healthy" and "steps/s" in v["headline"], v
+        if not last:
+            time.sleep(0.5)
     return st
 
 
 def healthy_through_20_epochs(run_id: str, jobs: PlainJobs, rank0: int, ranks: frozenset, rate_unit: str) -> None:
     """20 epochs of churn, counted from /proc (each epoch, rank 0 gets a new pair of DataLoader
-    workers; ``ranks``: its children that are ranks): no process dead at any reading, the
-    verdict healthy with its rate."""
+    workers; ``ranks``: its children that are ranks): no process dead at any reading (twice a
+    second), the verdict healthy with its rate (every third); the readings by the code the
+    commands run, the last one by the real `ups status` and `ups why`."""
+    run = ups_run_dir(run_id)
     generations, readings, verdicts = set(), 0, []
-    while len(generations - ranks) < 2 * 20:
-        generations |= set(workers_of(rank0))
+
+    def reading(real: bool) -> None:
+        nonlocal readings
         jobs.remember()
-        for p in ups_json("status", run_id)["processes"]:
+        for p in (ups_json("status", run_id) if real else status_now(run))["processes"]:
             assert p["health"] != "dead", json.dumps(p)
         readings += 1
-        if readings % 3 == 0:
-            v = ups_json("why", run_id)["verdict"]
+        if real or readings % 3 == 0:
+            v = ups_json("why", run_id)["verdict"] if real else why_now(run)
             verdicts.append(v["mode"])
             assert v["mode"] == "healthy" and re.search(rate_unit, v["headline"]), v
         assert os.path.exists(f"/proc/{rank0}/task"), "rank 0 ended"
-        generations |= set(workers_of(rank0))
+
+    while len(generations - ranks) < 2 * 20:
+        reading(real=False)
+        until = time.monotonic() + 0.5
+        while time.monotonic() < until:  # /proc is cheap to read: every generation is seen
+            generations |= set(workers_of(rank0))
+            time.sleep(0.05)
+    reading(real=True)
     assert verdicts, readings
 
 

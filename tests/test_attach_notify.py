@@ -55,7 +55,9 @@ def test_an_attached_job_that_crashes_sends_one_end_message_with_the_cause(runs_
     assert "rank 1" in end["summary"] and "ValueError" in end["summary"], end["summary"]
     assert end["verdict"]["who"]["rank"] == 1 and "ValueError" in end["verdict"]["headline"]
     assert [m["event"] for m in messages(out)] == ["end"]  # one message: the crash is the end, told once
-    sent = [e for e in events(runs_root, run_id) if e["event"] == "notify.sent"]
+    # the notifier logs its sending once the command has returned, a moment after the message is in the file
+    sent = wait_for(lambda: [e for e in events(runs_root, run_id) if e["event"] == "notify.sent"], 30, interval=0.2,
+                    message="the notify.sent event")
     assert len(sent) == 1 and sent[0]["actor"] == "attach" and sent[0]["target"] == "cmd:…"
     assert not [e for e in events(runs_root, run_id) if e["event"] == "signal"]
 
