@@ -58,6 +58,7 @@ def torchrun_log(tmp_path_factory) -> Path:
                     str(program)], tmp / "torchrun.log", tmp)
 
 
+@pytest.mark.xdist_group("why-log-torchrun")  # one worker, one job for both: the fixture is per test process
 def test_torchrun_log_names_the_refused_allocation_on_rank_1(torchrun_log: Path):
     text = torchrun_log.read_text()
     # What makes the log hard to read: the peer's error or torchrun's SIGTERM to it (whichever
@@ -75,6 +76,7 @@ def test_torchrun_log_names_the_refused_allocation_on_rank_1(torchrun_log: Path)
     assert "fix: " in res.stdout and "DefaultCPUAllocator" in res.stdout
 
 
+@pytest.mark.xdist_group("why-log-torchrun")
 def test_torchrun_log_read_from_stdin_is_the_same_verdict(torchrun_log: Path):
     with open(torchrun_log, "rb") as fh:
         res = subprocess.run([sys.executable, "-m", "ups", "why", "--log", "-", "--json"], stdin=fh, capture_output=True,
