@@ -203,6 +203,8 @@ def test_ranks_whose_agent_dies_while_attached_stay_watched_and_killable(runs_ro
         wait_for(lambda: "attach.orphaned" in events.read_text(), 30, interval=0.3, message="the orphaned ranks noted")
         roots = json.loads((run / "run.json").read_text())["job"]["roots"]
         assert {r["pid"] for r in roots} >= set(ranks.values()) and all(r["sid"] == r["pid"] for r in roots[1:])
+        # in the same look, the agent's end is logged after the orphans, once its exit status is heard
+        wait_for(lambda: '"process.gone"' in events.read_text(), 30, interval=0.3, message="the agent's end logged")
         gone = [json.loads(line)["name"] for line in events.read_text().splitlines()
                 if json.loads(line)["event"] == "process.gone"]
         assert gone == ["agent"], gone  # the ranks are not taken for gone
