@@ -1,0 +1,161 @@
+"""Where the test suite's CPU goes: each test's share of the box's CPU-seconds, its jobs included.
+
+    python scripts/bench_suite_cpu.py [--out FILE] [-- PYTEST ARGS...]
+
+runs ``python -m pytest`` with the given arguments (default: the README's ``-q -n 4 --dist
+loadgroup``) and samples /proc every 0.2 s meanwhile. A process belongs to the test named in its
+environment's ``PYTEST_CURRENT_TEST`` (pytest sets it while a test runs, and every process the
+test starts inherits it), else to its parent's test (a job whose launcher cleaned its
+environment); a pytest worker's own CPU goes to the test it runs at that moment (a plugin loaded
+into pytest writes it down). Processes that were running before the start are not counted.
+
+CPU is each process's utime + stime at its last sample: a process's last < 0.2 s, and one that
+lives less than that, are missed (``box_busy_cpu_s``, from /proc/stat, is the whole box's).
+Prints one JSON line: the wall time, the box's busy CPU-seconds, what was attributed, the files
+and tests that cost most; ``--out`` writes every test's figure as JSON.
+
+The suite is CPU-bound on a 2-core box (docs/testing.md, "Running the suite"): this is the
+measure of what a change to it saves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TICK = os.sysconf("SC_CLK_TCK")
+PLUGIN = '''import os
+_DIR = os.environ["UPS_SUITE_CPU_DIR"]
+def pytest_runtest_logstart(nodeid, location):
+    with open(os.path.join(_DIR, f"cur.{os.getpid()}"), "w") as f:
+        f.write(nodeid)
+def pytest_runtest_logfinish(nodeid, location):
+    with open(os.path.join(_DIR, f"cur.{os.getpid()}"), "w") as f:
+        f.write("")
+'''
+
+
+def busy_ticks() -> int:
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return v[0] + v[1] + v[2] + v[5] + v[6]  # user nice system irq softirq
+
+
+def proc_stat(pid: str) -> tuple[int, int, int] | None:
+    """(ppid, utime + stime in ticks, start time) of a process, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            s = f.read()
+    except OSError:
+        return None
+    fields = s[s.rindex(")") + 2:].split()
+    return int(fields[1]), int(fields[11]) + int(fields[12]), int(fields[19])
+
+
+def test_in_environ(pid: str) -> str | None:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read()
+    except OSError:
+        return None
+    for item in env.split(b"\0"):
+        if item.startswith(b"PYTEST_CURRENT_TEST="):
+            return item.split(b"=", 1)[1].decode(errors="replace").rsplit(" (", 1)[0]
+    return None
+
+
+class Sampler(threading.Thread):
+    def __init__(self, cur_dir: str) -> None:
+        super().__init__(daemon=True)
+        self.cur_dir, self.stop = cur_dir, threading.Event()
+        self.seen: dict[tuple[int, int], list] = {}  # (pid, start) -> [test or None, CPU counted so far]
+        self.by_pid: dict[int, tuple[int, int]] = {}
+        self.cpu: collections.Counter = collections.Counter()
+        self.look(baseline=True)
+
+    def running_tests(self) -> dict[int, str]:
+        """The pytest processes' tests of the moment, by pid (what the plugin wrote down)."""
+        now = {}
+        for name in os.listdir(self.cur_dir):
+            if name.startswith("cur."):
+                try:
+                    with open(os.path.join(self.cur_dir, name)) as f:
+                        now[int(name[4:])] = f.read().strip() or "(pytest worker between tests)"
+                except (OSError, ValueError):
+                    continue
+        return now
+
+    def look(self, baseline: bool = False) -> None:
+        workers = self.running_tests()
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            st = proc_stat(pid)
+            if st is None:
+                continue
+            ppid, cpu, start = st
+            key = (int(pid), start)
+            entry = self.seen.get(key)
+            if entry is None:
+                if baseline:
+                    entry = self.seen[key] = ["(running before)", cpu]
+                else:
+                    test = test_in_environ(pid) or workers.get(ppid)
+                    if test is None and ppid in self.by_pid:
+                        test = self.seen[self.by_pid[ppid]][0]
+                    entry = self.seen[key] = [test or "(unattributed)", 0]
+                self.by_pid[int(pid)] = key
+            delta, entry[1] = cpu - entry[1], cpu
+            owner = workers.get(int(pid)) or entry[0]
+            if delta > 0 and owner != "(running before)":
+                self.cpu[owner] += delta
+
+    def run(self) -> None:
+        while not self.stop.wait(0.2):
+            self.look()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", help="write every test's CPU-seconds here (JSON)")
+    ap.add_argument("pytest_args", nargs="*", default=["-q", "-n", "4", "--dist", "loadgroup"])
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="suite-cpu-") as tmp:
+        Path(tmp, "ups_suite_cpu_plugin.py").write_text(PLUGIN)
+        env = {**os.environ, "UPS_SUITE_CPU_DIR": tmp,
+               "PYTHONPATH": os.pathsep.join(filter(None, [tmp, os.environ.get("PYTHONPATH")]))}
+        sampler = Sampler(tmp)
+        b0, t0 = busy_ticks(), time.monotonic()
+        sampler.start()
+        rc = subprocess.call([sys.executable, "-m", "pytest", "-p", "ups_suite_cpu_plugin", *args.pytest_args],
+                             cwd=REPO, env=env, stdout=sys.stderr)
+        sampler.stop.set()
+        sampler.join()
+        wall, busy = time.monotonic() - t0, (busy_ticks() - b0) / TICK
+    tests = {k: v / TICK for k, v in sampler.cpu.items()}
+    files: collections.Counter = collections.Counter()
+    for name, cpu in tests.items():
+        files[name.split("::")[0]] += cpu
+    if args.out:
+        Path(args.out).write_text(json.dumps(dict(sorted(tests.items(), key=lambda kv: -kv[1])), indent=1))
+    print(json.dumps({
+        "pytest_rc": rc, "wall_s": round(wall, 1), "box_busy_cpu_s": round(busy, 1),
+        "box_busy_cores": round(busy / wall, 2) if wall else None,
+        "attributed_cpu_s": round(sum(tests.values()), 1),
+        "files": {f: round(c, 1) for f, c in files.most_common(15)},
+        "tests": {t: round(c, 1) for t, c in sorted(tests.items(), key=lambda kv: -kv[1])[:10]},
+    }))
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
