@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from helpers import run_ups
 
+from ups.why.loaderwords import EXITED, named_workers, worker_deaths
 from ups.why.logread import BY_NAME, CLASSES, read_log
 
 pytestmark = pytest.mark.notorch  # also run on each other Python, without torch (tests/test_pythons.py)
@@ -142,6 +143,15 @@ def test_the_dataloaders_word_on_a_dead_worker_explains_the_error_it_caught():
     chain = caught + "\nThe above exception was the direct cause of the following exception:\n\n" + found
     reading = read_log("".join(f"[rank0]: {line}\n" for line in chain.splitlines()))
     assert reading.rank == 0 and "DataLoader worker (pid(s) 16813, 16814) exited unexpectedly" in reading.line, reading
+
+
+def test_torchs_two_sentences_on_a_dead_dataloader_worker_are_read_in_one_place():
+    # torch 2.x's SIGCHLD handler and its loader's own finding, as a rank prints them under torchrun
+    text = ("[rank0]: RuntimeError: DataLoader worker (pid 30919) is killed by signal: Killed.\n"
+            "[rank1]: RuntimeError: DataLoader worker (pid(s) 16813, 16814) exited unexpectedly\n")
+    assert worker_deaths(text) == [([30919], "killed by signal: Killed"), ([16813, 16814], EXITED)]
+    assert named_workers(text) == {30919} and named_workers("no worker here") == set()
+    assert worker_deaths("DataLoader worker process 0 raised") == []
 
 
 def test_a_more_specific_reading_of_one_event_wins():

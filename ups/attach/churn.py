@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import re
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from ups.attach.ending import ACTOR
+from ups.why.loaderwords import worker_deaths
 
-LOADER_DEATH = re.compile(r"DataLoader worker \(pid\(?s?\)? ?([\d, ]+)\)\s*(?:is killed by signal: ([^.\n]+)|exited unexpectedly)")
 SHUTDOWN_SIGNALS = (15, 2)  # SIGTERM (a DataLoader's own shutdown of a worker it waited on), SIGINT (Ctrl-C)
 LOG_WORD_S = 6.0  # how long a normal-looking end waits for the log's word of a death
 TOLD_KEPT = 256
@@ -34,12 +33,9 @@ class WorkerEnds:
         self.told: OrderedDict[int, str] = OrderedDict()
 
     def feed(self, line: str) -> None:
-        if "DataLoader worker" not in line:
-            return
-        for m in LOADER_DEATH.finditer(line):
-            how = f"killed by signal: {m.group(2).strip()}" if m.group(2) else "exited unexpectedly"
-            for pid in re.findall(r"\d+", m.group(1)):
-                self.told[int(pid)] = how
+        for pids, how in worker_deaths(line):
+            for pid in pids:
+                self.told[pid] = how
                 while len(self.told) > TOLD_KEPT:
                     self.told.popitem(last=False)
 

@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
+from ups.why.loaderwords import EXITED, worker_deaths
 from ups.why.logread.classes import (
     BY_NAME,
     CAUSE,
@@ -254,7 +255,7 @@ def decide(events: list[Event], lines: list[Line] | None = None) -> Reading:
     own = [ev for ev in unclassed if ev.kind == "exception" and not ev.wrapper]
     # torch's DataLoader found its worker dead: that explains the error it caught while fetching (a
     # refused connection to the dead worker's tensors, printed first as the chain's cause)
-    own = [ev for ev in own if _WORKER_DIED.search(ev.text)] or own
+    own = [ev for ev in own if any(how == EXITED for _, how in worker_deaths(ev.text))] or own
     if any(c.cls is not None and c.cls.name == "gpu_xid" for c in symptoms):
         # A CUDA error no class knows, and the driver's Xid beside it: the Xid says what the GPU saw.
         own = [ev for ev in own if "CUDA error" not in ev.text]
@@ -292,7 +293,6 @@ def _first_nonfinite_loss(lines: list[Line]) -> Line | None:
 
 
 _RAISED = re.compile(r"\s*[\w.]*(?:Error|Exception)\b")
-_WORKER_DIED = re.compile(r"DataLoader worker \(pids?(?:\(s\))? [\d, ]+\) exited unexpectedly")
 
 
 def _raised_later(events: list[Event], ev: Event) -> bool:

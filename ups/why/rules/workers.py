@@ -12,6 +12,7 @@ from ups.status.health import Health
 from ups.status.record import StatusRecord
 from ups.why import stacks
 from ups.why.evidence import Evidence
+from ups.why.loaderwords import EXITED, named_workers, worker_deaths
 from ups.why.rules.common import (
     ended_at,
     first_line,
@@ -34,7 +35,6 @@ CUDA_IN_WORKER = re.compile(r"Cannot re-initialize CUDA in forked subprocess|Tor
 DATALOADER_RESOURCES = re.compile(
     r"Too many open files|EMFILE|received 0 items of ancdata|shared memory|/dev/shm|Bus error|"
     r"unable to (open|mmap|write to) .*shm|No space left on device.*shm", re.I)
-DATALOADER_WORKER = re.compile(r"DataLoader worker \(pid\(?s?\)? ?([\d, ]+)\)")
 IO_FRAMES = ("h5py", "netCDF4", "zarr", "io.py", "/fsspec/", "pyarrow")
 
 
@@ -79,8 +79,7 @@ def dataloader_worker_failure(ev: Evidence, rank: StatusRecord, error: str) -> V
         return None
     workers = [p for p in ev.processes("worker") if p.record.rank == rank.rank]
     bad = [p for p in workers if p.verdict.health in (Health.DEAD, Health.FAILED)]
-    m = DATALOADER_WORKER.search(error)
-    pids = {int(x) for x in re.findall(r"\d+", m.group(1))} if m else set()
+    pids = named_workers(error)
     named = [p for p in workers if p.record.pid in pids] or bad
     worker = named[0].record if named else None
     if DATALOADER_RESOURCES.search(error):
@@ -88,8 +87,9 @@ def dataloader_worker_failure(ev: Evidence, rank: StatusRecord, error: str) -> V
     if worker is None:
         return None
     fatal = ev.stack(worker, "fatal")
-    signal = re.search(r"killed by signal: ([\w ]+)", error)
-    what = f"killed by {signal.group(1).strip()}" if signal else "exited unexpectedly"
+    how = next((how for _, how in worker_deaths(error)), EXITED)
+    signal = how != EXITED
+    what = how.replace("killed by signal: ", "killed by ") if signal else EXITED
     return Verdict("crashed_by_signal" if signal else "failed",
                    f"{worker.label} {what} while fetching {worker.item or 'a batch'}; {rank.label} failed with it",
                    who=who_of(worker), where=where_of(ev, worker, fatal), since=ended_at(ev, worker),
