@@ -14,6 +14,9 @@ lives less than that, are missed (``box_busy_cpu_s``, from /proc/stat, is the wh
 Prints one JSON line: the wall time, the box's busy CPU-seconds, what was attributed, the files
 and tests that cost most; ``--out`` writes every test's figure as JSON.
 
+Each process is also named by kind ("ups status", "torchrun agent", a script's name), summed over
+the run and per test in `--out`.
+
 The suite is CPU-bound on a 2-core box (docs/testing.md, "Running the suite"): this is the
 measure of what a change to it saves.
 """
@@ -61,6 +64,34 @@ def proc_stat(pid: str) -> tuple[int, int, int] | None:
     return int(fields[1]), int(fields[11]) + int(fields[12]), int(fields[19])
 
 
+def kind_of(pid: str) -> str:
+    """What a process is, in a word or two: "ups status", "torchrun agent", a script's name."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return "?"
+    if not argv:
+        return "?"
+    names = [os.path.basename(a) for a in argv]
+    if "ups" in argv and argv[argv.index("ups") - 1] == "-m" or names[0] == "ups":
+        i = argv.index("ups") + 1 if "ups" in argv else 1
+        sub = next((a for a in argv[i:] if not a.startswith("-")), "")
+        return f"ups {sub}".strip()
+    if "torch.distributed.run" in argv or "torchrun" in names[:2]:
+        return "torchrun agent"
+    if "pytest" in argv or "xdist" in " ".join(argv[:3]):
+        return "pytest"
+    if names[0].startswith("python"):
+        rest = [a for a in argv[1:] if not a.startswith("-")]
+        if "-m" in argv:
+            return "python -m " + argv[argv.index("-m") + 1]
+        if "-c" in argv:
+            return "python -c"
+        return os.path.basename(rest[0]) if rest else "python"
+    return names[0]
+
+
 def test_in_environ(pid: str) -> str | None:
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
@@ -80,6 +111,7 @@ class Sampler(threading.Thread):
         self.seen: dict[tuple[int, int], list] = {}  # (pid, start) -> [test or None, CPU counted so far]
         self.by_pid: dict[int, tuple[int, int]] = {}
         self.cpu: collections.Counter = collections.Counter()
+        self.kinds: collections.Counter = collections.Counter()  # (test, kind) -> ticks
         self.look(baseline=True)
 
     def running_tests(self) -> dict[int, str]:
@@ -107,17 +139,18 @@ class Sampler(threading.Thread):
             entry = self.seen.get(key)
             if entry is None:
                 if baseline:
-                    entry = self.seen[key] = ["(running before)", cpu]
+                    entry = self.seen[key] = ["(running before)", cpu, "?"]
                 else:
                     test = test_in_environ(pid) or workers.get(ppid)
                     if test is None and ppid in self.by_pid:
                         test = self.seen[self.by_pid[ppid]][0]
-                    entry = self.seen[key] = [test or "(unattributed)", 0]
+                    entry = self.seen[key] = [test or "(unattributed)", 0, kind_of(pid)]
                 self.by_pid[int(pid)] = key
             delta, entry[1] = cpu - entry[1], cpu
             owner = workers.get(int(pid)) or entry[0]
             if delta > 0 and owner != "(running before)":
                 self.cpu[owner] += delta
+                self.kinds[owner, "pytest" if int(pid) in workers else entry[2]] += delta
 
     def run(self) -> None:
         while not self.stop.wait(0.2):
@@ -145,14 +178,22 @@ def main() -> int:
     files: collections.Counter = collections.Counter()
     for name, cpu in tests.items():
         files[name.split("::")[0]] += cpu
+    kinds: collections.Counter = collections.Counter()
+    by_test: dict[str, dict[str, float]] = collections.defaultdict(dict)
+    for (test, kind), ticks in sampler.kinds.items():
+        kinds[kind] += ticks / TICK
+        by_test[test][kind] = round(ticks / TICK, 2)
     if args.out:
-        Path(args.out).write_text(json.dumps(dict(sorted(tests.items(), key=lambda kv: -kv[1])), indent=1))
+        Path(args.out).write_text(json.dumps(
+            {t: {"cpu_s": round(c, 2), "by_kind": dict(sorted(by_test[t].items(), key=lambda kv: -kv[1]))}
+             for t, c in sorted(tests.items(), key=lambda kv: -kv[1])}, indent=1))
     print(json.dumps({
         "pytest_rc": rc, "wall_s": round(wall, 1), "box_busy_cpu_s": round(busy, 1),
         "box_busy_cores": round(busy / wall, 2) if wall else None,
         "attributed_cpu_s": round(sum(tests.values()), 1),
         "files": {f: round(c, 1) for f, c in files.most_common(15)},
         "tests": {t: round(c, 1) for t, c in sorted(tests.items(), key=lambda kv: -kv[1])[:10]},
+        "kinds": {k: round(c, 1) for k, c in kinds.most_common(15)},
     }))
     return rc
 

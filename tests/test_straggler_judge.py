@@ -124,8 +124,11 @@ def test_the_step_window_reads_how_long_the_stepping_threads_children_wait_for_a
         t = threading.Thread(target=stepping, args=(n,))
         t.start()
         t.join()
-    assert 0.4 <= got[3] < 0.95, got  # three on one core: each waits ~2/3 of the time it could run
-    assert 0.4 <= waits[3] < 0.95, waits  # ... and, always runnable, ~2/3 of its wall time
+    # Three on one core: each waits ~2/3 of the time it could run, and, always runnable, ~2/3 of its
+    # wall time; more when the rest of a busy box crowds core 0 too (0.99 seen under a full suite).
+    # Both are fractions: over 1 (a slip of units or of the interval) is the bug this catches.
+    assert 0.4 <= got[3] <= 1.02, got
+    assert 0.4 <= waits[3] <= 1.02, waits
     assert got[0] is None and waits[0] is None, (got, waits)
 
 

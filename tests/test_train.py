@@ -9,7 +9,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from helpers import run_ups, status_now, wait_for, write_raw_pdebench
+from helpers import run_ups, status_now, wait_for, why_now, write_raw_pdebench
 
 from ups.data.synth import synthesize
 from ups.faults import Faults
@@ -120,7 +120,10 @@ def test_oom_on_rank1_skips_the_step_on_both_ranks_and_finishes(cache_dir, quick
 
 
 @pytest.mark.slow
-def test_hang_on_rank1_shows_both_stalled_stacks_and_kill_ends_the_run(cache_dir, quick, runs_root):
+def test_hang_on_rank1_shows_both_stalled_stacks_why_names_it_and_kill_ends_the_run(cache_dir, quick, runs_root):
+    """Rank 1 hangs in Python at step 4, rank 0 waits for it in the step's all_reduce. With no flag:
+    both ranks turn stalled, the launcher dumps both stacks on its own, `ups why` names rank 1 and
+    its frame, `ups stacks --group` folds them, and `ups kill` ends the run with nothing left."""
     res, run = launch(cache_dir, quick, "--inject", "hang:rank=1,step=4", "--detach", "--json")
     assert res.returncode == 0, res.stderr
 
@@ -131,6 +134,24 @@ def test_hang_on_rank1_shows_both_stalled_stacks_and_kill_ends_the_run(cache_dir
 
     data = wait_for(both_stalled, 90, interval=0.5, message="both ranks stalled")
     assert all("no progress for" in p["reason"] for p in data["processes"] if p["role"] == "rank")
+
+    def named():  # the process and its frame (the frame once the launcher's automatic dump is in)
+        v = why_now(run)
+        return v["mode"] == "rank_stuck_peers_wait" and (v["where"] or {}).get("function") and v
+
+    v = wait_for(named, 90, interval=0.5, message="the verdict naming rank 1 and its frame")
+    assert v["who"]["rank"] == 1 and v["where"]["function"] == "hang_in_python" and v["where"]["site"].startswith("train.py:")
+    assert "rank 0 waits for it in all_reduce" in v["headline"] and not v["ok"]
+
+    def dumped():  # both ranks' automatic dumps (the verdict may come from the first one in)
+        auto = [e for e in run.read_events() if e["event"] == "stacks.auto"]
+        return {e["target"] for e in auto} >= {"rank-0", "rank-1"} and auto
+
+    auto = wait_for(dumped, 15, message="the automatic dumps of both ranks")
+    assert all(e["result"].startswith("dumped") for e in auto)
+    lines = run_ups("stacks", str(run.path), "--group").stdout.strip().splitlines()
+    assert any(ln.startswith("rank 0: all_reduce at train.py:") for ln in lines), lines
+    assert any(ln.startswith("rank 1: hang_in_python at train.py:") for ln in lines), lines
     stacks = run_ups("stacks", run.run_id, "--rank", "1").stdout
     assert "hang_in_python" in stacks
     stacks0 = run_ups("stacks", run.run_id, "--rank", "0").stdout

@@ -12,7 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import run_ups, wait_for, why_now
+from helpers import run_ups, wait_for
 
 from ups.runs.rundir import RunDir
 from ups.why import stacks
@@ -59,52 +59,6 @@ def test_fold_labels_reads_like_a_training_team_writes_it():
     assert stacks.fold_labels(["rank 0", "rank 2", "rank 3", "rank 4", "rank 7"]) == "ranks 0, 2-4, 7"
     assert stacks.fold_labels(["rank 1"]) == "rank 1"
     assert stacks.fold_labels(["rank 0", "rank 1", "rank 0 / worker 1"]) == "ranks 0, 1, rank 0 / worker 1"
-
-
-@pytest.mark.slow
-def test_stacks_group_folds_ranks_and_why_names_the_one_the_others_wait_for(runs_root, tmp_path):
-    """Our own train job, rank 1 hanging in Python: rank 0 waits in the step's all_reduce.
-    No flag: the launcher dumps both ranks' stacks when they turn stalled."""
-    from test_train import QUICK
-
-    cache = _cache(tmp_path)
-    config = tmp_path / "quick.yaml"
-    config.write_text(QUICK)
-    res = run_ups("launch", "train", "--cache-dir", str(cache), "--tasks", "burgers1d", "--config", str(config),
-                  "--nproc", "2", "--inject", "hang:rank=1,step=4", "--detach", "--json", env=FAST)
-    run = launched(res)
-
-    def named():  # the process and its frame (the frame once the launcher's automatic dump is in)
-        v = why_now(run)
-        return v["mode"] == "rank_stuck_peers_wait" and (v["where"] or {}).get("function") and v
-
-    v = wait_for(named, 90, interval=0.5, message="the verdict naming rank 1 and its frame")
-    assert v["who"]["rank"] == 1 and v["where"]["function"] == "hang_in_python" and v["where"]["site"].startswith("train.py:")
-    assert "rank 0 waits for it in all_reduce" in v["headline"] and not v["ok"]
-    def dumped():  # both ranks' automatic dumps (the verdict may come from the first one in)
-        auto = [e for e in run.read_events() if e["event"] == "stacks.auto"]
-        return {e["target"] for e in auto} >= {"rank-0", "rank-1"} and auto
-
-    auto = wait_for(dumped, 15, message="the automatic dumps of both ranks")
-    assert all(e["result"].startswith("dumped") for e in auto)
-    lines = run_ups("stacks", str(run.path), "--group").stdout.strip().splitlines()
-    assert any(ln.startswith("rank 0: all_reduce at train.py:") for ln in lines), lines
-    assert any(ln.startswith("rank 1: hang_in_python at train.py:") for ln in lines), lines
-    assert run_ups("kill", str(run.path), "--grace", "3").returncode == 0
-
-
-def _cache(tmp_path: Path) -> Path:
-    from ups.data.synth import synthesize
-    from ups.faults import Faults
-    from ups.jobs import precompute as pre
-    from ups.launch.config import PrecomputeConfig
-    from ups.status.reporter import NullReporter
-
-    synthesize(tmp_path / "data", "burgers1d", "train", 16, seed=2, timesteps=8, resolution=32)
-    cfg = PrecomputeConfig(root=str(tmp_path / "data"), tasks=["burgers1d"], cache_dir=str(tmp_path / "cache"), num_workers=0,
-                           device="cpu").validate()
-    pre.PrecomputeJob(cfg, NullReporter(), Faults()).execute()
-    return tmp_path / "cache"
 
 
 @pytest.mark.slow
