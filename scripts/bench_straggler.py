@@ -12,6 +12,7 @@ change: ``--inject``, ups.instrument.torch.rehearse), each from ``after`` s past
 - input: ``slow_sample`` on rank 1 (its workers): 1 ms a sample (DDP), 40 ms (FSDP2's steps are ~15x longer);
 - host: each rank pinned to its own core (``taskset``) and a CPU hog pinned to rank 0's, which the job's
   other processes (agent, launcher, observers) share too on this 2-core box: rank 0 is the one to name;
+  host-2, host-4: two or four hogs there (rank 0 gets a third or a fifth of its core: bigger stragglers);
 - pause: rank 1 stops once for 3 s; busy: two unpinned CPU hogs for the whole run; healthy.
 
 Judged in this process with the code ``ups status`` runs (``open_run``: health, ups.status.straggler),
@@ -98,7 +99,7 @@ def fault_started(run_dir: Path) -> float | None:
     return None
 
 
-def run_case(runs: Path, name: str, kind: str, inject: list[str], *, host: bool = False, busy: bool = False,
+def run_case(runs: Path, name: str, kind: str, inject: list[str], *, host: int = 0, busy: bool = False,
              injected: bool = True, expected: str | None = None) -> dict:
     hogs: list[subprocess.Popen] = []
     if busy:
@@ -129,7 +130,7 @@ def run_case(runs: Path, name: str, kind: str, inject: list[str], *, host: bool 
                         subprocess.run(["taskset", "-a", "-cp", str(rank % (os.cpu_count() or 2)), str(pid)],
                                        capture_output=True)
                     pinned = True
-                    hogs.append(subprocess.Popen(["taskset", "-c", "0", *HOG]))
+                    hogs += [subprocess.Popen(["taskset", "-c", "0", *HOG]) for _ in range(host)]
                     start_at = now
                 elif not host:
                     start_at = fault_started(run_dir) if injected else None
@@ -237,7 +238,9 @@ def main() -> None:
             more = [(f"{kind}-compute-{f}", [f"slow_step:rank=1,ms={round((f - 1) * base, 2)},after={AFTER_S}"],
                      {"expected": "compute"}) for f in (1.1, 1.25, 1.5, 2.0)]
             more += [(f"{kind}-input", [f"slow_sample:rank=1,ms={SAMPLE_MS[kind]},after={AFTER_S}"], {"expected": "input"}),
-                     (f"{kind}-host", [], {"host": True, "expected": "host"}),
+                     (f"{kind}-host", [], {"host": 1, "expected": "host"}),
+                     (f"{kind}-host-2", [], {"host": 2, "expected": "host"}),
+                     (f"{kind}-host-4", [], {"host": 4, "expected": "host"}),
                      (f"{kind}-pause", [f"pause:rank=1,s=3,after={AFTER_S}"], {"injected": False}),
                      (f"{kind}-busy", [], {"busy": True, "injected": False})]
             for name, inject, opts in more:

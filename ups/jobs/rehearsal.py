@@ -44,15 +44,27 @@ def fire_once(run_dir: str | None, fault: Fault) -> bool:
         os.close(marker_dir)
 
 
-def inject_hang(mode: str) -> None:
+def inject_hang(mode: str, run_dir: str | None = None) -> None:
     """Never return: ``gil`` blocks in ``h5py.File()`` holding the GIL, ``stop`` SIGSTOPs this
     process, anything else sleeps (the interpreter, heartbeats included, goes on)."""
     if mode == "gil":
         import h5py
 
-        fifo = Path(os.environ.get("TMPDIR", "/tmp")) / f"ups-fault-fifo-{os.getpid()}"
-        if not fifo.exists():
-            os.mkfifo(fifo)
+        name = f"hang-fifo-{os.getpid()}"
+        if run_dir is not None:  # in the run folder's faults/, gone with the run (never left in /tmp)
+            from ups.status.confined import make_dirs
+
+            fd = make_dirs(run_dir, "faults")
+            try:
+                if name not in os.listdir(fd):
+                    os.mkfifo(name, dir_fd=fd)
+            finally:
+                os.close(fd)
+            fifo = Path(run_dir) / "faults" / name
+        else:
+            fifo = Path(os.environ.get("TMPDIR", "/tmp")) / f"ups-fault-{name}"
+            if not fifo.exists():
+                os.mkfifo(fifo)
         h5py.File(fifo, "r")  # blocks in open() holding the GIL, like a hung network mount
     elif mode == "stop":
         os.kill(os.getpid(), signal.SIGSTOP)
@@ -80,7 +92,7 @@ def before_read(faults: Faults, run_dir: str | None, worker: int | None, index: 
         if due and fire_once(run_dir, f):
             print(f"ups: injected fault {f} in worker {worker} at sample {index}", file=sys.stderr, flush=True)
             if name == "worker_hang":
-                inject_hang(str(f.get("mode", "sleep")))
+                inject_hang(str(f.get("mode", "sleep")), run_dir)
             if str(f.get("signal", "")).upper() in ("SEGV", "SIGSEGV"):
                 os.kill(os.getpid(), signal.SIGSEGV)
             os._exit(1)  # a worker dying abruptly, as an OOM kill or a native crash would
