@@ -135,6 +135,16 @@ def test_the_step_window_reads_how_long_the_stepping_threads_children_wait_for_a
 def test_a_crowded_core_is_named_host_before_the_work_it_slows():
     _, found = judge([rank(0, bwd=0.008, step=0.014, runq=0.05), rank(1, other=0.005, step=0.014, runq=0.6)])
     assert found is not None and (found.rank.rank, found.cause) == (1, "host")
+    # Its main thread waited 55% of each 14 ms step for a core beyond rank 0's: that time is on the
+    # step's path (the 4 ms gap in its own time is only the part outside backward and collectives).
+    assert found.cost == pytest.approx(0.55, abs=1e-3)
+    assert found.ideal_step == pytest.approx(0.014 * 0.45, abs=1e-6)
+
+
+def test_a_compute_stragglers_cost_is_its_gap_whatever_the_run_queues_say():
+    # below the floor of a crowded main thread: the cost stays the gap
+    _, found = judge([rank(0, bwd=0.008, step=0.014, runq=0.01), rank(1, other=0.005, step=0.014, runq=0.04)])
+    assert found is not None and found.cause == "compute" and found.cost == pytest.approx(0.004 / 0.014, abs=1e-3)
 
 
 def test_every_rank_of_one_node_slow_is_the_node():

@@ -24,7 +24,10 @@ is late (``host``), its DataLoader (``input``), its own work outside
 backward (``compute``), or every rank of one node of several (``node``); else ``unknown``, with
 the numbers. The cost: every step waits the gap (its own time less the others' median own time)
 for it, so the mean step without it is that much shorter: the gap over the mean step is the share
-of the step rate it costs, and times the ranks (one GPU each) and 24 h, the GPU-hours a day.
+of the step rate it costs, and times the ranks (one GPU each) and 24 h, the GPU-hours a day. A
+rank crowded off its core (``host``) slows the work every rank shares too (its part of backward
+and of the collectives), which its own time cannot show: its cost is at least the time a step its
+main thread waited for a core beyond its peers'.
 """
 
 from __future__ import annotations
@@ -145,22 +148,29 @@ def judge(records: Iterable[Any], threshold: float = THRESHOLD) -> tuple[list[Ra
     gap = slow.own - peer_own
     if gap < MIN_GAP_S or statistics.median(t.wait for t in peers) - slow.wait < EXPLAINS * gap:
         return ranks, None  # the others do not wait for it
-    cause, why, node_ranks = _cause(slow, peers, ranks, gap, threshold)
+    cause, why, node_ranks, crowded = _cause(slow, peers, ranks, gap, threshold)
     # Every step waits ``gap`` for it: without it the mean step (what the rate sees, an epoch's
-    # start and a checkpoint included) would be that much shorter.
+    # start and a checkpoint included) would be that much shorter. A crowded core slows more than
+    # the rank's own time: its share of backward's compute and of the collectives too (the threads
+    # that run them wait on the same core), which every rank then waits for and ``shared`` counts
+    # as everyone's; the time its main thread waited for a core beyond its peers' is on the step's
+    # path all the same, so a host straggler costs at least that.
     step = statistics.median(steps)
-    cost = min(1.0, gap / step) if step > 0 else 0.0
+    lost = max(gap, crowded)
+    cost = min(1.0, lost / step) if step > 0 else 0.0
     evidence = tuple(
         f"rank {t.rank}: step {_ms(t.step)} = own {_ms(t.own)} (input {_ms(t.data)}, backward {_ms(t.backward)}, "
         f"rest {_ms(t.other)}) + waiting for peers {_ms(t.wait)}"
         + (f"; waits for a core {t.runq:.0%} of the time" if t.runq is not None else "")
         + (f", its workers {t.workers_runq:.0%} of theirs" if t.workers_runq is not None else "")
         + f"; score {t.score:.2f}" for t in ranks)
-    return ranks, Straggler(slow, cause, why, evidence, cost, step - gap, len(ranks), threshold, node_ranks)
+    return ranks, Straggler(slow, cause, why, evidence, cost, max(step - lost, 0.0), len(ranks), threshold, node_ranks)
 
 
 def _cause(slow: RankTime, peers: list[RankTime], ranks: list[RankTime], gap: float,
-           threshold: float) -> tuple[str, str, tuple[int, ...]]:
+           threshold: float) -> tuple[str, str, tuple[int, ...], float]:
+    """The cause, in words, the node's ranks (cause ``node``) and, for a main thread crowded off
+    its core, the seconds a step it waited for one beyond its peers (else 0)."""
     med = statistics.median
     hosts = {t.host for t in ranks}
     if len(hosts) > 1:
@@ -169,13 +179,13 @@ def _cause(slow: RankTime, peers: list[RankTime], ranks: list[RankTime], gap: fl
         if len(mine) > 1 and all(t.score < threshold for t in mine) and all(t.score >= threshold for t in others):
             return ("node", f"every rank of node {slow.host} is slow ({len(mine)} ranks, scores "
                     f"{', '.join(f'{t.score:.2f}' for t in mine)}), the other nodes' are not",
-                    tuple(t.rank for t in mine))
+                    tuple(t.rank for t in mine), 0.0)
     peer_runq = [t.runq for t in peers if t.runq is not None]
     if slow.runq is not None and peer_runq and slow.runq >= RUNQ_FLOOR:
         crowded = (slow.runq - med(peer_runq)) * slow.step
         if crowded >= HOST_EXPLAINS * gap:
             return ("host", f"its main thread waits for a CPU core {slow.runq:.0%} of the time (the others "
-                    f"{med(peer_runq):.0%}): another process shares its cores", ())
+                    f"{med(peer_runq):.0%}): another process shares its cores", (), crowded)
     data_gap = slow.data - med(t.data for t in peers)
     if data_gap >= EXPLAINS * gap:
         peer_workers = [t.workers_runq for t in peers if t.workers_runq is not None]
@@ -188,12 +198,12 @@ def _cause(slow: RankTime, peers: list[RankTime], ranks: list[RankTime], gap: fl
                 and lost >= HOST_EXPLAINS * data_gap:
             return ("host", f"its DataLoader's workers wait for a CPU core {slow.workers_runq:.0%} of the time they "
                     f"could run (the others' {med(peer_workers):.0%}), so its next batch is late ({_ms(slow.data)} a "
-                    f"step, the others {_ms(med(t.data for t in peers))}): another process shares their cores", ())
+                    f"step, the others {_ms(med(t.data for t in peers))}): another process shares their cores", (), 0.0)
         return ("input", f"it waits {_ms(slow.data)} a step for its DataLoader's next batch (the others "
-                f"{_ms(med(t.data for t in peers))}): its data loading is slower", ())
+                f"{_ms(med(t.data for t in peers))}): its data loading is slower", (), 0.0)
     work_gap = slow.other - med(t.other for t in peers)
     if work_gap >= EXPLAINS * gap:
         return ("compute", f"its own work outside backward takes {_ms(slow.other)} a step (the others "
-                f"{_ms(med(t.other for t in peers))}): forward, the optimizer or the program's own code", ())
+                f"{_ms(med(t.other for t in peers))}): forward, the optimizer or the program's own code", (), 0.0)
     return ("unknown", f"its own time is {_ms(slow.own)} a step against the others' {_ms(med(t.own for t in peers))}, "
-            "and no one part explains it", ())
+            "and no one part explains it", (), 0.0)
