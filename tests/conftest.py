@@ -187,11 +187,6 @@ def hung_precompute(tmp_path, runs_root):
     run = RunDir(json.loads(res.stdout)["run_dir"])
     yield run
     run_ups("kill", str(run.path), "--force")
-    import stat
-
-    # the FIFO the hung worker opened is the run's, in its faults/ folder: never left in /tmp
-    fifos = [p for p in (run.path / "faults").glob("hang-fifo-*") if stat.S_ISFIFO(p.lstat().st_mode)]
-    assert fifos, sorted(p.name for p in (run.path / "faults").iterdir())
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import stat
 
 import psutil
 import pytest
@@ -43,6 +44,9 @@ async def _test_hung_worker_shows_unresponsive_and_is_killed_then_fallback(hung_
                     message="worker 1 unresponsive on screen")
         assert "no heartbeat" in cell(workers, "rank-0-worker-1", "why")
         pid = int(cell(workers, "rank-0-worker-1", "pid"))
+        # the FIFO it hangs opening is the run's, in its faults/ folder (never left behind in /tmp)
+        fifo = run.path / "faults" / f"hang-fifo-{pid}"
+        assert fifo.exists() and stat.S_ISFIFO(fifo.lstat().st_mode), sorted(p.name for p in fifo.parent.iterdir())
 
         workers.focus()
         workers.move_cursor(row=workers.get_row_index("rank-0-worker-1"))
