@@ -1040,7 +1040,7 @@ def _(s: Scene) -> None:
 # ---- straggler
 def _parts(data: float, bwd: float, other: float) -> dict:
     step = 0.014
-    return {"step_parts": {"n": 200, "window_s": 10.0, "step_mean": step, "runq": 0.02, "cpu": 0.5,
+    return {"step_parts": {"n": 200, "window_s": 5.0, "step_mean": step, "runq": 0.02, "cpu": 0.5,
                            **{k: [v, v] for k, v in (("step", step), ("data", data), ("collective", 0.0),
                                                      ("backward", bwd), ("other", other))}}}
 

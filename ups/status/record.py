@@ -246,11 +246,13 @@ _KNOWN_METRICS: dict[str, Check] = {
                      "exit_code": optional(integer(-(1 << 31), 1 << 31))}, required=("pid", "pid_start", "state")),
     # A rank's recent steps (ups.status.steptime): seconds a step, [median, p90] of each part;
     # runq and cpu: shares of wall time its main thread waited for a core, and ran; workers_runq:
-    # the share of their runnable time its child processes (DataLoader workers) waited for one.
+    # the share of their runnable time its child processes (DataLoader workers) waited for one;
+    # stepping_s: how long since its first step (a job's start weighs in every median).
     "step_parts": obj({"n": integer(1, INT_MAX), "window_s": number(0.0, 1e9), "step_mean": optional(number(0.0, 1e9)),
                        **dict.fromkeys(("step", "data", "collective", "backward", "other"), _median_p90),
                        "runq": optional(number(0.0, 1e3)), "cpu": optional(number(0.0, 1e3)),
-                       "workers_runq": optional(number(0.0, 1.0)), "workers_wait": optional(number(0.0, 1.0))},
+                       "workers_runq": optional(number(0.0, 1.0)), "workers_wait": optional(number(0.0, 1.0)),
+                       "stepping_s": optional(number(0.0, 1e9))},
                       required=("n", "step", "data", "collective", "backward", "other")),
     # A launcher's record: what it sees of the processes it watches (ups.launch.proof), by name.
     "observed": dict_of(obj({

@@ -49,14 +49,17 @@ class StepWindow:
         # and each read's increments summed over them, (time, run, wait), for the window.
         self._kids: dict[int, tuple[int, int]] = {}
         self._kid_sched: deque[tuple[float, int, int]] = deque()
+        self._first: float | None = None  # when its first step (the first one seen) began
 
     def summary(self, parts: deque, tid: int | None = None, now: float | None = None) -> dict | None:
-        """``{"n", "window_s", "step_mean", "step": [median, p90], "data", "collective", "backward",
-        "other", "runq", "cpu"}`` in seconds a step (runq, cpu: shares of wall time of thread
+        """``{"n", "window_s", "stepping_s", "step_mean", "step": [median, p90], "data", "collective",
+        "backward", "other", "runq", "cpu"}`` in seconds a step (stepping_s: since the first step) (runq, cpu: shares of wall time of thread
         ``tid``, the one that steps), None with too few steps in the window."""
         now = time.monotonic() if now is None else now
         runq, cpu = self._sched_shares(now, tid)
         kept = list(parts)
+        if self._first is None and kept:
+            self._first = kept[0][0] - kept[0][1]
         recent = [p for p in kept if p[0] >= now - WINDOW_S]
         if len(recent) < MIN_STEPS:
             # A slow job (a step a second, or ten): its last MIN_STEPS steps, while they are recent.
@@ -71,6 +74,8 @@ class StepWindow:
             bwd.append(b)
             other.append(max(0.0, s - d - c - b))
         out = {"n": len(recent), "window_s": round(now - recent[0][0] + recent[0][1], 3)}
+        if self._first is not None:
+            out["stepping_s"] = round(max(0.0, now - self._first), 3)
         out["step_mean"] = round(sum(step) / len(step), 6)  # what the step rate sees (an epoch's start included)
         for name, values in zip(PARTS, (step, data, coll, bwd, other), strict=True):
             out[name] = _med_p90(values)

@@ -44,10 +44,10 @@ HOST_EXPLAINS = 0.3  # run-queue wait: a share of the gap (the rest is the same 
 RUNQ_FLOOR = 0.05  # a main thread waiting less than this share of wall time for a core is not crowded
 WORKERS_CROWDED = 0.1  # its workers wait this much more of their runnable time than the others': crowded, not slower
 MIN_GAP_S = 0.002  # a rank under 2 ms a step slower than its peers is a shared box's noise, never named
-# A window of fewer seconds than this is a start: its first batches (each rank's DataLoader workers
-# starting, on a busy box one rank's later than the other's) weigh in its medians. CI at 5613631:
-# 7.6 s into a job, rank 0's input 3.5 ms a step against 1.2 named it, the job then healthy.
-MIN_WINDOW_S = 8.0
+# A rank stepping for fewer seconds than this is starting: its first batches (each rank's DataLoader
+# workers starting, on a busy box one rank's later than the other's) weigh in its medians. CI at
+# 5613631: 7.6 s into a job, rank 0's input 3.5 ms a step against 1.2 named it, the job healthy.
+MIN_STEPPING_S = 8.0
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ class RankTime:
     step_mean: float | None = None
     workers_runq: float | None = None  # of their runnable time, the share its DataLoader's workers waited for a core
     workers_wait: float | None = None  # of wall time, the share each of them waited for a core (their mean)
-    window_s: float | None = None  # the seconds its window spans (None: a record that does not say)
+    stepping_s: float | None = None  # seconds since its first step (None: a record that does not say)
     wait: float = 0.0
     own: float = 0.0
     score: float = 1.0
@@ -118,7 +118,7 @@ def rank_times(records: Iterable[Any]) -> list[RankTime]:
         raw.append(RankTime(r.name, r.rank, r.host, parts["n"], parts["step"][0], parts["data"][0],
                             parts["collective"][0], parts["backward"][0], parts["other"][0], parts.get("runq"),
                             parts.get("step_mean"), parts.get("workers_runq"), parts.get("workers_wait"),
-                            parts.get("window_s")))
+                            parts.get("stepping_s")))
     if not raw:
         return []
     # Backward's own compute is the same on every rank (same model, same batch) and its wall time
@@ -139,7 +139,7 @@ def rank_times(records: Iterable[Any]) -> list[RankTime]:
 def judge(records: Iterable[Any], threshold: float = THRESHOLD) -> tuple[list[RankTime], Straggler | None]:
     """Every rank's time, and the straggler when one is named (None: none, or nothing to compare)."""
     ranks = rank_times(records)
-    if len(ranks) < 2 or any(t.window_s is not None and t.window_s < MIN_WINDOW_S for t in ranks):
+    if len(ranks) < 2 or any(t.stepping_s is not None and t.stepping_s < MIN_STEPPING_S for t in ranks):
         return ranks, None
     # Stepping together: the mean steps agree (a median can jump between the two modes of a
     # data-bound loop's steps, one rank's window a heartbeat apart from the other's).
