@@ -17,7 +17,9 @@ change: ``--inject``, ups.instrument.torch.rehearse), each from ``after`` s past
 
 Judged in this process with the code ``ups status`` runs (``open_run``: health, ups.status.straggler),
 every 0.5 s. Measured loss: 1 - (step rate after the fault) / (step rate before it), from rank 0's
-steps; estimated: the straggler's cost while named (median). False alarms: named episodes while
+steps; for a compute straggler also ``injected_share``: its injected ms a step over the step measured
+after it, the loss free of the box's drift between before and after; estimated: the straggler's
+cost while named (median). False alarms: named episodes while
 no straggler is injected (healthy, busy and pause runs, and every run before its fault), per hour.
 
     python scripts/bench_straggler.py [--only ddp-compute-1.25,...] [--out FILE]
@@ -148,7 +150,13 @@ def run_case(runs: Path, name: str, kind: str, inject: list[str], *, host: int =
         for h in hogs:
             h.kill()
         subprocess.run([sys.executable, "-m", "ups", "kill", run_dir.name, "--runs-dir", str(runs)], capture_output=True)
-    return summarize(name, samples, first_step_at, start_at, named_at, injected, expected, 0 if host else 1)
+    out = summarize(name, samples, first_step_at, start_at, named_at, injected, expected, 0 if host else 1)
+    slow = next((re.search(r"ms=([0-9.]+)", f) for f in inject if f.startswith("slow_step:")), None)
+    if slow and out.get("rate_after"):
+        # The loss a compute straggler causes, from what was injected: its extra time a step on the
+        # step's path, over the step measured after it (drift between before and after cancels).
+        out["injected_share"] = round(float(slow.group(1)) / (1000.0 / out["rate_after"]), 3)
+    return out
 
 
 def rate(samples: list[dict], t0: float, t1: float) -> float | None:
