@@ -53,8 +53,9 @@ class StepWindow:
 
     def summary(self, parts: deque, tid: int | None = None, now: float | None = None) -> dict | None:
         """``{"n", "window_s", "stepping_s", "step_mean", "step": [median, p90], "data", "collective",
-        "backward", "other", "runq", "cpu"}`` in seconds a step (stepping_s: since the first step) (runq, cpu: shares of wall time of thread
-        ``tid``, the one that steps), None with too few steps in the window."""
+        "backward", "other", "runq", "cpu"}`` in seconds a step (stepping_s: since its first step;
+        runq, cpu: shares of wall time of thread ``tid``, the one that steps), None with too few
+        steps in the window."""
         now = time.monotonic() if now is None else now
         runq, cpu = self._sched_shares(now, tid)
         kept = list(parts)
