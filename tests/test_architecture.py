@@ -62,10 +62,12 @@ def _defined_private(tree: ast.AST) -> set[str]:
     return names
 
 
-def private_name_uses() -> list[str]:
-    """Every use of another module's private name, as ``file:line what``."""
+def private_name_uses(extra: tuple[Path, ...] = ()) -> list[str]:
+    """Every use of another module's private name, as ``file:line what`` (``extra``: more files
+    to read as ours, outside the tree)."""
     modules = _modules()
-    files = list(modules.values()) + sorted((REPO / "tests").glob("*.py")) + sorted((REPO / "scripts").glob("*.py"))
+    files = list(modules.values()) + sorted((REPO / "tests").glob("*.py")) + sorted((REPO / "scripts").glob("*.py")) \
+        + list(extra)
     trees = {p: ast.parse(p.read_text(), str(p)) for p in files}
     own = {p: _defined_private(t) for p, t in trees.items()}
     ours = set().union(*(own[p] for p in modules.values()))
@@ -87,7 +89,7 @@ def private_name_uses() -> list[str]:
                     if full in modules:
                         aliases[a.asname or a.name] = full
                     if _private(a.name) and base != me:
-                        found.append(f"{path.relative_to(REPO)}:{n.lineno} imports {a.name} from {base}")
+                        found.append(f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path}:{n.lineno} imports {a.name} from {base}")
             elif isinstance(n, ast.Import):
                 for a in n.names:
                     if a.name.split(".")[0] in ROOTS and a.asname:
@@ -96,10 +98,10 @@ def private_name_uses() -> list[str]:
             if not isinstance(n, ast.Attribute) or not _private(n.attr) or n.attr in STDLIB_PRIVATE:
                 continue
             if isinstance(n.value, ast.Name) and n.value.id in aliases and aliases[n.value.id] != me:
-                found.append(f"{path.relative_to(REPO)}:{n.lineno} uses {aliases[n.value.id]}.{n.attr}")
+                found.append(f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path}:{n.lineno} uses {aliases[n.value.id]}.{n.attr}")
             elif (n.attr in ours and n.attr not in own[path]
                   and not (isinstance(n.value, ast.Name) and n.value.id in ("self", "cls"))):
-                found.append(f"{path.relative_to(REPO)}:{n.lineno} uses .{n.attr}, private to another module of ups")
+                found.append(f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path}:{n.lineno} uses .{n.attr}, private to another module of ups")
     return found
 
 
@@ -113,7 +115,9 @@ def test_the_private_name_check_finds_what_it_must(tmp_path):
     """The check itself: each form it must catch, caught (a check that cannot fail proves nothing)."""
     import textwrap
 
-    probe = REPO / "tests" / "_probe_private_names.py"
+    # Outside the tree (tmp_path): a probe in tests/ was seen by the checks running beside it
+    # under xdist (this one and ruff's read the whole tree).
+    probe = tmp_path / "_probe_private_names.py"
     probe.write_text(textwrap.dedent("""
         from ups.runs.view import _disk_full_verdicts
         from ups.gpu import nvml as n
@@ -121,10 +125,7 @@ def test_the_private_name_check_finds_what_it_must(tmp_path):
         def f(rep):
             return rep._gpu_sampler
     """))
-    try:
-        found = [line for line in private_name_uses() if "_probe_private_names" in line]
-    finally:
-        probe.unlink()
+    found = [line for line in private_name_uses((probe,)) if "_probe_private_names" in line]
     assert any("imports _disk_full_verdicts from ups.runs.view" in f for f in found), found
     assert any("uses ups.gpu.nvml._init" in f for f in found), found
     assert any("uses ._gpu_sampler" in f for f in found), found
