@@ -9,7 +9,6 @@ would misbehave.
 
 import argparse
 import os
-import tempfile
 import time
 
 import torch
@@ -56,7 +55,7 @@ def main() -> None:
     config = GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=128, n_positions=32)
     model = GPT2LMHeadModel(config)
     training = TrainingArguments(
-        output_dir=tempfile.mkdtemp(prefix="hf-trainer-"), max_steps=args.steps, per_device_train_batch_size=4,
+        output_dir="test_trainer", max_steps=args.steps, per_device_train_batch_size=4,
         dataloader_num_workers=args.workers, use_cpu=True, report_to=[], save_strategy="no", logging_steps=2,
         disable_tqdm=not args.bar,
     )

@@ -7,7 +7,6 @@ the weights' name, as happens with a wrong URL or an expired link. It knows noth
 """
 
 import argparse
-import tempfile
 from pathlib import Path
 
 import torch
@@ -37,7 +36,7 @@ def main() -> None:
     config.save_pretrained(checkpoint)
     (checkpoint / "model.safetensors").write_text(HTML)  # what the "download" saved
     training = TrainingArguments(
-        output_dir=tempfile.mkdtemp(prefix="hf-resume-"), max_steps=4, per_device_train_batch_size=4, use_cpu=True,
+        output_dir="test_trainer", max_steps=4, per_device_train_batch_size=4, use_cpu=True,
         report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True,
     )
     trainer = Trainer(model=model, args=training, train_dataset=Tokens(64, 16, config.vocab_size))
