@@ -34,8 +34,10 @@ import threading
 import time
 from pathlib import Path
 
+from ups.status import procfs  # the one reader of /proc
+
 REPO = Path(__file__).resolve().parents[1]
-TICK = os.sysconf("SC_CLK_TCK")
+TICK = procfs.clock_ticks()
 PLUGIN = '''import os
 _DIR = os.environ["UPS_SUITE_CPU_DIR"]
 def pytest_runtest_logstart(nodeid, location):
@@ -47,30 +49,15 @@ def pytest_runtest_logfinish(nodeid, location):
 '''
 
 
-def busy_ticks() -> int:
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    return v[0] + v[1] + v[2] + v[5] + v[6]  # user nice system irq softirq
-
-
 def proc_stat(pid: str) -> tuple[int, int, int] | None:
     """(ppid, utime + stime in ticks, start time) of a process, or None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            s = f.read()
-    except OSError:
-        return None
-    fields = s[s.rindex(")") + 2:].split()
-    return int(fields[1]), int(fields[11]) + int(fields[12]), int(fields[19])
+    st = procfs.stat(int(pid))
+    return None if st is None else (st.ppid, st.utime + st.stime, st.starttime)
 
 
 def kind_of(pid: str) -> str:
     """What a process is, in a word or two: "ups status", "torchrun agent", a script's name."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
-    except OSError:
-        return "?"
+    argv = [a for a in procfs.cmdline(int(pid)) or [] if a]
     if not argv:
         return "?"
     names = [os.path.basename(a) for a in argv]
@@ -93,15 +80,8 @@ def kind_of(pid: str) -> str:
 
 
 def test_in_environ(pid: str) -> str | None:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            env = f.read()
-    except OSError:
-        return None
-    for item in env.split(b"\0"):
-        if item.startswith(b"PYTEST_CURRENT_TEST="):
-            return item.split(b"=", 1)[1].decode(errors="replace").rsplit(" (", 1)[0]
-    return None
+    test = (procfs.environ(int(pid)) or {}).get("PYTEST_CURRENT_TEST")
+    return test.rsplit(" (", 1)[0] if test else None
 
 
 class Sampler(threading.Thread):
@@ -167,13 +147,13 @@ def main() -> int:
         env = {**os.environ, "UPS_SUITE_CPU_DIR": tmp,
                "PYTHONPATH": os.pathsep.join(filter(None, [tmp, os.environ.get("PYTHONPATH")]))}
         sampler = Sampler(tmp)
-        b0, t0 = busy_ticks(), time.monotonic()
+        b0, t0 = procfs.busy_ticks() or 0, time.monotonic()
         sampler.start()
         rc = subprocess.call([sys.executable, "-m", "pytest", "-p", "ups_suite_cpu_plugin", *args.pytest_args],
                              cwd=REPO, env=env, stdout=sys.stderr)
         sampler.stop.set()
         sampler.join()
-        wall, busy = time.monotonic() - t0, (busy_ticks() - b0) / TICK
+        wall, busy = time.monotonic() - t0, ((procfs.busy_ticks() or 0) - b0) / TICK
     tests = {k: v / TICK for k, v in sampler.cpu.items()}
     files: collections.Counter = collections.Counter()
     for name, cpu in tests.items():

@@ -75,6 +75,9 @@ import termios
 import time
 from pathlib import Path
 
+from ups.status import procfs  # the one reader of /proc
+from ups.status.printable import plain_text  # every escape sequence out, as ups reads a log
+
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAM = ROOT / "tests/programs/multigpu_torchrun.py"
 ARGS = ["1000000", "100000"]  # total_epochs, save_every: it runs until it stops itself
@@ -200,11 +203,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def strip_ansi(text: str) -> str:
-    text = re.sub(r"\x1b\[[0-9;?]*[ -/]*[@-~]", "", text)
-    return re.sub(r"\x1b[()][0-9A-Za-z]|\x1b[=>78]|\r", "", text)
-
-
 def kill_leftovers(case_dir: Path) -> None:
     """End what is still running in the case's folder (processes this bench started)."""
     for proc in Path("/proc").iterdir():
@@ -220,17 +218,17 @@ def kill_leftovers(case_dir: Path) -> None:
 def tree_cpu_s(case_dir: Path) -> float:
     """CPU seconds of every process running in the case's folder (launcher, aggregator, torchrun,
     ranks, DataLoader workers), with what their reaped children used (cutime, cstime)."""
-    tick, total = os.sysconf("SC_CLK_TCK"), 0.0
+    total = 0.0
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
             if Path(os.readlink(proc / "cwd")) != case_dir:
                 continue
-            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-            total += sum(int(f) for f in fields[11:15]) / tick
-        except (OSError, ValueError, IndexError):
-            pass
+        except OSError:
+            continue
+        st = procfs.stat(int(proc.name))
+        total += st.cpu_s(children=True) if st else 0.0
     return total
 
 
@@ -270,7 +268,7 @@ def run_job(python: str, case_dir: Path, *, traceml: bool, mode: str, env_extra:
             text = carry + decoder.decode(data)
             cut = text.rfind("\x1b")
             carry, text = (text[cut:], text[:cut]) if cut >= 0 and cut > len(text) - 16 else ("", text)
-            pieces.append((time.time(), strip_ansi(text)))
+            pieces.append((time.time(), plain_text(text)))
         elif proc.poll() is not None:
             break
         if not cpu or time.time() >= cpu[-1][0] + 0.5:

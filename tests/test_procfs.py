@@ -91,3 +91,12 @@ def test_a_zombie_is_gone_for_every_reader():
     finally:
         proc.wait()
     assert procfs.stat(proc.pid) is None and procfs.cmdline(proc.pid) is None and procfs.status(proc.pid) is None
+
+
+def test_the_machines_busy_ticks_grow_while_a_process_spins():
+    """``/proc/stat``'s first line, busy time only: a process spinning for 0.5 s adds about that much."""
+    before = procfs.busy_ticks()
+    assert before is not None and before > 0
+    subprocess.run([sys.executable, "-c", "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass"],
+                   check=True)
+    assert procfs.busy_ticks() - before >= 0.4 * procfs.clock_ticks()

@@ -14,6 +14,7 @@ without torch); this module is what the job does with them:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -56,14 +57,14 @@ def inject_hang(mode: str, run_dir: str | None = None) -> None:
 
             fd = make_dirs(run_dir, "faults")
             try:
-                if name not in os.listdir(fd):
+                with contextlib.suppress(FileExistsError):
                     os.mkfifo(name, dir_fd=fd)
             finally:
                 os.close(fd)
             fifo = Path(run_dir) / "faults" / name
         else:
             fifo = Path(os.environ.get("TMPDIR", "/tmp")) / f"ups-fault-{name}"
-            if not fifo.exists():
+            with contextlib.suppress(FileExistsError):
                 os.mkfifo(fifo)
         h5py.File(fifo, "r")  # blocks in open() holding the GIL, like a hung network mount
     elif mode == "stop":

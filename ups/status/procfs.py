@@ -45,6 +45,17 @@ def clock_ticks() -> int:
     return _CLK_TCK
 
 
+def busy_ticks() -> int | None:
+    """The whole machine's busy CPU time since boot, in ticks (``/proc/stat``'s first line: user,
+    nice, system, irq, softirq; idle, iowait and steal left out); None without /proc."""
+    first = (_read("/proc/stat", 4096) or b"").split(b"\n", 1)[0].split()
+    try:
+        v = [int(x) for x in first[1:8]]
+        return v[0] + v[1] + v[2] + v[5] + v[6]
+    except (ValueError, IndexError):
+        return None
+
+
 def boot_time() -> float | None:
     """When the machine booted, UNIX seconds (``/proc/stat``'s btime); None without /proc."""
     global _BOOT_TIME

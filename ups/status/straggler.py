@@ -154,7 +154,7 @@ def judge(records: Iterable[Any], threshold: float = THRESHOLD) -> tuple[list[Ra
     gap = slow.own - peer_own
     if gap < MIN_GAP_S or statistics.median(t.wait for t in peers) - slow.wait < EXPLAINS * gap:
         return ranks, None  # the others do not wait for it
-    cause, why, node_ranks, crowded = _cause(slow, peers, ranks, gap, threshold)
+    cause, why, node_ranks = _cause(slow, peers, ranks, gap, threshold)
     # Every step waits ``gap`` for it: without it the mean step (what the rate sees, an epoch's
     # start and a checkpoint included) would be that much shorter. A crowded core slows more than
     # the rank's own time: its share of backward's compute and of the collectives too (the threads
@@ -162,7 +162,7 @@ def judge(records: Iterable[Any], threshold: float = THRESHOLD) -> tuple[list[Ra
     # as everyone's; the time its main thread waited for a core beyond its peers' is on the step's
     # path all the same, so a host straggler costs at least that.
     step = statistics.median(steps)
-    lost = max(gap, crowded)
+    lost = max(gap, _crowded(slow, peers)) if cause == "host" else gap
     cost = min(1.0, lost / step) if step > 0 else 0.0
     evidence = tuple(
         f"rank {t.rank}: step {_ms(t.step)} = own {_ms(t.own)} (input {_ms(t.data)}, backward {_ms(t.backward)}, "
@@ -173,10 +173,17 @@ def judge(records: Iterable[Any], threshold: float = THRESHOLD) -> tuple[list[Ra
     return ranks, Straggler(slow, cause, why, evidence, cost, max(step - lost, 0.0), len(ranks), threshold, node_ranks)
 
 
+def _crowded(slow: RankTime, peers: list[RankTime]) -> float:
+    """The seconds a step its main thread waited for a core beyond its peers' (the median's); 0
+    where a run queue is not known."""
+    peer_runq = [t.runq for t in peers if t.runq is not None]
+    if slow.runq is None or not peer_runq:
+        return 0.0
+    return (slow.runq - statistics.median(peer_runq)) * slow.step
+
+
 def _cause(slow: RankTime, peers: list[RankTime], ranks: list[RankTime], gap: float,
-           threshold: float) -> tuple[str, str, tuple[int, ...], float]:
-    """The cause, in words, the node's ranks (cause ``node``) and, for a main thread crowded off
-    its core, the seconds a step it waited for one beyond its peers (else 0)."""
+           threshold: float) -> tuple[str, str, tuple[int, ...]]:
     med = statistics.median
     hosts = {t.host for t in ranks}
     if len(hosts) > 1:
@@ -185,13 +192,11 @@ def _cause(slow: RankTime, peers: list[RankTime], ranks: list[RankTime], gap: fl
         if len(mine) > 1 and all(t.score < threshold for t in mine) and all(t.score >= threshold for t in others):
             return ("node", f"every rank of node {slow.host} is slow ({len(mine)} ranks, scores "
                     f"{', '.join(f'{t.score:.2f}' for t in mine)}), the other nodes' are not",
-                    tuple(t.rank for t in mine), 0.0)
+                    tuple(t.rank for t in mine))
     peer_runq = [t.runq for t in peers if t.runq is not None]
-    if slow.runq is not None and peer_runq and slow.runq >= RUNQ_FLOOR:
-        crowded = (slow.runq - med(peer_runq)) * slow.step
-        if crowded >= HOST_EXPLAINS * gap:
-            return ("host", f"its main thread waits for a CPU core {slow.runq:.0%} of the time (the others "
-                    f"{med(peer_runq):.0%}): another process shares its cores", (), crowded)
+    if slow.runq is not None and peer_runq and slow.runq >= RUNQ_FLOOR and _crowded(slow, peers) >= HOST_EXPLAINS * gap:
+        return ("host", f"its main thread waits for a CPU core {slow.runq:.0%} of the time (the others "
+                f"{med(peer_runq):.0%}): another process shares its cores", ())
     data_gap = slow.data - med(t.data for t in peers)
     if data_gap >= EXPLAINS * gap:
         peer_workers = [t.workers_runq for t in peers if t.workers_runq is not None]
@@ -204,12 +209,12 @@ def _cause(slow: RankTime, peers: list[RankTime], ranks: list[RankTime], gap: fl
                 and lost >= HOST_EXPLAINS * data_gap:
             return ("host", f"its DataLoader's workers wait for a CPU core {slow.workers_runq:.0%} of the time they "
                     f"could run (the others' {med(peer_workers):.0%}), so its next batch is late ({_ms(slow.data)} a "
-                    f"step, the others {_ms(med(t.data for t in peers))}): another process shares their cores", (), 0.0)
+                    f"step, the others {_ms(med(t.data for t in peers))}): another process shares their cores", ())
         return ("input", f"it waits {_ms(slow.data)} a step for its DataLoader's next batch (the others "
-                f"{_ms(med(t.data for t in peers))}): its data loading is slower", (), 0.0)
+                f"{_ms(med(t.data for t in peers))}): its data loading is slower", ())
     work_gap = slow.other - med(t.other for t in peers)
     if work_gap >= EXPLAINS * gap:
         return ("compute", f"its own work outside backward takes {_ms(slow.other)} a step (the others "
-                f"{_ms(med(t.other for t in peers))}): forward, the optimizer or the program's own code", (), 0.0)
+                f"{_ms(med(t.other for t in peers))}): forward, the optimizer or the program's own code", ())
     return ("unknown", f"its own time is {_ms(slow.own)} a step against the others' {_ms(med(t.own for t in peers))}, "
-            "and no one part explains it", (), 0.0)
+            "and no one part explains it", ())
